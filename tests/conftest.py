@@ -1,0 +1,32 @@
+"""Shared fixtures. Expensive things (tiny checkpoints, SGLang servers, Ray) are built once per test
+session; integration fixtures live in tests/integration/conftest.py."""
+
+from pathlib import Path
+
+import pytest
+
+from lean_rl.testing.tiny_model import make_tiny_model
+
+
+@pytest.fixture(scope="session")
+def tiny_models_root(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("tiny_models")
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen2(tiny_models_root) -> Path:
+    """The tiny Qwen2 checkpoint (seed 0) that every integration test starts from."""
+    return make_tiny_model(tiny_models_root / "qwen2", arch="qwen2", seed=0)
+
+
+@pytest.fixture(scope="session")
+def tiny_model_factory(tiny_models_root):
+    """tiny_model_factory(arch, seed=0) -> path; each (arch, seed) is built once per session."""
+    cache: dict[tuple[str, int], Path] = {}
+
+    def make(arch: str, seed: int = 0) -> Path:
+        if (arch, seed) not in cache:
+            cache[(arch, seed)] = make_tiny_model(tiny_models_root / f"{arch}-s{seed}", arch=arch, seed=seed)
+        return cache[(arch, seed)]
+
+    return make
