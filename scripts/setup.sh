@@ -51,7 +51,7 @@ if [[ $flavour == cpu ]]; then
   site=$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
   echo "import lean_rl.backends.sglang.torchvision_fix" > "$site/lean_rl_torchvision_fix.pth"
 fi
-"$venv/bin/python" -c "import lean_rl, torch, megatron.core, sglang, ray, transformers" \
+PYTHONWARNINGS=ignore "$venv/bin/python" -c "import lean_rl, torch, megatron.core, sglang, ray, transformers" \
   || { echo "setup.sh: the installed environment does not import; see the error above" >&2; exit 1; }
 echo "$want" > "$stamp"
 echo "setup.sh: $flavour environment ready in $venv ($(( $(date +%s) - start )) s)"

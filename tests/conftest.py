@@ -30,3 +30,16 @@ def tiny_model_factory(tiny_models_root):
         return cache[(arch, seed)]
 
     return make
+
+
+@pytest.fixture(scope="session")
+def ray_cluster():
+    """Ray on this machine, bound to loopback, started once per session (reused if already up)."""
+    import ray
+
+    from lean_rl.utils.ray_utils import init_ray
+
+    started = init_ray(num_cpus=2)
+    yield ray
+    if started:
+        ray.shutdown()

@@ -14,7 +14,10 @@ def find_free_port(host: str = LOOPBACK) -> int:
 
 
 def is_port_free(port: int, host: str = LOOPBACK) -> bool:
+    """No listener on `port`. Binds with SO_REUSEADDR, as uvicorn, the router and torch's store do,
+    so a port in TIME_WAIT after a previous run (or an engine restart) counts as free."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind((host, port))
         except OSError:

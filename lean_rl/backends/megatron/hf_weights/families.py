@@ -1,0 +1,145 @@
+"""The HF <-> Megatron weight tables, one per family: the single source of truth for loading HF
+checkpoints, exporting HF-named tensors (weight sync to SGLang) and checkpoint conversion.
+
+Megatron names are the local-spec parameter names of GPTModel with `{layer}` the global layer index
+and `{expert}` the global expert index; HF names use the same indices. The TE layer spec fuses the
+two pre-norms into the following linear; `canonical_megatron_name` maps those names back."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Iterator
+
+from lean_rl.backends.megatron.config import MegatronConfig, ModelArch
+from lean_rl.backends.megatron.hf_config import SUPPORTED_HF_FAMILIES
+from lean_rl.backends.megatron.hf_weights.layouts import Geometry, Layout
+
+
+@dataclass(frozen=True)
+class WeightRule:
+    megatron: str  # parameter-name template
+    hf: tuple[str, ...]  # HF tensor-name templates, in the order the layout expects
+    layout: Layout
+    exported: bool = True  # False: HF does not store it separately (tied output layer)
+
+    @property
+    def per_expert(self) -> bool:
+        return "{expert}" in self.megatron
+
+    @cached_property
+    def pattern(self) -> re.Pattern:
+        regex = re.escape(self.megatron).replace(r"\{layer\}", r"(?P<layer>\d+)")
+        return re.compile(regex.replace(r"\{expert\}", r"(?P<expert>\d+)") + "$")
+
+    def hf_names(self, layer: int | None = None, expert: int | None = None) -> tuple[str, ...]:
+        return tuple(name.format(layer=layer, expert=expert) for name in self.hf)
+
+    def megatron_name(self, layer: int | None = None, expert: int | None = None) -> str:
+        return self.megatron.format(layer=layer, expert=expert)
+
+
+_M, _H = "decoder.layers.{layer}.", "model.layers.{layer}."
+_EMBEDDING = WeightRule("embedding.word_embeddings.weight", ("model.embed_tokens.weight",), Layout.VOCAB)
+_FINAL_NORM = WeightRule("decoder.final_layernorm.weight", ("model.norm.weight",), Layout.REPLICATED)
+_OUTPUT = WeightRule("output_layer.weight", ("lm_head.weight",), Layout.VOCAB)
+# Tied: the last stage may still hold its own output_layer copy (PP > 1); HF keeps only embed_tokens.
+_TIED_OUTPUT = WeightRule("output_layer.weight", ("model.embed_tokens.weight",), Layout.VOCAB, exported=False)
+
+_ATTENTION = (
+    WeightRule(_M + "input_layernorm.weight", (_H + "input_layernorm.weight",), Layout.REPLICATED),
+    WeightRule(_M + "self_attention.linear_qkv.weight",
+               (_H + "self_attn.q_proj.weight", _H + "self_attn.k_proj.weight", _H + "self_attn.v_proj.weight"),
+               Layout.QKV),
+    WeightRule(_M + "self_attention.linear_proj.weight", (_H + "self_attn.o_proj.weight",), Layout.ROW),
+    WeightRule(_M + "pre_mlp_layernorm.weight", (_H + "post_attention_layernorm.weight",), Layout.REPLICATED),
+)
+_QKV_BIAS = (
+    WeightRule(_M + "self_attention.linear_qkv.bias",
+               (_H + "self_attn.q_proj.bias", _H + "self_attn.k_proj.bias", _H + "self_attn.v_proj.bias"),
+               Layout.QKV),
+)
+_QK_NORM = (
+    WeightRule(_M + "self_attention.q_layernorm.weight", (_H + "self_attn.q_norm.weight",), Layout.REPLICATED),
+    WeightRule(_M + "self_attention.k_layernorm.weight", (_H + "self_attn.k_norm.weight",), Layout.REPLICATED),
+)
+_DENSE_MLP = (
+    WeightRule(_M + "mlp.linear_fc1.weight", (_H + "mlp.gate_proj.weight", _H + "mlp.up_proj.weight"),
+               Layout.GATE_UP),
+    WeightRule(_M + "mlp.linear_fc2.weight", (_H + "mlp.down_proj.weight",), Layout.ROW),
+)
+_E = _M + "mlp.experts.local_experts.{expert}."
+_MOE_MLP = (
+    WeightRule(_M + "mlp.router.weight", (_H + "mlp.gate.weight",), Layout.REPLICATED),
+    WeightRule(_E + "linear_fc1.weight",
+               (_H + "mlp.experts.{expert}.gate_proj.weight", _H + "mlp.experts.{expert}.up_proj.weight"),
+               Layout.GATE_UP),
+    WeightRule(_E + "linear_fc2.weight", (_H + "mlp.experts.{expert}.down_proj.weight",), Layout.ROW),
+)
+
+LAYER_RULES: dict[str, tuple[WeightRule, ...]] = {
+    "llama": _ATTENTION + _DENSE_MLP,
+    "qwen2": _ATTENTION + _QKV_BIAS + _DENSE_MLP,
+    "qwen3": _ATTENTION + _QK_NORM + _DENSE_MLP,
+    "qwen3_moe": _ATTENTION + _QK_NORM + _MOE_MLP,
+}
+
+# What each family's table assumes about the architecture (field -> required value).
+_FAMILY_ARCH = {
+    "llama": dict(add_qkv_bias=False, qk_layernorm=False, is_moe=False),
+    "qwen2": dict(add_qkv_bias=True, qk_layernorm=False, is_moe=False),
+    "qwen3": dict(add_qkv_bias=False, qk_layernorm=True, is_moe=False),
+    "qwen3_moe": dict(add_qkv_bias=False, qk_layernorm=True, is_moe=True),
+}
+_COMMON_ARCH = dict(normalization="RMSNorm", swiglu=True, add_bias_linear=False, position_embedding_type="rope")
+
+
+def weight_rules(family: str, arch: ModelArch) -> tuple[WeightRule, ...]:
+    """The full table for `family`, after checking that `arch` is what the table maps."""
+    if family not in LAYER_RULES:
+        raise ValueError(f"HF family {family!r} has no weight table; supported: {', '.join(SUPPORTED_HF_FAMILIES)}")
+    wrong = [f"{name}={getattr(arch, name)!r} (needs {value!r})"
+             for name, value in {**_COMMON_ARCH, **_FAMILY_ARCH[family]}.items() if getattr(arch, name) != value]
+    if wrong:
+        raise ValueError(f"the {family} weight table cannot map this architecture: {', '.join(wrong)}")
+    output = _OUTPUT if arch.untie_embeddings_and_output_weights else _TIED_OUTPUT
+    return (_EMBEDDING, *LAYER_RULES[family], _FINAL_NORM, output)
+
+
+def geometry(config: MegatronConfig) -> Geometry:
+    arch = config.arch
+    return Geometry(num_query_groups=arch.num_query_groups,
+                    heads_per_group=arch.num_attention_heads // arch.num_query_groups,
+                    head_dim=arch.kv_channels, vocab_size=arch.vocab_size,
+                    padded_vocab_size=config.padded_vocab_size)
+
+
+def rule_instances(rules: tuple[WeightRule, ...], arch: ModelArch) -> Iterator[tuple[WeightRule, dict[str, int]]]:
+    """Every (rule, {layer, expert}) of the whole model, in global indices."""
+    for rule in rules:
+        if "{layer}" not in rule.megatron:
+            yield rule, {}
+            continue
+        for layer in range(arch.num_layers):
+            if rule.per_expert:
+                for expert in range(arch.num_experts):
+                    yield rule, {"layer": layer, "expert": expert}
+            else:
+                yield rule, {"layer": layer}
+
+
+# TE layer spec (megatron-core 0.16.1 gpt_layer_specs.py:279 linear_qkv, :496 dense linear_fc1):
+# TELayerNormColumnParallelLinear owns the pre-attention norm, and for dense MLPs the pre-MLP norm,
+# as `layer_norm_weight`. MoE layers keep a separate pre_mlp_layernorm (gpt_layer_specs.py:291).
+_TE_ALIASES = (
+    (re.compile(r"\.self_attention\.linear_qkv\.layer_norm_weight$"), ".input_layernorm.weight"),
+    (re.compile(r"\.mlp\.linear_fc1\.layer_norm_weight$"), ".pre_mlp_layernorm.weight"),
+)
+
+
+def canonical_megatron_name(name: str) -> str:
+    """A GPTModel parameter name as the tables spell it (local spec), whichever spec built it."""
+    for pattern, replacement in _TE_ALIASES:
+        name = pattern.sub(replacement, name)
+    return name

@@ -1,0 +1,51 @@
+"""Per-token log-probs (and entropy) from vocab-parallel logits, in float32, differentiable.
+
+Padded vocab rows (MegatronConfig.padded_vocab_size > vocab_size) produce real logits (0 for the
+zero rows the loader writes, anything after training), which would enter the softmax normaliser;
+they are masked to -inf before Megatron's unfused vocab_parallel_cross_entropy, whose custom
+backward then gives them zero gradient. The fused variant torch.compiles on first use and casts
+gradients to bf16 (fused_cross_entropy.py:81), so it is not used."""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from megatron.core import parallel_state
+from megatron.core.tensor_parallel import vocab_parallel_cross_entropy
+from megatron.core.tensor_parallel.mappings import reduce_from_tensor_model_parallel_region
+
+
+def vocab_parallel_log_probs(logits: torch.Tensor, targets: torch.Tensor, vocab_size: int,
+                             with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """logits: [..., V_padded / tp] on this TP rank (GPTModel with parallel_output=True);
+    targets: [...] token ids < vocab_size. Returns (log p(target) [...], entropy [...] or None), float32.
+    When the vocab is not padded and no entropy is asked for, `logits` (if float32) is overwritten:
+    Megatron's cross entropy works in place to save memory."""
+    tp_rank = parallel_state.get_tensor_model_parallel_rank()
+    partition = logits.shape[-1]
+    valid = max(0, min(partition, vocab_size - tp_rank * partition))  # real vocab columns on this rank
+    logits = logits.float()
+    entropy = _vocab_parallel_entropy(logits[..., :valid]) if with_entropy else None
+    if valid < partition:
+        padded = torch.arange(partition, device=logits.device) >= valid
+        ce_input = logits.masked_fill(padded, float("-inf"))
+    else:
+        ce_input = logits.clone() if with_entropy else logits
+    log_probs = -vocab_parallel_cross_entropy(ce_input, targets)
+    return log_probs, entropy
+
+
+def _vocab_parallel_entropy(logits: torch.Tensor) -> torch.Tensor:
+    """H = log Z - sum_v p_v * l_v, with l shifted by the global max; `logits` holds only real vocab
+    columns (possibly none on a rank that owns only padding)."""
+    group = parallel_state.get_tensor_model_parallel_group()
+    if logits.shape[-1]:
+        local_max = logits.detach().max(dim=-1).values
+    else:
+        local_max = torch.full(logits.shape[:-1], float("-inf"), dtype=logits.dtype, device=logits.device)
+    dist.all_reduce(local_max, op=dist.ReduceOp.MAX, group=group)
+    shifted = logits - local_max.unsqueeze(-1)
+    # all-reduce SUM forward, identity backward: each rank's partial sums feed one replicated value.
+    log_z = reduce_from_tensor_model_parallel_region(shifted.exp().sum(dim=-1)).log()
+    probs = (shifted - log_z.unsqueeze(-1)).exp()
+    return log_z - reduce_from_tensor_model_parallel_region((probs * shifted).sum(dim=-1))

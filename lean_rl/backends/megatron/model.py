@@ -1,0 +1,93 @@
+"""Build this rank's GPTModel from a MegatronConfig (after distributed.init_distributed)."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from megatron.core import parallel_state
+from megatron.core.models.gpt import GPTModel
+from megatron.core.models.gpt.gpt_layer_specs import (
+    get_gpt_layer_local_spec,
+    get_gpt_layer_with_transformer_engine_spec,
+)
+from megatron.core.transformer.transformer_config import TransformerConfig
+
+from lean_rl.backends.megatron.compat import uses_te_layer_spec
+from lean_rl.backends.megatron.config import MegatronConfig
+
+
+def transformer_config(config: MegatronConfig, device: torch.device,
+                       params_dtype: torch.dtype = torch.float32) -> TransformerConfig:
+    arch, par = config.arch, config.parallel
+    moe = {}
+    if arch.is_moe:
+        moe = dict(
+            num_moe_experts=arch.num_experts,
+            moe_router_topk=arch.moe_router_topk,
+            moe_ffn_hidden_size=arch.moe_ffn_hidden_size,
+            moe_router_pre_softmax=arch.moe_router_pre_softmax,
+            moe_router_load_balancing_type=arch.moe_router_load_balancing_type,
+            moe_aux_loss_coeff=arch.moe_aux_loss_coeff,
+            moe_token_dispatcher_type=par.moe_token_dispatcher_type,
+            moe_grouped_gemm=False,  # SequentialMLP: per-expert linears, the names the tables use
+        )
+    return TransformerConfig(
+        num_layers=arch.num_layers,
+        hidden_size=arch.hidden_size,
+        ffn_hidden_size=arch.ffn_hidden_size,
+        num_attention_heads=arch.num_attention_heads,
+        num_query_groups=arch.num_query_groups,
+        kv_channels=arch.kv_channels,
+        normalization=arch.normalization,
+        layernorm_epsilon=arch.norm_epsilon,
+        gated_linear_unit=arch.swiglu,
+        activation_func=F.silu if arch.swiglu else F.gelu,
+        add_bias_linear=arch.add_bias_linear,
+        add_qkv_bias=arch.add_qkv_bias,
+        qk_layernorm=arch.qk_layernorm,
+        hidden_dropout=arch.hidden_dropout,
+        attention_dropout=arch.attention_dropout,
+        tensor_model_parallel_size=par.tensor_model_parallel_size,
+        pipeline_model_parallel_size=par.pipeline_model_parallel_size,
+        expert_model_parallel_size=par.expert_model_parallel_size,
+        expert_tensor_parallel_size=par.expert_tensor_parallel_size,
+        sequence_parallel=par.sequence_parallel,
+        params_dtype=params_dtype,
+        pipeline_dtype=params_dtype,
+        use_cpu_initialization=device.type == "cpu",
+        # Fused kernels are CUDA/TE-only or change numerics; exact parity with HF comes first.
+        bias_activation_fusion=False,
+        bias_dropout_fusion=False,
+        masked_softmax_fusion=False,
+        persist_layer_norm=False,
+        gradient_accumulation_fusion=False,
+        apply_rope_fusion=False,
+        **moe,
+    )
+
+
+def build_gpt_model(config: MegatronConfig, device: torch.device,
+                    params_dtype: torch.dtype = torch.float32) -> GPTModel:
+    """This rank's pipeline stage of the model (pre/post process from parallel_state), on `device`,
+    in eval mode. Weights are Megatron's random init until an HF checkpoint is loaded."""
+    arch = config.arch
+    tconfig = transformer_config(config, device, params_dtype)
+    if uses_te_layer_spec(device):
+        spec = get_gpt_layer_with_transformer_engine_spec(num_experts=arch.num_experts, moe_grouped_gemm=False,
+                                                          qk_layernorm=arch.qk_layernorm)
+    else:
+        spec = get_gpt_layer_local_spec(num_experts=arch.num_experts, moe_grouped_gemm=False,
+                                        qk_layernorm=arch.qk_layernorm, normalization=arch.normalization)
+    model = GPTModel(
+        config=tconfig,
+        transformer_layer_spec=spec,
+        vocab_size=config.padded_vocab_size,
+        max_sequence_length=arch.max_position_embeddings,
+        pre_process=parallel_state.is_pipeline_first_stage(),
+        post_process=parallel_state.is_pipeline_last_stage(),
+        parallel_output=True,  # logits stay vocab-parallel [b, s, V/tp]; logprobs.py reduces them
+        share_embeddings_and_output_weights=not arch.untie_embeddings_and_output_weights,
+        position_embedding_type=arch.position_embedding_type,
+        rotary_base=arch.rotary_base,
+    )
+    return model.to(device).eval()

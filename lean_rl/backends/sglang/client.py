@@ -1,0 +1,340 @@
+"""EngineClient: the one client for SGLang's native HTTP API (0.5.23).
+
+One implementation, two ways to drive it:
+- `EngineClient` is async: the rollout awaits thousands of `generate` calls concurrently on one
+  connection pool.
+- `BlockingEngineClient` runs the same EngineClient on a private event-loop thread (an anyio blocking
+  portal) for ordinary code such as the trainer driver's weight sync. Its `submit(name, ...)` returns
+  a concurrent.futures.Future, which is what `update_weights_from_distributed` needs: the HTTP call
+  must be in flight while the trainer broadcasts the tensors.
+
+Policy (shared by both): every call has a timeout; failures to *connect* are retried with bounded
+exponential backoff (the request never reached the server, so a retry cannot run it twice); a read
+timeout or a dropped connection mid-request is raised at once; HTTP errors raise with the server's
+own message. Generation goes through the router; weight updates, abort and pause/continue must go to
+each engine directly (sglang-router 0.3.2 does not forward them).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+from collections.abc import Iterator
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+from lean_rl.backends.sglang.responses import (
+    GenerateResult,
+    build_generate_payload,
+    check_success,
+    error_message,
+    parse_generate_response,
+)
+
+PAUSE_MODES = ("abort", "retract", "in_place")
+
+
+class EngineError(RuntimeError):
+    """A call to an SGLang server failed; `url` and `endpoint` say which."""
+
+    def __init__(self, url: str, endpoint: str, message: str):
+        super().__init__(f"{url}{endpoint}: {message}")
+        self.url, self.endpoint = url, endpoint
+
+
+class EngineConnectionError(EngineError):
+    """Could not reach the server (after the retries)."""
+
+
+class EngineTimeoutError(EngineError):
+    """The server took longer than the call's timeout."""
+
+
+class EngineHTTPError(EngineError):
+    """The server answered with an error status, or `success: false`."""
+
+    def __init__(self, url: str, endpoint: str, status_code: int, server_message: str):
+        super().__init__(url, endpoint, f"HTTP {status_code}: {server_message}")
+        self.status_code, self.server_message = status_code, server_message
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """Retries of connection failures: `attempts` tries in all, with exponential backoff between them."""
+
+    attempts: int = 5
+    initial_backoff_s: float = 0.25
+    max_backoff_s: float = 4.0
+    multiplier: float = 2.0
+
+    def __post_init__(self):
+        if self.attempts < 1:
+            raise ValueError(f"RetryPolicy.attempts must be >= 1, got {self.attempts}")
+
+    def backoffs(self) -> Iterator[float]:
+        """The sleeps between attempts (attempts - 1 of them)."""
+        delay = self.initial_backoff_s
+        for _ in range(self.attempts - 1):
+            yield min(delay, self.max_backoff_s)
+            delay *= self.multiplier
+
+
+@dataclass
+class EngineClient:
+    """Async client of one SGLang server (or of the router, for generation)."""
+
+    base_url: str
+    timeout_s: float = 600.0  # per call, unless the call passes its own
+    connect_timeout_s: float = 5.0
+    retry: RetryPolicy = field(default_factory=RetryPolicy)
+    max_connections: int = 4096  # the rollout keeps this many requests in flight at most
+    # httpx's async connection pool belongs to the event loop that first used it: when the running
+    # loop changes (e.g. a second asyncio.run()), start a new pool instead of failing on the old one.
+    _http: httpx.AsyncClient | None = field(default=None, init=False, repr=False)
+    _http_loop: asyncio.AbstractEventLoop | None = field(default=None, init=False, repr=False)
+
+    def __post_init__(self):
+        self.base_url = self.base_url.rstrip("/")
+
+    def _client(self) -> httpx.AsyncClient:
+        loop = asyncio.get_running_loop()
+        if self._http is None or self._http_loop is not loop:
+            limits = httpx.Limits(max_connections=self.max_connections, max_keepalive_connections=256)
+            # trust_env=False: a proxy from the environment must never sit between us and 127.0.0.1
+            self._http = httpx.AsyncClient(base_url=self.base_url, limits=limits, trust_env=False)
+            self._http_loop = loop
+        return self._http
+
+    async def aclose(self) -> None:
+        if self._http is not None and self._http_loop is asyncio.get_running_loop():
+            await self._http.aclose()
+        self._http, self._http_loop = None, None
+
+    async def __aenter__(self) -> EngineClient:
+        return self
+
+    async def __aexit__(self, *exc_info) -> None:
+        await self.aclose()
+
+    # ------------------------------------------------------------------ the one request path
+    async def request(
+        self, method: str, endpoint: str, json: Any = None, *, timeout_s: float | None = None
+    ) -> httpx.Response:
+        """Send one request with the retry and error policy of the module docstring."""
+        timeout = httpx.Timeout(timeout_s or self.timeout_s, connect=self.connect_timeout_s)
+        backoffs = self.retry.backoffs()
+        while True:
+            try:
+                response = await self._client().request(method, endpoint, json=json, timeout=timeout)
+                break
+            except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+                delay = next(backoffs, None)
+                if delay is None:
+                    raise EngineConnectionError(
+                        self.base_url, endpoint, f"cannot connect after {self.retry.attempts} attempts: {exc!r}"
+                    ) from exc
+                await asyncio.sleep(delay)
+            except httpx.TimeoutException as exc:
+                raise EngineTimeoutError(self.base_url, endpoint, f"no answer within {timeout.read} s ({exc!r})") from exc
+            except httpx.TransportError as exc:
+                raise EngineConnectionError(self.base_url, endpoint, f"connection failed mid-request: {exc!r}") from exc
+        if response.status_code >= 400:
+            raise EngineHTTPError(self.base_url, endpoint, response.status_code, error_message(response))
+        return response
+
+    async def _post_json(self, endpoint: str, body: dict | None = None, *, timeout_s: float | None = None) -> Any:
+        response = await self.request("POST", endpoint, body if body is not None else {}, timeout_s=timeout_s)
+        payload = response.json() if response.content else None
+        if isinstance(payload, dict):
+            check_success(payload, lambda message: EngineHTTPError(self.base_url, endpoint, response.status_code, message))
+        return payload
+
+    # ------------------------------------------------------------------ generation
+    async def generate(
+        self,
+        input_ids: list[int],
+        sampling_params: dict | None = None,
+        *,
+        return_logprob: bool = False,
+        rid: str | None = None,
+        timeout_s: float | None = None,
+    ) -> GenerateResult:
+        """Generate from token ids. `rid` names the request for abort_request; with return_logprob the
+        result carries one log-prob per output token."""
+        payload = build_generate_payload(input_ids, sampling_params, return_logprob=return_logprob, rid=rid)
+        response = await self.request("POST", "/generate", payload, timeout_s=timeout_s)
+        try:
+            return parse_generate_response(response.json(), return_logprob=return_logprob)
+        except ValueError as exc:
+            raise EngineError(self.base_url, "/generate", f"unexpected response: {exc}") from exc
+
+    async def abort_request(self, rid: str | None = None, *, abort_all: bool = False) -> None:
+        """Abort one request by rid, or every request (abort_all=True); the pending generate returns
+        with finish_reason 'abort' and the tokens made so far."""
+        if (rid is None) == (not abort_all):
+            raise ValueError("abort_request: pass exactly one of rid=... or abort_all=True")
+        await self.request("POST", "/abort_request", {"abort_all": True} if abort_all else {"rid": rid})
+
+    async def pause_generation(self, mode: str = "abort") -> None:
+        """Stop scheduling: 'abort' ends running requests, 'retract' requeues them (KV dropped),
+        'in_place' freezes them with their KV cache. Resume with continue_generation()."""
+        if mode not in PAUSE_MODES:
+            raise ValueError(f"pause_generation: mode must be one of {PAUSE_MODES}, got {mode!r}")
+        await self._post_json("/pause_generation", {"mode": mode})
+
+    async def continue_generation(self) -> None:
+        await self._post_json("/continue_generation", {})
+
+    async def flush_cache(self) -> None:
+        """Drop the prefix (radix) cache; the server refuses (HTTP 400) while requests are running."""
+        await self.request("POST", "/flush_cache")
+
+    # ------------------------------------------------------------------ weights
+    async def update_weights_from_disk(
+        self, model_path: str, *, weight_version: str | None = None, flush_cache: bool = True,
+        timeout_s: float | None = None,
+    ) -> dict:
+        body = {"model_path": str(model_path), "flush_cache": flush_cache}
+        if weight_version is not None:
+            body["weight_version"] = str(weight_version)
+        return await self._post_json("/update_weights_from_disk", body, timeout_s=timeout_s)
+
+    async def begin_weight_update(self) -> dict:
+        return await self._post_json("/begin_weight_update", {})
+
+    async def end_weight_update(self) -> dict:
+        return await self._post_json("/end_weight_update", {})
+
+    async def _in_weight_update_session(self, endpoint: str, body: dict, timeout_s: float | None) -> dict:
+        # 0.5.23 rejects tensor/distributed updates outside /begin_weight_update ... /end_weight_update
+        # (HTTP 400 "must run between begin_weight_update() and end_weight_update()"). Always close the
+        # session, also when the update fails, or the next update cannot begin.
+        await self.begin_weight_update()
+        try:
+            return await self._post_json(endpoint, body, timeout_s=timeout_s)
+        finally:
+            await self.end_weight_update()
+
+    async def update_weights_from_tensor(
+        self, serialized_named_tensors: list[str], *, weight_version: str | None = None, flush_cache: bool = True,
+        load_format: str | None = None, timeout_s: float | None = None,
+    ) -> dict:
+        """`serialized_named_tensors`: one base64 payload per TP rank of the engine."""
+        body = {"serialized_named_tensors": serialized_named_tensors, "flush_cache": flush_cache,
+                "weight_version": None if weight_version is None else str(weight_version), "load_format": load_format}
+        return await self._in_weight_update_session("/update_weights_from_tensor", body, timeout_s)
+
+    async def update_weights_from_distributed(
+        self, names: list[str], dtypes: list[str], shapes: list[list[int]], *, group_name: str = "weight_update_group",
+        weight_version: str | None = None, flush_cache: bool = True, load_format: str | None = None,
+        timeout_s: float | None = None,
+    ) -> dict:
+        """The engine receives each tensor by broadcast from rank 0 of `group_name`, in `names` order;
+        the sender must broadcast while this call is in flight (BlockingEngineClient.submit)."""
+        if not len(names) == len(dtypes) == len(shapes):
+            raise ValueError(f"names, dtypes, shapes differ in length: {len(names)}, {len(dtypes)}, {len(shapes)}")
+        body = {"names": list(names), "dtypes": [str(d).removeprefix("torch.") for d in dtypes],
+                "shapes": [list(s) for s in shapes], "group_name": group_name, "flush_cache": flush_cache,
+                "weight_version": None if weight_version is None else str(weight_version), "load_format": load_format}
+        return await self._in_weight_update_session("/update_weights_from_distributed", body, timeout_s)
+
+    async def init_weights_update_group(
+        self, master_address: str, master_port: int, rank_offset: int, world_size: int, *,
+        group_name: str = "weight_update_group", backend: str = "gloo", timeout_s: float | None = None,
+    ) -> dict:
+        """Join a torch.distributed group as ranks rank_offset.. (the trainer is rank 0); the trainer
+        must join concurrently. backend 'gloo' on CPU, 'nccl' on GPU."""
+        body = {"master_address": master_address, "master_port": int(master_port), "rank_offset": int(rank_offset),
+                "world_size": int(world_size), "group_name": group_name, "backend": backend}
+        return await self._post_json("/init_weights_update_group", body, timeout_s=timeout_s)
+
+    async def destroy_weights_update_group(self, group_name: str = "weight_update_group") -> dict:
+        return await self._post_json("/destroy_weights_update_group", {"group_name": group_name})
+
+    # ------------------------------------------------------------------ status
+    async def health(self, timeout_s: float = 10.0) -> None:
+        """Raise unless the server answers GET /health with 200."""
+        await self.request("GET", "/health", timeout_s=timeout_s)
+
+    async def is_healthy(self, timeout_s: float = 5.0) -> bool:
+        try:
+            await self.health(timeout_s)
+        except EngineError:
+            return False
+        return True
+
+    async def model_info(self) -> dict:
+        """/model_info: model_path, weight_version, architectures, is_generation, ..."""
+        return (await self.request("GET", "/model_info")).json()
+
+    async def server_info(self) -> dict:
+        """/server_info: the server's flags plus runtime state."""
+        return (await self.request("GET", "/server_info")).json()
+
+    async def weight_version(self) -> str:
+        return (await self.model_info())["weight_version"]
+
+    async def loads(self) -> list[dict]:
+        """/v1/loads: one dict per data-parallel rank with num_running_reqs, num_waiting_reqs,
+        token_usage, ... (what a scheduler or health monitor needs to see)."""
+        return (await self.request("GET", "/v1/loads")).json()["loads"]
+
+
+class BlockingEngineClient:
+    """EngineClient's API as blocking calls, run on a private event-loop thread. Close it (or use it
+    as a context manager) to stop that thread."""
+
+    def __init__(self, base_url: str, **client_kwargs):
+        from anyio.from_thread import start_blocking_portal
+
+        self.client = EngineClient(base_url, **client_kwargs)
+        self._portal_cm = start_blocking_portal()
+        self._portal = self._portal_cm.__enter__()
+
+    @property
+    def base_url(self) -> str:
+        return self.client.base_url
+
+    @property
+    def portal(self):
+        if self._portal is None:
+            raise RuntimeError(f"BlockingEngineClient({self.base_url}) is closed")
+        return self._portal
+
+    def submit(self, method: str, *args, **kwargs) -> Future:
+        """Start `EngineClient.<method>(*args, **kwargs)` and return at once with its Future."""
+        return self.portal.start_task_soon(functools.partial(getattr(self.client, method), *args, **kwargs))
+
+    def close(self) -> None:
+        if self._portal is not None:
+            self._portal.call(self.client.aclose)
+            self._portal_cm.__exit__(None, None, None)
+            self._portal = None
+
+    def __enter__(self) -> BlockingEngineClient:
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
+
+
+def _blocking(name: str):
+    async_method = getattr(EngineClient, name)
+
+    @functools.wraps(async_method)
+    def call(self: BlockingEngineClient, *args, **kwargs):
+        return self.portal.call(functools.partial(getattr(self.client, name), *args, **kwargs))
+
+    return call
+
+
+for _name in (
+    "generate", "abort_request", "pause_generation", "continue_generation", "flush_cache",
+    "update_weights_from_disk", "begin_weight_update", "end_weight_update", "update_weights_from_tensor",
+    "update_weights_from_distributed", "init_weights_update_group", "destroy_weights_update_group",
+    "health", "is_healthy", "model_info", "server_info", "weight_version", "loads",
+):
+    setattr(BlockingEngineClient, _name, _blocking(_name))

@@ -1,0 +1,250 @@
+"""Engine configuration: the `--rollout-*` / `--sglang-*` / `--router-*` flags, parsed once into a frozen
+dataclass that knows the exact command-line flags of every SGLang server and of sglang-router.
+
+    parser = argparse.ArgumentParser(allow_abbrev=False)   # abbreviations would swallow passthrough flags
+    add_engine_args(parser)
+    args, unknown = parser.parse_known_args(argv)
+    passthrough = split_passthrough(unknown)               # --sglang-<flag> / --router-<flag> -> the servers
+    config = engine_config_from_args(args, passthrough)    # passthrough.rest: for the caller to reject
+
+The device is chosen at run time: CPU flags when torch sees no CUDA device, SGLang's GPU defaults
+otherwise. A user's `--sglang-<flag>` replaces our default for `--<flag>`.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+
+DEFAULT_HOST = "127.0.0.1"
+# On CPU SGLang sizes the KV pool at ~70% of RAM unless told otherwise; this many tokens is plenty
+# for the tiny and small models and takes a few MB.
+DEFAULT_CPU_MAX_TOTAL_TOKENS = 16384
+
+# Flags the launcher sets itself: passing them through would silently fight it.
+_MANAGED_SERVER_FLAGS = {
+    "model-path": "--hf-checkpoint",
+    "port": "--sglang-base-port",
+    "device": "nothing (the device follows torch.cuda.is_available())",
+    "tp-size": "--rollout-num-gpus-per-engine",
+    "base-gpu-id": "nothing (engine i uses GPUs i*per_engine ...)",
+}
+_MANAGED_ROUTER_FLAGS = {
+    "host": "--sglang-host",
+    "worker-urls": "nothing (the engine group adds its own servers)",
+}
+
+
+class EngineConfigError(ValueError):
+    """Invalid engine flags; the message names the flag."""
+
+
+@dataclass(frozen=True)
+class PassthroughArgs:
+    server: tuple[str, ...] = ()  # `--sglang-foo v` given as `--foo v`
+    router: tuple[str, ...] = ()  # `--router-foo v` given as `--foo v`
+    rest: tuple[str, ...] = ()  # anything else: the caller decides (usually an error)
+
+
+def split_passthrough(argv: list[str] | tuple[str, ...]) -> PassthroughArgs:
+    """Split left-over command-line tokens into SGLang server flags, router flags and the rest.
+
+    A flag owns the tokens after it up to the next `--flag`, so `--sglang-enable-foo` (a switch) and
+    `--sglang-foo a b` (several values) both work; `--sglang-foo=v` is kept in one token.
+    """
+    server: list[str] = []
+    router: list[str] = []
+    rest: list[str] = []
+    target = rest
+    for token in argv:
+        if token.startswith("--"):
+            name = token[2:].split("=", 1)[0]
+            if name.startswith("sglang-") and len(name) > len("sglang-"):
+                target, token = server, "--" + token[len("--sglang-") :]
+            elif name.startswith("router-") and len(name) > len("router-"):
+                target, token = router, "--" + token[len("--router-") :]
+            else:
+                target = rest
+        target.append(token)
+    return PassthroughArgs(server=tuple(server), router=tuple(router), rest=tuple(rest))
+
+
+def flags_to_dict(flags: tuple[str, ...] | list[str]) -> dict[str, list[str]]:
+    """`['--a', '1', '--b', '--c=2']` -> {'--a': ['1'], '--b': [], '--c': ['2']} (order kept)."""
+    out: dict[str, list[str]] = {}
+    current = None
+    for token in flags:
+        if token.startswith("--"):
+            name, eq, value = token.partition("=")
+            current = name
+            out[current] = [value] if eq else []
+        elif current is None:
+            raise EngineConfigError(f"passthrough value {token!r} does not follow a --sglang-/--router- flag")
+        else:
+            out[current].append(token)
+    return out
+
+
+def _merge_flags(defaults: dict[str, list[str]], overrides: dict[str, list[str]]) -> list[str]:
+    merged = {**defaults, **overrides}
+    return [token for name, values in merged.items() for token in (name, *values)]
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    model_path: str
+    num_engines: int
+    device: str  # "cpu" or "cuda"
+    gpus_per_engine: int = 0  # 0 on CPU
+    host: str = DEFAULT_HOST
+    base_port: int | None = None  # engine i listens on base_port + i; None: free ports
+    router_port: int | None = None  # None: a free port
+    mem_fraction_static: float | None = None
+    max_total_tokens: int | None = None
+    start_timeout_s: float = 300.0
+    request_timeout_s: float = 600.0
+    server_passthrough: tuple[str, ...] = ()
+    router_passthrough: tuple[str, ...] = ()
+
+    def __post_init__(self):
+        validate_engine_config(self)
+
+    def server_flags(self, engine_index: int, port: int) -> list[str]:
+        """Every flag of engine `engine_index`'s server (for `python -m lean_rl.backends.sglang.launch`)."""
+        flags: dict[str, list[str]] = {
+            "--model-path": [self.model_path],
+            "--host": [self.host],
+            "--port": [str(port)],
+        }
+        if self.device == "cpu":
+            # Why each: sglang needs torch_native attention without AMX kernels; float32 because `auto`
+            # serves a float32 checkpoint as float16; sleep-on-idle because the scheduler otherwise
+            # busy-polls a core (measured in DESIGN.md §4).
+            flags.update({"--device": ["cpu"], "--attention-backend": ["torch_native"], "--dtype": ["float32"]})
+            flags["--max-total-tokens"] = [str(self.max_total_tokens or DEFAULT_CPU_MAX_TOTAL_TOKENS)]
+            flags["--sleep-on-idle"] = []
+        else:
+            flags["--tp-size"] = [str(self.gpus_per_engine)]
+            flags["--base-gpu-id"] = [str(engine_index * self.gpus_per_engine)]
+            if self.max_total_tokens is not None:
+                flags["--max-total-tokens"] = [str(self.max_total_tokens)]
+        if self.mem_fraction_static is not None:
+            flags["--mem-fraction-static"] = [str(self.mem_fraction_static)]
+        return _merge_flags(flags, flags_to_dict(self.server_passthrough))
+
+    def router_flags(self, port: int, prometheus_port: int) -> list[str]:
+        """Every flag of sglang-router (for `python -m sglang_router.launch_router`); workers come later."""
+        flags = {
+            "--host": [self.host],
+            "--port": [str(port)],
+            # The router's metrics endpoint binds 0.0.0.0 by default.
+            "--prometheus-host": [self.host],
+            "--prometheus-port": [str(prometheus_port)],
+            # At info level it logs every request, which a rollout turns into gigabytes.
+            "--log-level": ["warn"],
+        }
+        return _merge_flags(flags, flags_to_dict(self.router_passthrough))
+
+
+def validate_engine_config(config: EngineConfig) -> None:
+    def fail(flag: str, message: str):
+        raise EngineConfigError(f"{flag}: {message}")
+
+    if not config.model_path:
+        fail("--hf-checkpoint", "is required (the HF checkpoint directory the engines serve)")
+    if config.device not in ("cpu", "cuda"):
+        fail("device", f"must be 'cpu' or 'cuda', got {config.device!r}")
+    if config.num_engines < 1:
+        fail("--rollout-num-engines", f"must be >= 1, got {config.num_engines}")
+    if config.device == "cuda" and config.gpus_per_engine < 1:
+        fail("--rollout-num-gpus-per-engine", f"must be >= 1, got {config.gpus_per_engine}")
+    if config.base_port is not None and not 1024 <= config.base_port <= 65535 - config.num_engines + 1:
+        fail("--sglang-base-port", f"{config.base_port} leaves no room for {config.num_engines} ports in 1024..65535")
+    if config.router_port is not None:
+        if not 1024 <= config.router_port <= 65535:
+            fail("--router-port", f"must be in 1024..65535, got {config.router_port}")
+        if config.base_port is not None and config.base_port <= config.router_port < config.base_port + config.num_engines:
+            fail("--router-port", f"{config.router_port} collides with the engine ports starting at --sglang-base-port")
+    if config.mem_fraction_static is not None and not 0.0 < config.mem_fraction_static < 1.0:
+        fail("--sglang-mem-fraction-static", f"must be in (0, 1), got {config.mem_fraction_static}")
+    if config.max_total_tokens is not None and config.max_total_tokens < 1:
+        fail("--sglang-max-total-tokens", f"must be >= 1, got {config.max_total_tokens}")
+    if config.start_timeout_s <= 0:
+        fail("--engine-start-timeout", f"must be > 0 seconds, got {config.start_timeout_s}")
+    if config.request_timeout_s <= 0:
+        fail("--engine-request-timeout", f"must be > 0 seconds, got {config.request_timeout_s}")
+    for prefix, flags, managed in (
+        ("--sglang-", config.server_passthrough, _MANAGED_SERVER_FLAGS),
+        ("--router-", config.router_passthrough, _MANAGED_ROUTER_FLAGS),
+    ):
+        for name in flags_to_dict(flags):
+            if name[2:] in managed:
+                fail(prefix + name[2:], f"is set by lean_rl; use {managed[name[2:]]}")
+
+
+def add_engine_args(parser: argparse.ArgumentParser) -> argparse._ArgumentGroup:
+    group = parser.add_argument_group("rollout engines (SGLang + sglang-router)")
+    group.add_argument("--hf-checkpoint", default=None, help="HF checkpoint directory the SGLang engines serve")
+    group.add_argument("--rollout-num-engines", type=int, default=None,
+                       help="number of SGLang servers (CPU: one process each; GPU: derived from the two flags below)")
+    group.add_argument("--rollout-num-gpus", type=int, default=None, help="GPUs for rollout in total (GPU only)")
+    group.add_argument("--rollout-num-gpus-per-engine", type=int, default=1, help="tensor-parallel size of one engine")
+    group.add_argument("--sglang-host", default=DEFAULT_HOST, help="address the servers and the router bind")
+    group.add_argument("--sglang-base-port", type=int, default=None, help="engine i listens on this + i (default: free ports)")
+    group.add_argument("--router-port", type=int, default=None, help="sglang-router port (default: a free port)")
+    group.add_argument("--sglang-mem-fraction-static", type=float, default=None, help="GPU memory fraction for weights + KV")
+    group.add_argument("--sglang-max-total-tokens", type=int, default=None,
+                       help=f"KV-cache size in tokens (CPU default {DEFAULT_CPU_MAX_TOTAL_TOKENS})")
+    group.add_argument("--engine-start-timeout", type=float, default=300.0, help="seconds until every server is healthy")
+    group.add_argument("--engine-request-timeout", type=float, default=600.0, help="seconds for one HTTP call to an engine")
+    return group
+
+
+def detect_device() -> str:
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _num_engines(args: argparse.Namespace, device: str) -> int:
+    if device == "cpu":
+        return 1 if args.rollout_num_engines is None else args.rollout_num_engines
+    per_engine = args.rollout_num_gpus_per_engine
+    if per_engine is None or per_engine < 1:
+        raise EngineConfigError(f"--rollout-num-gpus-per-engine: must be >= 1, got {per_engine}")
+    if args.rollout_num_gpus is None:
+        return 1 if args.rollout_num_engines is None else args.rollout_num_engines
+    if args.rollout_num_gpus % per_engine:
+        raise EngineConfigError(
+            f"--rollout-num-gpus: {args.rollout_num_gpus} is not a multiple of --rollout-num-gpus-per-engine {per_engine}"
+        )
+    derived = args.rollout_num_gpus // per_engine
+    if args.rollout_num_engines is not None and args.rollout_num_engines != derived:
+        raise EngineConfigError(
+            f"--rollout-num-engines: {args.rollout_num_engines} disagrees with --rollout-num-gpus "
+            f"{args.rollout_num_gpus} / --rollout-num-gpus-per-engine {per_engine} = {derived}"
+        )
+    return derived
+
+
+def engine_config_from_args(
+    args: argparse.Namespace, passthrough: PassthroughArgs | None = None, *, device: str | None = None
+) -> EngineConfig:
+    """Build the EngineConfig from parsed flags (see the module docstring); `device` overrides detection."""
+    device = device or detect_device()
+    passthrough = passthrough or PassthroughArgs()
+    return EngineConfig(
+        model_path=str(args.hf_checkpoint) if args.hf_checkpoint else "",
+        num_engines=_num_engines(args, device),
+        device=device,
+        gpus_per_engine=0 if device == "cpu" else args.rollout_num_gpus_per_engine,
+        host=args.sglang_host,
+        base_port=args.sglang_base_port,
+        router_port=args.router_port,
+        mem_fraction_static=args.sglang_mem_fraction_static,
+        max_total_tokens=args.sglang_max_total_tokens,
+        start_timeout_s=args.engine_start_timeout,
+        request_timeout_s=args.engine_request_timeout,
+        server_passthrough=passthrough.server,
+        router_passthrough=passthrough.router,
+    )

@@ -1,0 +1,49 @@
+"""SGLang server launcher: `python -m lean_rl.backends.sglang.launch <sglang server flags>`.
+
+Same flags as `python -m sglang.launch_server`. When the flags say `--device cpu`, the CPU patches
+(compat.py) are applied by this module's top-level code, before SGLang is imported. That placement is
+the point: SGLang starts its scheduler and detokenizer with multiprocessing's "spawn", which restores
+the parent's sys.argv and then re-imports the parent's main module (this file, as `__mp_main__`), so
+the children patch themselves the same way. The decision comes from argv, not from an environment
+variable, so a GPU launch from the same shell is never patched.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+
+def device_from_argv(argv: list[str]) -> str | None:
+    """The value of `--device` in SGLang server flags (`--device cpu` or `--device=cpu`), else None."""
+    for i, arg in enumerate(argv):
+        if arg == "--device" and i + 1 < len(argv):
+            return argv[i + 1]
+        if arg.startswith("--device="):
+            return arg.split("=", 1)[1]
+    return None
+
+
+if device_from_argv(sys.argv[1:]) == "cpu":
+    from lean_rl.backends.sglang.compat import apply_cpu_patches
+
+    apply_cpu_patches()
+
+
+def main(argv: list[str]) -> None:
+    from sglang.launch_server import run_server
+    from sglang.srt.plugins import load_plugins
+    from sglang.srt.server_args import prepare_server_args
+    from sglang.srt.utils import kill_process_tree
+
+    load_plugins()
+    server_args = prepare_server_args(argv)
+    try:
+        run_server(server_args)
+    finally:
+        # Same as sglang/launch_server.py: take the scheduler/detokenizer down with the HTTP server.
+        kill_process_tree(os.getpid(), include_parent=False)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

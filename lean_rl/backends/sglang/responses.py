@@ -1,0 +1,135 @@
+"""Request bodies and response parsing for SGLang's native API (0.5.23): pure functions, no I/O."""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import httpx
+
+FINISH_REASONS = ("stop", "length", "abort")
+
+
+@dataclass(frozen=True)
+class WeightVersionSpan:
+    """Output tokens [start, end) were generated with weights `version`."""
+
+    version: str
+    start: int
+    end: int
+
+
+@dataclass(frozen=True)
+class GenerateResult:
+    output_ids: list[int]
+    output_log_probs: list[float] | None  # one per output token when return_logprob was set
+    finish_reason: str  # "stop" (eos / stop token), "length" (max_new_tokens), "abort"
+    finish_detail: object  # the matched stop token / string, the length, or the abort message
+    weight_version: str | None  # the engine's weight version when the request finished
+    weight_version_spans: tuple[WeightVersionSpan, ...]  # which version made which output tokens
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int
+    rid: str
+    text: str | None
+
+    @property
+    def aborted(self) -> bool:
+        return self.finish_reason == "abort"
+
+
+def build_generate_payload(
+    input_ids: list[int], sampling_params: dict | None = None, *, return_logprob: bool = False, rid: str | None = None
+) -> dict:
+    if isinstance(input_ids, (str, bytes)) or not hasattr(input_ids, "__len__") or len(input_ids) == 0:
+        raise ValueError("generate: input_ids must be a non-empty list of token ids")
+    try:
+        ids = [operator.index(t) for t in input_ids]  # ints, numpy ints; not floats, not nested lists
+    except TypeError:
+        raise ValueError("generate: input_ids must be integer token ids of one prompt "
+                         "(batch by calling generate concurrently)") from None
+    payload: dict = {"input_ids": ids, "sampling_params": dict(sampling_params or {})}
+    if return_logprob:
+        # Output tokens only: logprob_start_len -1 (the default) skips prompt log-probs.
+        payload["return_logprob"] = True
+    if rid is not None:
+        payload["rid"] = rid
+    return payload
+
+
+def _span(raw) -> WeightVersionSpan:
+    if isinstance(raw, dict):
+        return WeightVersionSpan(str(raw["version"]), int(raw["start"]), int(raw["end"]))
+    version, start, end = raw  # msgspec's array_like form
+    return WeightVersionSpan(str(version), int(start), int(end))
+
+
+def parse_generate_response(body: object, *, return_logprob: bool) -> GenerateResult:
+    """Turn a /generate JSON body into a GenerateResult; ValueError when it is not one.
+
+    Token ids come from `output_ids`, never from `meta_info.output_token_logprobs`: in 0.5.23 that list
+    reports the id of token vocab_size-1 as 0 (sglang/srt/managers/logprob_result_processor.py:
+    `x if x < vocab_size - 1 else 0`); its log-prob values are right.
+    """
+    if not isinstance(body, dict):
+        raise ValueError(f"expected one JSON object, got {type(body).__name__}")
+    try:
+        output_ids = [int(t) for t in body["output_ids"]]
+        meta = body["meta_info"]
+    except (KeyError, TypeError) as exc:
+        raise ValueError(f"missing field {exc} in {str(body)[:300]}") from exc
+
+    finish = meta.get("finish_reason")
+    if isinstance(finish, dict):
+        reason = str(finish.get("type"))
+        detail = next((finish[k] for k in ("matched", "length", "message") if k in finish), None)
+    else:
+        raise ValueError(f"request has not finished (finish_reason={finish!r})")
+    if reason not in FINISH_REASONS:
+        raise ValueError(f"unknown finish_reason type {reason!r}")
+
+    log_probs = None
+    if return_logprob:
+        entries = meta.get("output_token_logprobs")
+        if entries is None:
+            raise ValueError("return_logprob was set but meta_info has no output_token_logprobs")
+        if len(entries) != len(output_ids):
+            raise ValueError(f"{len(entries)} output_token_logprobs for {len(output_ids)} output_ids")
+        log_probs = [float(entry[0]) for entry in entries]
+
+    return GenerateResult(
+        output_ids=output_ids,
+        output_log_probs=log_probs,
+        finish_reason=reason,
+        finish_detail=detail,
+        weight_version=meta.get("weight_version"),
+        weight_version_spans=tuple(_span(s) for s in meta.get("weight_versions") or ()),
+        prompt_tokens=int(meta.get("prompt_tokens", 0)),
+        completion_tokens=int(meta.get("completion_tokens", len(output_ids))),
+        cached_tokens=int(meta.get("cached_tokens") or 0),
+        rid=str(meta.get("id", "")),
+        text=body.get("text"),
+    )
+
+
+def error_message(response: httpx.Response, limit: int = 2000) -> str:
+    """The server's own explanation from an error response (SGLang: {"message"}, FastAPI: {"detail"})."""
+    try:
+        body = response.json()
+    except ValueError:
+        return response.text[:limit] or response.reason_phrase
+    if isinstance(body, dict):
+        for key in ("message", "detail", "error"):
+            value = body.get(key)
+            if isinstance(value, dict) and "message" in value:
+                value = value["message"]
+            if value:
+                return str(value)[:limit]
+    return str(body)[:limit]
+
+
+def check_success(payload: dict, make_error: Callable[[str], Exception]) -> None:
+    """Weight-update endpoints report failure as {"success": false, "message": ...}."""
+    if payload.get("success") is False:
+        raise make_error(str(payload.get("message") or "success: false"))

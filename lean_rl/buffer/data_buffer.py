@@ -1,0 +1,168 @@
+"""The only channel between rollout and training.
+
+Life of a prompt group:  source ──get_prompt_groups──► in flight ──put_finished_groups──► ready
+                                          ▲                │                               │
+                                          │   put_partial_groups / stale requeue           │ get_train_groups
+                                          └──────── pending ◄┘                             ▼
+                                                                                         trained
+Every group is in exactly one of source / pending / in flight / ready / consumed (trained or dropped),
+and `state_dict` records all but the consumed ones, so a save → restore neither loses nor repeats a
+prompt: groups in flight at save time come back as pending. Plain methods and picklable
+arguments, so the class runs in-process or as a Ray actor (`ray.remote(DataBuffer)`) unchanged.
+"""
+
+from __future__ import annotations
+
+import collections
+import copy
+from typing import Any
+
+from lean_rl.buffer.prompt_source import PromptRecord, PromptSource
+from lean_rl.sample import Sample
+
+Group = list[Sample]
+
+
+class DataBuffer:
+    def __init__(self, source: PromptSource, n_samples_per_prompt: int, max_staleness: int | None = None):
+        if n_samples_per_prompt <= 0:
+            raise ValueError(f"--n-samples-per-prompt must be > 0, got {n_samples_per_prompt}")
+        self.source = source
+        self.n_samples_per_prompt = n_samples_per_prompt
+        self.max_staleness = max_staleness
+        self.pending: collections.deque[Group] = collections.deque()
+        self.in_flight: dict[int, Group] = {}  # group_index -> copy of the group as handed out
+        self.ready: collections.deque[Group] = collections.deque()
+        self.next_group_index = 0
+        self.next_sample_index = 0
+        self.counters: collections.Counter = collections.Counter()
+
+    # ------------------------------------------------------------ rollout side
+    def get_prompt_groups(self, num_groups: int) -> list[Group]:
+        """Up to `num_groups` groups to generate: resumable/requeued ones first, then new prompts.
+        Fewer (possibly none) only when the data is used up."""
+        groups = []
+        while len(groups) < num_groups and self.pending:
+            groups.append(self.pending.popleft())
+        while len(groups) < num_groups:
+            group = self._new_group()
+            if group is None:
+                break
+            groups.append(group)
+        for group in groups:
+            self.in_flight[group[0].group_index] = copy.deepcopy(group)  # as handed out, for state_dict
+        return groups
+
+    def put_finished_groups(self, groups: list[Group]) -> None:
+        """Scored groups, ready for training."""
+        for group in groups:
+            self._land(group)
+            self.ready.append(group)
+            self.counters["groups_finished"] += 1
+
+    def put_partial_groups(self, groups: list[Group]) -> None:
+        """Groups interrupted mid-generation; they are handed out again first. Samples keep their
+        partial tokens (partial rollout) unless the caller reset them."""
+        for group in groups:
+            self._land(group)
+            self.pending.append(group)
+            self.counters["groups_partial"] += 1
+
+    def drop_groups(self, groups: list[Group], reason: str) -> None:
+        """Groups that will never be trained (e.g. removed by a dynamic-sampling filter)."""
+        for group in groups:
+            self._land(group)
+            self.counters[f"groups_dropped_{reason}"] += 1
+
+    # ------------------------------------------------------------ training side
+    def get_train_groups(self, num_groups: int, policy_version: int = 0) -> list[Group]:
+        """Up to `num_groups` ready groups, oldest first. With --max-staleness k, a group holding a token
+        generated before version `policy_version - k` is not returned: its prompt goes back to pending,
+        fresh, so it is regenerated rather than lost."""
+        out = []
+        while self.ready and len(out) < num_groups:
+            group = self.ready.popleft()
+            if self.is_stale(group, policy_version):
+                self.pending.append([_reset(s) for s in group])
+                self.counters["groups_requeued_stale"] += 1
+                continue
+            out.append(group)
+            self.counters["groups_trained"] += 1
+        return out
+
+    def is_stale(self, group: Group, policy_version: int) -> bool:
+        if self.max_staleness is None:
+            return False
+        versions = [s.oldest_version for s in group if s.oldest_version is not None]
+        return bool(versions) and policy_version - min(versions) > self.max_staleness
+
+    def num_ready(self) -> int:
+        return len(self.ready)
+
+    def num_in_flight(self) -> int:
+        return len(self.in_flight)
+
+    def num_pending(self) -> int:
+        return len(self.pending)
+
+    def get_counters(self) -> dict[str, int]:
+        return dict(self.counters)
+
+    # ------------------------------------------------------------ checkpoint
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "source": self.source.state_dict(),
+            # in flight at save time: nothing of them reached training, so hand them out again
+            "pending": [[s.to_dict() for s in g] for g in list(self.pending) + list(self.in_flight.values())],
+            "ready": [[s.to_dict() for s in g] for g in self.ready],
+            "next_group_index": self.next_group_index,
+            "next_sample_index": self.next_sample_index,
+            "counters": dict(self.counters),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.source.load_state_dict(state["source"])
+        self.pending = collections.deque([Sample.from_dict(d) for d in g] for g in state["pending"])
+        self.ready = collections.deque([Sample.from_dict(d) for d in g] for g in state["ready"])
+        self.in_flight = {}
+        self.next_group_index = state["next_group_index"]
+        self.next_sample_index = state["next_sample_index"]
+        self.counters = collections.Counter(state["counters"])
+
+    # ------------------------------------------------------------ internals
+    def _new_group(self) -> Group | None:
+        item = self.source.next()
+        if item is None:
+            return None
+        epoch, record = item
+        group_index = self.next_group_index
+        self.next_group_index += 1
+        group = [self._new_sample(record, epoch, group_index) for _ in range(self.n_samples_per_prompt)]
+        self.counters["prompts_issued"] += 1
+        return group
+
+    def _new_sample(self, record: PromptRecord, epoch: int, group_index: int) -> Sample:
+        index = self.next_sample_index
+        self.next_sample_index += 1
+        metadata = copy.deepcopy(record.metadata)
+        metadata.update(prompt_row=record.row, epoch=epoch)
+        return Sample(index=index, group_index=group_index, prompt=copy.deepcopy(record.prompt),
+                      tokens=list(record.tokens), label=copy.deepcopy(record.label), metadata=metadata)
+
+    def _land(self, group: Group) -> None:
+        if not group:
+            raise ValueError("empty group returned to the buffer")
+        key = group[0].group_index
+        if any(s.group_index != key for s in group):
+            raise ValueError(f"a group mixes group_index values {sorted({s.group_index for s in group})}")
+        if self.in_flight.pop(key, None) is None:
+            raise ValueError(f"group {key} returned to the buffer but was not handed out (or came back twice)")
+        for sample in group:
+            sample.check()
+
+
+def _reset(sample: Sample) -> Sample:
+    sample.reset_response()
+    sample.metadata.pop("reward_error", None)
+    return sample
+

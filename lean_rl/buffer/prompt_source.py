@@ -1,0 +1,144 @@
+"""Prompt datasets: read jsonl/parquet rows, render and tokenize prompts, hand them out epoch by epoch."""
+
+from __future__ import annotations
+
+import collections
+import json
+import random
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator
+
+from lean_rl.rollout.config import DataConfig
+
+
+class BadRowError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class PromptRecord:
+    row: int  # 1-based line (jsonl) or row (parquet) in the file: stable identity of the prompt
+    prompt: str | list[dict[str, Any]]  # as in the file
+    tokens: tuple[int, ...]  # the rendered prompt, tokenized
+    label: Any = None
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+
+def _iter_rows(path: Path) -> Iterator[tuple[int, dict | None, str | None]]:
+    """(row number, row, error) for each row; error is set (and row None) for unparseable rows."""
+    if path.suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        for i, row in enumerate(pq.read_table(path).to_pylist(), start=1):
+            yield i, row, None
+        return
+    if path.suffix not in (".jsonl", ".json"):
+        raise ValueError(f"{path}: unsupported prompt file type {path.suffix!r} (use .jsonl or .parquet)")
+    with path.open(encoding="utf-8") as f:
+        for i, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as err:
+                yield i, None, f"invalid JSON ({err.msg} at column {err.colno})"
+                continue
+            yield (i, row, None) if isinstance(row, dict) else (i, None, f"expected a JSON object, got {type(row).__name__}")
+
+
+def _check_messages(prompt: list, key: str) -> None:
+    for message in prompt:
+        if not (isinstance(message, dict) and isinstance(message.get("role"), str) and "content" in message):
+            raise BadRowError(f"{key!r} must be text or a list of {{'role', 'content'}} messages")
+
+
+def _render(record_prompt, data: DataConfig, tokenizer, tools) -> list[int]:
+    if data.apply_chat_template:
+        messages = record_prompt if isinstance(record_prompt, list) else [{"role": "user", "content": record_prompt}]
+        text = tokenizer.apply_chat_template(messages, tools=tools, tokenize=False, add_generation_prompt=True)
+    elif isinstance(record_prompt, list):
+        raise BadRowError("the prompt is a list of messages: pass --apply-chat-template to render it")
+    else:
+        text = record_prompt
+    return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+def load_prompts(path: str | Path, data: DataConfig, tokenizer) -> tuple[list[PromptRecord], collections.Counter]:
+    """Every usable row of `path`, plus counters of what was skipped and why."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"prompt data file {str(path)!r} does not exist")
+    records, skipped = [], collections.Counter()
+    for row_number, row, error in _iter_rows(path):
+        try:
+            if error:
+                raise BadRowError(error)
+            if data.input_key not in row:
+                raise BadRowError(f"missing key {data.input_key!r} (--input-key); keys: {sorted(row)}")
+            prompt = row[data.input_key]
+            if isinstance(prompt, list):
+                _check_messages(prompt, data.input_key)
+            elif not isinstance(prompt, str):
+                raise BadRowError(f"{data.input_key!r} must be text or a list of messages, got {type(prompt).__name__}")
+            if data.label_key and data.label_key not in row:
+                raise BadRowError(f"missing key {data.label_key!r} (--label-key)")
+            metadata = row.get(data.metadata_key) if data.metadata_key else None
+            if metadata is not None and not isinstance(metadata, dict):
+                raise BadRowError(f"{data.metadata_key!r} (--metadata-key) must be an object")
+            tools = row.get(data.tool_key) if data.tool_key else None
+            tokens = _render(prompt, data, tokenizer, tools)
+        except BadRowError as err:
+            if not data.skip_bad_rows:
+                raise BadRowError(f"{path}:{row_number}: {err} (pass --skip-bad-rows to skip such rows)") from None
+            skipped["bad_row"] += 1
+            continue
+        if data.rollout_max_prompt_len and len(tokens) > data.rollout_max_prompt_len:
+            skipped["prompt_too_long"] += 1
+            continue
+        label = row.get(data.label_key) if data.label_key else None
+        records.append(PromptRecord(row_number, prompt, tuple(tokens), label, dict(metadata or {})))
+    if not records:
+        raise ValueError(f"{path}: no usable prompts (skipped: {dict(skipped) or 'none'}; file empty?)")
+    return records, skipped
+
+
+class PromptSource:
+    """Hands out prompt records in (optionally shuffled) epochs; its cursor is part of the checkpoint."""
+
+    def __init__(self, records: list[PromptRecord], shuffle: bool = False, seed: int = 0, num_epochs: int | None = None):
+        if not records:
+            raise ValueError("PromptSource needs at least one prompt")
+        self.records = records
+        self.shuffle, self.seed, self.num_epochs = shuffle, seed, num_epochs
+        self.epoch, self.position = 0, 0
+        self._order = self._epoch_order(0)
+
+    def _epoch_order(self, epoch: int) -> list[int]:
+        order = list(range(len(self.records)))
+        if self.shuffle:
+            random.Random(self.seed * 1_000_003 + epoch).shuffle(order)
+        return order
+
+    def next(self) -> tuple[int, PromptRecord] | None:
+        """(epoch, record), or None once every epoch is used up."""
+        if self.position == len(self._order):
+            if self.num_epochs is not None and self.epoch + 1 >= self.num_epochs:
+                return None
+            self.epoch, self.position = self.epoch + 1, 0
+            self._order = self._epoch_order(self.epoch)
+        record = self.records[self._order[self.position]]
+        self.position += 1
+        return self.epoch, record
+
+    def state_dict(self) -> dict[str, int]:
+        return {"epoch": self.epoch, "position": self.position, "num_records": len(self.records)}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        if state["num_records"] != len(self.records):
+            raise ValueError(
+                f"the prompt data has {len(self.records)} usable rows but the checkpoint was taken with "
+                f"{state['num_records']}: resuming would hand out the wrong prompts"
+            )
+        self.epoch, self.position = state["epoch"], state["position"]
+        self._order = self._epoch_order(self.epoch)

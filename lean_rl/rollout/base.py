@@ -1,0 +1,76 @@
+"""What every rollout function shares: its result type, the router client, the tokenizer, and the user
+extension points resolved (and checked) once at start-up."""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from lean_rl.backends.sglang.client import EngineClient
+from lean_rl.rollout import rewards
+from lean_rl.utils.plugins import load_function
+
+
+@dataclass
+class RolloutOutput:
+    """What a rollout function returns. Training data does not travel here: finished groups go into the
+    buffer. `metrics` are flat floats for logging; `samples` holds evaluation samples (evaluation=True)."""
+
+    metrics: dict[str, float] = field(default_factory=dict)
+    samples: dict[str, list] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Extensions:
+    rollout: Callable[..., Any]
+    generate: Callable[..., Any] | None  # None: the default per-sample generate
+    reward: Callable[..., Any] | None  # None: no reward (e.g. --debug-rollout-only with no rm)
+    group_reward: bool
+    dynamic_filter: Callable[..., Any] | None
+
+
+def load_extensions(cfg) -> Extensions:
+    """Import and check every dotted-path extension; called at start-up, before any engine starts."""
+    r = cfg.rollout
+    rollout_fn = load_function(r.rollout_function_path, "--rollout-function-path", num_args=4, must_be_sync=False)
+    generate_fn = None
+    if r.custom_generate_function_path:
+        generate_fn = load_function(r.custom_generate_function_path, "--custom-generate-function-path",
+                                    num_args=3, must_be_async=True)
+    if cfg.reward.custom_rm_path:
+        reward_fn = load_function(cfg.reward.custom_rm_path, "--custom-rm-path", num_args=2, must_be_async=True)
+    elif cfg.reward.rm_type:
+        reward_fn = rewards.BUILTIN_REWARDS[cfg.reward.rm_type]
+    else:
+        reward_fn = None
+    dynamic_filter = None
+    if r.dynamic_sampling_filter_path:
+        dynamic_filter = load_function(r.dynamic_sampling_filter_path, "--dynamic-sampling-filter-path",
+                                       num_args=2, must_be_sync=True)
+    return Extensions(rollout_fn, generate_fn, reward_fn, cfg.reward.group_rm, dynamic_filter)
+
+
+@functools.lru_cache(maxsize=8)
+def load_tokenizer(path: str):
+    import transformers
+
+    return transformers.AutoTokenizer.from_pretrained(path)
+
+
+@functools.lru_cache(maxsize=64)
+def engine_client(url: str, timeout_s: float) -> EngineClient:
+    """One client (one connection pool) per server URL and process."""
+    return EngineClient(url, timeout_s=timeout_s)
+
+
+def router_client(cfg) -> EngineClient:
+    return engine_client(cfg.engines.router_url, cfg.engines.request_timeout_s)
+
+
+def parse_weight_version(version: str | None) -> int:
+    """Engines report weight versions as strings; lean_rl sets them to the train step. SGLang's initial
+    'default' is the weights it loaded from disk: version 0."""
+    if version is None or not str(version).lstrip("-").isdigit():
+        return 0
+    return int(version)

@@ -1,0 +1,162 @@
+"""The default rollout: prompts from the buffer → SGLang (through the router) → rewards → filter → buffer.
+
+    generate_rollout(cfg, rollout_id, buffer, evaluation=False) -> RolloutOutput
+
+One rollout collects `--rollout-batch-size` kept groups. It launches `--over-sampling-batch-size` groups
+at once, tops up while a dynamic-sampling filter drops groups, and once enough are kept aborts the
+surplus; aborted groups go back to the buffer (with their partial tokens under `--partial-rollout`,
+reset otherwise), so no prompt is lost.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import time
+
+from lean_rl.rollout.base import (RolloutOutput, engine_client, load_extensions, load_tokenizer,
+                                  parse_weight_version, router_client)
+from lean_rl.rollout.evaluation import run_evaluation
+from lean_rl.rollout.rewards import score_group
+from lean_rl.sample import Sample, Status
+
+_FINISH_TO_STATUS = {"stop": Status.COMPLETED, "length": Status.TRUNCATED, "abort": Status.ABORTED}
+
+
+async def generate(cfg, sample: Sample, sampling_params: dict) -> Sample:
+    """Default per-sample generate: one /generate call for what is left of the response budget.
+    A sample that already holds partial tokens (an earlier abort) continues from them."""
+    budget = sampling_params["max_new_tokens"] - sample.response_length
+    if budget <= 0:
+        sample.status = Status.TRUNCATED
+        return sample
+    result = await router_client(cfg).generate(
+        sample.tokens, {**sampling_params, "max_new_tokens": budget}, return_logprob=True,
+        rid=f"lean_rl-{sample.index}-{sample.response_length}",
+    )
+    sample.append_response(result.output_ids, log_probs=result.output_log_probs,
+                           weight_versions=_token_versions(result))
+    sample.response = load_tokenizer(cfg.engines.model_path).decode(sample.response_tokens)
+    sample.status = _FINISH_TO_STATUS[result.finish_reason]
+    return sample
+
+
+def _token_versions(result) -> list[int]:
+    """Per output token, the policy version that generated it (SGLang reports spans when weights changed
+    during the request; otherwise one version for all)."""
+    versions = [parse_weight_version(result.weight_version)] * len(result.output_ids)
+    for span in result.weight_version_spans:
+        for i in range(max(span.start, 0), min(span.end, len(versions))):
+            versions[i] = parse_weight_version(span.version)
+    return versions
+
+
+class _Rollout:
+    """State of one rollout call: the tasks in flight, what was kept, counters."""
+
+    def __init__(self, cfg, rollout_id: int, buffer, extensions):
+        self.cfg, self.rollout_id, self.buffer, self.ext = cfg, rollout_id, buffer, extensions
+        self.generate_fn = extensions.generate or generate
+        self.semaphore = asyncio.Semaphore(cfg.rollout.max_concurrency)
+        self.sampling_params = cfg.rollout.sampling.to_sglang()
+        self.kept: list[list[Sample]] = []
+        self.counters: collections.Counter = collections.Counter()
+        self.stopping = False  # set once enough groups are kept: the rest is surplus
+
+    async def run(self) -> RolloutOutput:
+        started = time.monotonic()
+        target, launch_size = self.cfg.rollout.rollout_batch_size, self.cfg.rollout.over_sampling_batch_size
+        tasks: set[asyncio.Task] = set()
+        exhausted = False
+        while len(self.kept) < target:
+            # kept + in flight only falls below the target when the filter dropped groups: top up then
+            if not exhausted and len(self.kept) + len(tasks) < target:
+                groups = self.buffer.get_prompt_groups(launch_size)
+                exhausted = len(groups) < launch_size
+                tasks.update(asyncio.create_task(self._run_group(g)) for g in groups)
+            if not tasks:
+                break  # data used up: return what was kept
+            done, tasks = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+            for task in done:
+                task.result()  # a bug in our code must not pass silently
+        if tasks:
+            self.stopping = True
+            await self._abort_in_flight()
+            await asyncio.gather(*tasks)
+        return RolloutOutput(metrics=self._metrics(time.monotonic() - started))
+
+    async def _run_group(self, group: list[Sample]) -> None:
+        results = await asyncio.gather(*(self._run_sample(s) for s in group))
+        samples = [s for r in results for s in (r if isinstance(r, list) else [r])]
+        if any(s.status in (Status.ABORTED, Status.PENDING) for s in samples):
+            self._return_partial(group, samples)
+            return
+        if self.ext.reward is not None:
+            await score_group(self.cfg, samples, self.ext.reward, self.ext.group_reward, self.counters)
+        if len(self.kept) >= self.cfg.rollout.rollout_batch_size:
+            self._return_partial(group, samples)  # finished after the batch filled: surplus
+            return
+        if self.ext.dynamic_filter is not None and not self.ext.dynamic_filter(self.cfg, samples):
+            self.buffer.drop_groups([samples], "filtered")
+            self.counters["groups_filtered"] += 1
+            return
+        self.buffer.put_finished_groups([samples])
+        self.kept.append(samples)
+
+    async def _run_sample(self, sample: Sample):
+        async with self.semaphore:
+            if self.stopping or sample.status in (Status.COMPLETED, Status.TRUNCATED):
+                return sample  # surplus never started, or finished before an earlier abort
+            try:
+                return await self.generate_fn(self.cfg, sample, dict(self.sampling_params))
+            except Exception as err:  # noqa: BLE001 - one bad request must not end the rollout
+                sample.status = Status.FAILED
+                sample.metadata["generate_error"] = f"{type(err).__name__}: {err}"
+                self.counters["generate_failed"] += 1
+                return sample
+
+    def _return_partial(self, group: list[Sample], samples: list[Sample]) -> None:
+        """Back to the buffer, to be handed out again first. Under --partial-rollout samples keep what
+        they generated (finished ones stay finished); otherwise, or when a custom generate turned one
+        sample into several, the group starts over."""
+        expanded = len(samples) != len(group)
+        back = group if expanded else samples
+        for s in back:
+            if expanded or not self.cfg.rollout.partial_rollout or s.status == Status.FAILED:
+                s.reset_response()
+            elif s.status == Status.ABORTED:
+                s.status = Status.PENDING
+        self.buffer.put_partial_groups([back])
+        self.counters["groups_returned_partial"] += 1
+
+    async def _abort_in_flight(self) -> None:
+        # The router does not forward /abort_request: abort on every engine directly. Only this
+        # rollout's requests are running on the engines in the modes that over-sample (sync).
+        clients = [engine_client(url, self.cfg.engines.request_timeout_s) for url in self.cfg.engines.engine_urls]
+        await asyncio.gather(*(c.abort_request(abort_all=True) for c in clients))
+
+    def _metrics(self, seconds: float) -> dict[str, float]:
+        samples = [s for g in self.kept for s in g]
+        statuses = collections.Counter(s.status.value for s in samples)
+        n = max(len(samples), 1)
+        response_tokens = sum(s.response_length for s in samples)
+        rewards = [s.reward for s in samples if s.reward is not None]
+        metrics = {
+            "rollout/groups": len(self.kept),
+            "rollout/samples": len(samples),
+            "rollout/seconds": seconds,
+            "rollout/response_len_mean": response_tokens / n,
+            "rollout/response_tokens_per_s": response_tokens / max(seconds, 1e-9),
+            "rollout/truncated_frac": statuses["truncated"] / n,
+            **{f"rollout/{k}": float(v) for k, v in self.counters.items()},
+        }
+        if rewards:
+            metrics["rollout/reward_mean"] = sum(rewards) / len(rewards)
+        return metrics
+
+
+async def generate_rollout(cfg, rollout_id: int, buffer, evaluation: bool = False) -> RolloutOutput:
+    extensions = load_extensions(cfg)
+    if evaluation:
+        return await run_evaluation(cfg, rollout_id, extensions, generate)
+    return await _Rollout(cfg, rollout_id, buffer, extensions).run()

@@ -1,0 +1,60 @@
+"""Evaluation rollouts: every prompt of each `--eval-prompt-data` set, `--n-samples-per-eval-prompt`
+times; mean reward and pass@k per set. Eval prompts never touch the training buffer."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import functools
+import math
+
+from lean_rl.buffer.prompt_source import PromptRecord, load_prompts
+from lean_rl.rollout.base import RolloutOutput, load_tokenizer
+from lean_rl.rollout.rewards import score_group
+from lean_rl.sample import Sample
+
+
+def pass_at_k(n: int, correct: int, k: int) -> float:
+    """Unbiased pass@k from n samples with `correct` successes (Chen et al., 2021)."""
+    if n - correct < k:
+        return 1.0
+    return 1.0 - math.comb(n - correct, k) / math.comb(n, k)
+
+
+@functools.lru_cache(maxsize=16)
+def _eval_records(path: str, data_cfg, tokenizer_path: str) -> tuple[PromptRecord, ...]:
+    records, _ = load_prompts(path, data_cfg, load_tokenizer(tokenizer_path))
+    return tuple(records)
+
+
+async def run_evaluation(cfg, rollout_id: int, extensions, default_generate) -> RolloutOutput:
+    if extensions.reward is None:
+        raise ValueError("evaluation needs a reward: set --rm-type or --custom-rm-path")
+    generate_fn = extensions.generate or default_generate
+    params = cfg.eval.sampling.to_sglang()
+    semaphore = asyncio.Semaphore(cfg.rollout.max_concurrency)
+    counters: collections.Counter = collections.Counter()
+    output = RolloutOutput()
+
+    async def one(sample: Sample) -> list[Sample]:
+        async with semaphore:
+            result = await generate_fn(cfg, sample, dict(params))
+        return result if isinstance(result, list) else [result]
+
+    for name, path in cfg.eval.datasets:
+        records = _eval_records(path, cfg.data, cfg.engines.model_path)
+        n = cfg.eval.n_samples_per_prompt
+        groups = [[Sample(index=i * n + j, group_index=i, prompt=r.prompt, tokens=list(r.tokens), label=r.label,
+                          metadata=dict(r.metadata)) for j in range(n)] for i, r in enumerate(records)]
+        finished = await asyncio.gather(*(asyncio.gather(*(one(s) for s in g)) for g in groups))
+        finished = [[s for part in g for s in part] for g in finished]
+        await asyncio.gather(*(score_group(cfg, g, extensions.reward, extensions.group_reward, counters) for g in finished))
+        rewards = [s.reward for g in finished for s in g]
+        output.metrics[f"eval/{name}/reward_mean"] = sum(rewards) / len(rewards)
+        for k in sorted({1, n}):
+            scores = [pass_at_k(len(g), sum(s.reward >= 1.0 for s in g), k) for g in finished]
+            output.metrics[f"eval/{name}/pass@{k}"] = sum(scores) / len(scores)
+        output.metrics[f"eval/{name}/response_len_mean"] = sum(s.response_length for g in finished for s in g) / len(rewards)
+        output.samples[name] = [s for g in finished for s in g]
+    output.metrics.update({f"eval/{k}": float(v) for k, v in counters.items()})
+    return output

@@ -1,0 +1,164 @@
+"""Built-in reward functions (`--rm-type`) and the wrapper that keeps a failing reward from stopping a run.
+
+Every reward function has the signature `async def reward(cfg, sample) -> float`; a group reward
+(`--group-rm`) is `async def reward(cfg, samples) -> list[float]`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import concurrent.futures
+import multiprocessing
+import re
+from typing import Any, Awaitable, Callable
+
+import httpx
+
+from lean_rl.sample import Sample, Status
+
+RewardFn = Callable[[Any, Sample], Awaitable[float]]
+
+
+# ---------------------------------------------------------------- text helpers
+def last_boxed(text: str) -> str | None:
+    """Content of the last \\boxed{...} in `text`, braces balanced; None if there is none."""
+    start = text.rfind("\\boxed{")
+    if start < 0:
+        return None
+    depth, i = 0, start + len("\\boxed")
+    for j in range(i, len(text)):
+        if text[j] == "{":
+            depth += 1
+        elif text[j] == "}":
+            depth -= 1
+            if depth == 0:
+                return text[i + 1:j]
+    return None
+
+
+def _normalize(text: str) -> str:
+    return re.sub(r"\s+", " ", text.strip().lower().rstrip("."))
+
+
+def exact_match(response: str, label: str) -> float:
+    return float(_normalize(response) == _normalize(str(label)))
+
+
+def boxed_match(response: str, label: str) -> float:
+    answer = last_boxed(response)
+    return float(answer is not None and _normalize(answer) == _normalize(str(label)))
+
+
+def token_f1(response: str, label: str) -> float:
+    """SQuAD-style bag-of-words F1 between the response and the label."""
+    pred, gold = _normalize(response).split(), _normalize(str(label)).split()
+    common = collections.Counter(pred) & collections.Counter(gold)
+    overlap = sum(common.values())
+    if overlap == 0:
+        return 0.0
+    precision, recall = overlap / len(pred), overlap / len(gold)
+    return 2 * precision * recall / (precision + recall)
+
+
+# ---------------------------------------------------------------- math-verify, in a worker process
+def _math_verify_in_worker(response: str, label: str, timeout_s: int) -> float:
+    # math-verify bounds its own parsing with signal.alarm, which only works on a main thread: the
+    # worker process's main thread is one, the rollout's event loop thread may not be.
+    from math_verify import parse, verify
+
+    gold = parse(label if "$" in label or "\\" in label else f"${label}$", parsing_timeout=timeout_s)
+    answer = parse(response, parsing_timeout=timeout_s)
+    return float(bool(gold) and bool(answer) and verify(gold, answer, timeout_seconds=timeout_s))
+
+
+_MATH_POOL: concurrent.futures.ProcessPoolExecutor | None = None
+
+
+def _math_pool() -> concurrent.futures.ProcessPoolExecutor:
+    global _MATH_POOL
+    if _MATH_POOL is None:
+        # spawn, not fork: the driver holds threads (Ray, httpx) that a fork would copy mid-state.
+        _MATH_POOL = concurrent.futures.ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"))
+    return _MATH_POOL
+
+
+async def math_reward(cfg, sample: Sample) -> float:
+    timeout_s = cfg.reward.rm_timeout
+    future = _math_pool().submit(_math_verify_in_worker, sample.response, str(sample.label), max(1, int(timeout_s)))
+    return await asyncio.wait_for(asyncio.wrap_future(future), timeout=timeout_s * 3 + 5)
+
+
+async def exact_reward(cfg, sample: Sample) -> float:
+    return exact_match(sample.response, sample.label)
+
+
+async def boxed_reward(cfg, sample: Sample) -> float:
+    return boxed_match(sample.response, sample.label)
+
+
+async def f1_reward(cfg, sample: Sample) -> float:
+    return token_f1(sample.response, sample.label)
+
+
+# ---------------------------------------------------------------- remote reward model
+async def remote_reward(cfg, sample: Sample) -> float:
+    """POST {prompt, response, label, metadata} to --rm-url; the server answers a number or {"reward": x}."""
+    body = {"prompt": sample.prompt, "response": sample.response, "label": sample.label, "metadata": sample.metadata}
+    last_error: Exception | None = None
+    async with httpx.AsyncClient(timeout=cfg.reward.rm_timeout) as client:
+        for attempt in range(cfg.reward.rm_retries + 1):
+            try:
+                reply = await client.post(cfg.reward.rm_url, json=body)
+                reply.raise_for_status()
+                data = reply.json()
+                return float(data["reward"] if isinstance(data, dict) else data)
+            except (httpx.TransportError, httpx.HTTPStatusError) as err:
+                last_error = err
+                await asyncio.sleep(min(0.5 * 2**attempt, 5.0))
+    raise RuntimeError(f"--rm-url {cfg.reward.rm_url}: no answer after {cfg.reward.rm_retries + 1} tries: {last_error}")
+
+
+BUILTIN_REWARDS: dict[str, RewardFn] = {
+    "math": math_reward,
+    "boxed": boxed_reward,
+    "exact": exact_reward,
+    "f1": f1_reward,
+    "remote": remote_reward,
+}
+
+
+# ---------------------------------------------------------------- applying rewards safely
+async def score_group(cfg, samples: list[Sample], reward_fn, group_rm: bool, counters: collections.Counter) -> None:
+    """Set `reward` on every sample. A reward that raises or times out marks the sample FAILED with
+    reward 0 and counts it; the run goes on."""
+    timeout_s = cfg.reward.rm_timeout * 3 + 5
+    if group_rm:
+        try:
+            rewards = await asyncio.wait_for(reward_fn(cfg, samples), timeout=timeout_s)
+            if len(rewards) != len(samples):
+                raise ValueError(f"group reward returned {len(rewards)} values for {len(samples)} samples")
+            for sample, value in zip(samples, rewards):
+                sample.reward = float(value)
+        except Exception as err:  # noqa: BLE001 - user code: any failure is counted, not fatal
+            for sample in samples:
+                _mark_failed(sample, err, counters)
+        return
+
+    async def one(sample: Sample) -> None:
+        if sample.status == Status.FAILED:
+            sample.reward = 0.0
+            return
+        try:
+            sample.reward = float(await asyncio.wait_for(reward_fn(cfg, sample), timeout=timeout_s))
+        except Exception as err:  # noqa: BLE001
+            _mark_failed(sample, err, counters)
+
+    await asyncio.gather(*(one(s) for s in samples))
+
+
+def _mark_failed(sample: Sample, err: Exception, counters: collections.Counter) -> None:
+    sample.reward = 0.0
+    sample.status = Status.FAILED
+    sample.metadata["reward_error"] = f"{type(err).__name__}: {err}"
+    counters["reward_failed"] += 1

@@ -1,0 +1,31 @@
+"""Engine settings for tests and demos on the tiny models: the flags a user would type, parsed by the
+same code path as a real run."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from lean_rl.backends.sglang.config import EngineConfig, add_engine_args, engine_config_from_args, split_passthrough
+
+# float32, so that log-probs can be compared with a transformers/Megatron float32 forward on any device;
+# round_robin, so that routing is predictable; a small KV cache (the tiny models need a few MB).
+TEST_ENGINE_FLAGS = (
+    "--rollout-num-engines", "2",
+    "--sglang-max-total-tokens", "8192",
+    "--sglang-dtype", "float32",
+    "--engine-start-timeout", "300",
+    "--engine-request-timeout", "120",
+    "--router-policy", "round_robin",
+)
+
+
+def engine_config_for_tests(model_path: str | Path, *extra_flags: str) -> EngineConfig:
+    """EngineConfig for `model_path` from TEST_ENGINE_FLAGS; later flags in `extra_flags` win."""
+    parser = argparse.ArgumentParser(allow_abbrev=False)
+    add_engine_args(parser)
+    args, unknown = parser.parse_known_args(["--hf-checkpoint", str(model_path), *TEST_ENGINE_FLAGS, *extra_flags])
+    passthrough = split_passthrough(unknown)
+    if passthrough.rest:
+        raise ValueError(f"unrecognized engine flags: {' '.join(passthrough.rest)}")
+    return engine_config_from_args(args, passthrough)

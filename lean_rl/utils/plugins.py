@@ -1,0 +1,53 @@
+"""Load user extension points given by dotted path, and check them at start-up, not mid-run."""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+from typing import Any, Callable
+
+
+class PluginError(ValueError):
+    pass
+
+
+def load_function(
+    path: str,
+    flag: str,
+    num_args: int,
+    must_be_async: bool = False,
+    must_be_sync: bool = False,
+) -> Callable[..., Any]:
+    """Import `pkg.module.attr` and check that it can be called with `num_args` positional arguments.
+
+    `flag` names the command-line flag in every error, so a typo is reported as the user typed it.
+    """
+    module_name, _, attr = path.rpartition(".")
+    if not module_name or not attr:
+        raise PluginError(f"{flag} {path!r}: expected a dotted path 'package.module.function'")
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as err:
+        raise PluginError(f"{flag} {path!r}: cannot import module {module_name!r} ({err})") from err
+    except Exception as err:  # the user's module raised while importing: say where
+        raise PluginError(f"{flag} {path!r}: importing {module_name!r} raised {type(err).__name__}: {err}") from err
+    if not hasattr(module, attr):
+        raise PluginError(f"{flag} {path!r}: module {module_name!r} has no attribute {attr!r}")
+    fn = getattr(module, attr)
+    if not callable(fn):
+        raise PluginError(f"{flag} {path!r}: {attr!r} is a {type(fn).__name__}, not a function")
+    is_async = inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(getattr(fn, "__call__", None))
+    if must_be_async and not is_async:
+        raise PluginError(f"{flag} {path!r}: must be an `async def` function")
+    if must_be_sync and is_async:
+        raise PluginError(f"{flag} {path!r}: must be a plain `def` function, not `async def`")
+    try:
+        inspect.signature(fn).bind(*([None] * num_args))
+    except TypeError as err:
+        raise PluginError(
+            f"{flag} {path!r}: must accept {num_args} positional argument(s); "
+            f"its signature is {attr}{inspect.signature(fn)} ({err})"
+        ) from err
+    except ValueError:
+        pass  # builtins without an inspectable signature: trust them
+    return fn

@@ -1,0 +1,81 @@
+import json
+
+import pytest
+
+from lean_rl.backends.megatron.config import ConfigError
+from lean_rl.backends.megatron.hf_config import (
+    SUPPORTED_HF_FAMILIES,
+    arch_from_hf_config,
+    check_arch_matches_checkpoint,
+    hf_family,
+)
+
+
+def hf_config(path) -> dict:
+    return json.loads((path / "config.json").read_text())
+
+
+@pytest.mark.parametrize("family", SUPPORTED_HF_FAMILIES)
+def test_tiny_checkpoints_derive_the_megatron_arch(family, tiny_model_factory):
+    path = tiny_model_factory(family)
+    arch = arch_from_hf_config(path)
+    assert hf_family(path) == family
+    assert (arch.num_layers, arch.hidden_size, arch.num_attention_heads, arch.num_query_groups, arch.kv_channels) == (
+        2, 64, 4, 2, 16)
+    assert (arch.vocab_size, arch.max_position_embeddings, arch.seq_length) == (512, 4096, 4096)
+    assert arch.normalization == "RMSNorm" and arch.norm_epsilon == 1e-6 and arch.rotary_base == 10000.0
+    assert arch.swiglu and not arch.add_bias_linear and arch.untie_embeddings_and_output_weights
+    assert arch.add_qkv_bias == (family == "qwen2")
+    assert arch.qk_layernorm == family.startswith("qwen3")
+    assert arch.ffn_hidden_size == 256
+    if family == "qwen3_moe":
+        assert (arch.num_experts, arch.moe_router_topk, arch.moe_ffn_hidden_size) == (4, 2, 128)
+        assert arch.moe_router_pre_softmax is False  # norm_topk_prob: softmax over the top-k logits
+    else:
+        assert arch.num_experts is None
+
+
+def test_the_same_config_as_dict_path_or_file(tiny_qwen2):
+    config = hf_config(tiny_qwen2)
+    assert arch_from_hf_config(config) == arch_from_hf_config(tiny_qwen2) == arch_from_hf_config(
+        tiny_qwen2 / "config.json")
+    assert arch_from_hf_config(config, make_vocab_size_divisible_by=96, seq_length=512).seq_length == 512
+
+
+def test_unsupported_model_type_names_the_supported_ones(tiny_qwen2):
+    config = {**hf_config(tiny_qwen2), "model_type": "mistral"}
+    with pytest.raises(ConfigError, match="'mistral' is not supported; supported: llama, qwen2, qwen3, qwen3_moe"):
+        arch_from_hf_config(config)
+
+
+@pytest.mark.parametrize("family, change, message", [
+    ("llama", {"rope_parameters": {"rope_type": "llama3", "rope_theta": 5e5, "factor": 8.0}}, "rope_type='llama3'"),
+    ("llama", {"attention_bias": True}, "attention_bias=true"),
+    ("llama", {"mlp_bias": True}, "mlp_bias=true"),
+    ("qwen2", {"use_sliding_window": True}, "use_sliding_window=true"),
+    ("qwen2", {"hidden_act": "gelu"}, "hidden_act='gelu'"),
+    ("qwen3_moe", {"mlp_only_layers": [1]}, "mlp_only_layers"),
+    ("qwen3_moe", {"decoder_sparse_step": 2}, "decoder_sparse_step"),
+])
+def test_features_without_an_exact_megatron_equivalent_are_errors(family, change, message, tiny_model_factory):
+    config = {**hf_config(tiny_model_factory(family)), **change}
+    with pytest.raises(ConfigError, match=f"{family} config: .*{message}.* is not supported"):
+        arch_from_hf_config(config)
+
+
+def test_router_tied_embeddings_and_old_rope_keys(tiny_model_factory):
+    moe = hf_config(tiny_model_factory("qwen3_moe"))
+    assert arch_from_hf_config({**moe, "norm_topk_prob": False}).moe_router_pre_softmax is True
+    llama = hf_config(tiny_model_factory("llama"))
+    assert not arch_from_hf_config({**llama, "tie_word_embeddings": True}).untie_embeddings_and_output_weights
+    old_style = {k: v for k, v in llama.items() if k != "rope_parameters"} | {"rope_theta": 1e6, "rope_scaling": None}
+    assert arch_from_hf_config(old_style).rotary_base == 1e6
+    with pytest.raises(ConfigError, match="rope_scaling"):
+        arch_from_hf_config(old_style | {"rope_scaling": {"type": "linear", "factor": 2.0}})
+
+
+def test_flags_must_match_the_checkpoint(tiny_qwen2, tiny_model_factory):
+    arch = arch_from_hf_config(tiny_qwen2, make_vocab_size_divisible_by=96, seq_length=1024)
+    check_arch_matches_checkpoint(arch, tiny_qwen2)  # padding multiple and seq length are ours
+    with pytest.raises(ConfigError, match=r"--add-qkv-bias: True != False; --qk-layernorm: False != True"):
+        check_arch_matches_checkpoint(arch, tiny_model_factory("qwen3"))

@@ -1,0 +1,94 @@
+import json
+
+import pytest
+import transformers
+
+from lean_rl.buffer.prompt_source import BadRowError, PromptSource, load_prompts
+from lean_rl.rollout.config import DataConfig
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_qwen2):
+    return transformers.AutoTokenizer.from_pretrained(tiny_qwen2)
+
+
+def _write_jsonl(path, rows):
+    path.write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in rows))
+    return path
+
+
+def test_jsonl_text_and_messages_with_chat_template(tmp_path, tokenizer):
+    path = _write_jsonl(tmp_path / "p.jsonl", [
+        {"prompt": "the cat", "label": "1", "meta": {"k": 1}},
+        {"prompt": [{"role": "user", "content": "the dog"}], "label": "2"},
+    ])
+    records, skipped = load_prompts(path, DataConfig(prompt_data=str(path), metadata_key="meta", apply_chat_template=True), tokenizer)
+    assert [r.row for r in records] == [1, 2] and not skipped
+    rendered = tokenizer.decode(list(records[1].tokens))
+    assert rendered == "<|im_start|>user\nthe dog<|im_end|>\n<|im_start|>assistant\n"
+    assert records[0].metadata == {"k": 1} and records[1].label == "2"
+
+
+def test_parquet_rows(tmp_path, tokenizer):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path = tmp_path / "p.parquet"
+    pq.write_table(pa.table({"question": ["a b", "c d e"], "answer": ["x", "y"]}), path)
+    records, _ = load_prompts(path, DataConfig(prompt_data=str(path), input_key="question", label_key="answer"), tokenizer)
+    assert [r.label for r in records] == ["x", "y"]
+    assert tokenizer.decode(list(records[1].tokens)) == "c d e"
+
+
+def test_bad_row_names_file_and_line_unless_skipped(tmp_path, tokenizer):
+    path = _write_jsonl(tmp_path / "p.jsonl", [{"prompt": "ok", "label": 1}, "{not json", {"label": 2}, {"prompt": "fine", "label": 3}])
+    with pytest.raises(BadRowError, match=r"p\.jsonl:2: invalid JSON"):
+        load_prompts(path, DataConfig(prompt_data=str(path)), tokenizer)
+    records, skipped = load_prompts(path, DataConfig(prompt_data=str(path), skip_bad_rows=True), tokenizer)
+    assert [r.row for r in records] == [1, 4] and skipped["bad_row"] == 2
+    path2 = _write_jsonl(tmp_path / "q.jsonl", [{"prompt": "ok", "label": 1}, {"text": "x", "label": 1}])
+    with pytest.raises(BadRowError, match=r"q\.jsonl:2: missing key 'prompt' \(--input-key\)"):
+        load_prompts(path2, DataConfig(prompt_data=str(path2)), tokenizer)
+
+
+def test_too_long_prompts_are_skipped_and_counted(tmp_path, tokenizer):
+    path = _write_jsonl(tmp_path / "p.jsonl", [{"prompt": "a", "label": 0}, {"prompt": "the cat sat on the mat " * 10, "label": 0}])
+    records, skipped = load_prompts(path, DataConfig(prompt_data=str(path), rollout_max_prompt_len=8), tokenizer)
+    assert len(records) == 1 and skipped["prompt_too_long"] == 1
+
+
+def test_messages_without_chat_template_is_an_error(tmp_path, tokenizer):
+    path = _write_jsonl(tmp_path / "p.jsonl", [{"prompt": [{"role": "user", "content": "x"}], "label": 0}])
+    with pytest.raises(BadRowError, match="--apply-chat-template"):
+        load_prompts(path, DataConfig(prompt_data=str(path)), tokenizer)
+
+
+def _records(n):
+    from lean_rl.buffer.prompt_source import PromptRecord
+
+    return [PromptRecord(row=i + 1, prompt=f"p{i}", tokens=(i,)) for i in range(n)]
+
+
+def test_shuffled_epochs_are_permutations_seeded_and_differ_between_epochs():
+    src = PromptSource(_records(20), shuffle=True, seed=7, num_epochs=2)
+    seen = [src.next() for _ in range(40)]
+    assert src.next() is None
+    epoch0 = [r.row for e, r in seen[:20]]
+    epoch1 = [r.row for e, r in seen[20:]]
+    assert sorted(epoch0) == sorted(epoch1) == list(range(1, 21))
+    assert epoch0 != epoch1 and epoch0 != sorted(epoch0)
+    again = PromptSource(_records(20), shuffle=True, seed=7, num_epochs=2)
+    assert [again.next()[1].row for _ in range(20)] == epoch0
+
+
+def test_cursor_state_resumes_exactly():
+    src = PromptSource(_records(5), shuffle=True, seed=1)
+    for _ in range(7):
+        src.next()
+    state = src.state_dict()
+    expected = [src.next() for _ in range(6)]
+    other = PromptSource(_records(5), shuffle=True, seed=1)
+    other.load_state_dict(state)
+    assert [other.next() for _ in range(6)] == expected
+    with pytest.raises(ValueError, match="has 4 usable rows but the checkpoint was taken with 5"):
+        PromptSource(_records(4)).load_state_dict(state)

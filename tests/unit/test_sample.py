@@ -1,0 +1,51 @@
+import pytest
+
+from lean_rl.sample import NOT_GENERATED, Sample, Status
+
+
+def _sample():
+    return Sample(index=0, group_index=0, prompt="p", tokens=[5, 6, 7])
+
+
+def test_append_keeps_per_token_lists_aligned_with_the_response():
+    s = _sample()
+    s.append_response([10, 11], "ab", log_probs=[-0.5, -1.0], weight_versions=3)
+    s.append_response([12], "<tool>", trainable=False)
+    s.append_response([13], "c", log_probs=[-0.1], weight_versions=[4])
+    s.check()
+    assert s.tokens == [5, 6, 7, 10, 11, 12, 13]
+    assert s.prompt_length == 3 and s.response_length == 4 and s.response_tokens == [10, 11, 12, 13]
+    assert s.loss_mask == [1, 1, 0, 1]
+    assert s.rollout_log_probs == [-0.5, -1.0, 0.0, -0.1]
+    assert s.weight_versions == [3, 3, NOT_GENERATED, 4]
+    assert s.oldest_version == 3  # tool tokens do not count
+
+
+def test_append_rejects_mismatched_lengths_and_missing_log_probs():
+    s = _sample()
+    with pytest.raises(ValueError, match="2 tokens but 1 log-probs"):
+        s.append_response([1, 2], log_probs=[-1.0], weight_versions=0)
+    with pytest.raises(ValueError, match="need log_probs"):
+        s.append_response([1])
+    assert s.tokens == [5, 6, 7] and s.response_length == 0
+
+
+def test_roundtrip_and_check_catch_corruption():
+    s = _sample()
+    s.append_response([9], "x", log_probs=[-2.0], weight_versions=1)
+    s.status, s.reward = Status.TRUNCATED, 1.0
+    again = Sample.from_dict(s.to_dict())
+    assert again == s and again.status is Status.TRUNCATED
+    bad = s.to_dict()
+    bad["loss_mask"] = [1, 1]
+    with pytest.raises(ValueError, match="loss_mask 2"):
+        Sample.from_dict(bad)
+
+
+def test_reset_response_restores_the_prompt_only():
+    s = _sample()
+    s.append_response([9, 8], "xy", log_probs=[-1.0, -1.0], weight_versions=0)
+    s.status, s.reward = Status.ABORTED, 0.5
+    s.reset_response()
+    assert s.tokens == [5, 6, 7] and s.response == "" and s.status is Status.PENDING and s.reward is None
+    assert s.oldest_version is None

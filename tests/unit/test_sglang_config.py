@@ -1,0 +1,145 @@
+import argparse
+
+import pytest
+
+from lean_rl.backends.sglang.config import (
+    DEFAULT_CPU_MAX_TOTAL_TOKENS,
+    EngineConfig,
+    EngineConfigError,
+    add_engine_args,
+    engine_config_from_args,
+    split_passthrough,
+)
+from lean_rl.backends.sglang.launch import device_from_argv
+
+
+def parse(argv, device="cpu"):
+    parser = argparse.ArgumentParser(allow_abbrev=False)
+    add_engine_args(parser)
+    args, unknown = parser.parse_known_args(argv)
+    passthrough = split_passthrough(unknown)
+    return engine_config_from_args(args, passthrough, device=device), passthrough
+
+
+def flag_values(flags, name):
+    """Values after `name` in a flat flag list (asserts the flag appears exactly once)."""
+    positions = [i for i, token in enumerate(flags) if token == name]
+    assert len(positions) == 1, f"{name} appears {len(positions)} times in {flags}"
+    values = []
+    for token in flags[positions[0] + 1 :]:
+        if token.startswith("--"):
+            break
+        values.append(token)
+    return values
+
+
+def test_split_passthrough_strips_prefixes_and_keeps_values_with_their_flag():
+    split = split_passthrough(
+        ["--sglang-enable-foo", "--sglang-chunked-prefill-size", "512", "--router-policy", "round_robin",
+         "--lr", "1e-5", "--sglang-json={'a': 1}", "--router-selector", "a=b", "c=d", "--sglang-offset", "-3"]
+    )
+    assert split.server == ("--enable-foo", "--chunked-prefill-size", "512", "--json={'a': 1}", "--offset", "-3")
+    assert split.router == ("--policy", "round_robin", "--selector", "a=b", "c=d")
+    assert split.rest == ("--lr", "1e-5")
+
+
+def test_cpu_config_has_the_cpu_flags_and_user_passthrough_replaces_a_default():
+    config, _ = parse(["--hf-checkpoint", "/m", "--rollout-num-engines", "2", "--sglang-dtype", "bfloat16",
+                       "--sglang-chunked-prefill-size", "256", "--router-policy", "round_robin"])
+    assert config.num_engines == 2 and config.device == "cpu"
+    flags = config.server_flags(1, 31001)
+    assert flag_values(flags, "--model-path") == ["/m"]
+    assert flag_values(flags, "--port") == ["31001"]
+    assert flag_values(flags, "--host") == ["127.0.0.1"]
+    assert flag_values(flags, "--device") == ["cpu"]
+    assert flag_values(flags, "--attention-backend") == ["torch_native"]
+    assert flag_values(flags, "--dtype") == ["bfloat16"]  # the user's value, once
+    assert flag_values(flags, "--max-total-tokens") == [str(DEFAULT_CPU_MAX_TOTAL_TOKENS)]
+    assert flag_values(flags, "--sleep-on-idle") == []
+    assert flag_values(flags, "--chunked-prefill-size") == ["256"]
+    assert "--tp-size" not in flags
+
+    router = config.router_flags(30100, 29100)
+    assert flag_values(router, "--prometheus-host") == ["127.0.0.1"]
+    assert flag_values(router, "--host") == ["127.0.0.1"]
+    assert flag_values(router, "--port") == ["30100"]
+    assert flag_values(router, "--policy") == ["round_robin"]
+
+
+def test_explicit_flags_reach_the_server():
+    config, _ = parse(["--hf-checkpoint", "/m", "--sglang-max-total-tokens", "4096",
+                       "--sglang-mem-fraction-static", "0.5", "--sglang-base-port", "31000", "--router-port", "31100",
+                       "--engine-start-timeout", "60", "--engine-request-timeout", "30"])
+    flags = config.server_flags(0, 31000)
+    assert flag_values(flags, "--max-total-tokens") == ["4096"]
+    assert flag_values(flags, "--mem-fraction-static") == ["0.5"]
+    assert (config.base_port, config.router_port) == (31000, 31100)
+    assert (config.start_timeout_s, config.request_timeout_s) == (60.0, 30.0)
+
+
+def test_gpu_engines_are_derived_from_gpu_counts():
+    config, _ = parse(["--hf-checkpoint", "/m", "--rollout-num-gpus", "8", "--rollout-num-gpus-per-engine", "2"],
+                      device="cuda")
+    assert config.num_engines == 4
+    flags = config.server_flags(3, 30000)
+    assert flag_values(flags, "--tp-size") == ["2"]
+    assert flag_values(flags, "--base-gpu-id") == ["6"]
+    assert "--device" not in flags and "--sleep-on-idle" not in flags and "--max-total-tokens" not in flags
+
+
+@pytest.mark.parametrize(
+    "argv, flag",
+    [
+        (["--rollout-num-gpus", "6", "--rollout-num-gpus-per-engine", "4"], "--rollout-num-gpus"),
+        (["--rollout-num-gpus", "8", "--rollout-num-gpus-per-engine", "2", "--rollout-num-engines", "3"],
+         "--rollout-num-engines"),
+        (["--rollout-num-gpus-per-engine", "0"], "--rollout-num-gpus-per-engine"),
+    ],
+)
+def test_inconsistent_gpu_counts_name_the_flag(argv, flag):
+    with pytest.raises(EngineConfigError, match=f"^{flag}:"):
+        parse(["--hf-checkpoint", "/m", *argv], device="cuda")
+
+
+@pytest.mark.parametrize(
+    "argv, flag",
+    [
+        ([], "--hf-checkpoint"),
+        (["--hf-checkpoint", "/m", "--rollout-num-engines", "0"], "--rollout-num-engines"),
+        (["--hf-checkpoint", "/m", "--sglang-mem-fraction-static", "1.5"], "--sglang-mem-fraction-static"),
+        (["--hf-checkpoint", "/m", "--sglang-max-total-tokens", "0"], "--sglang-max-total-tokens"),
+        (["--hf-checkpoint", "/m", "--sglang-base-port", "80"], "--sglang-base-port"),
+        (["--hf-checkpoint", "/m", "--router-port", "70000"], "--router-port"),
+        (["--hf-checkpoint", "/m", "--rollout-num-engines", "2", "--sglang-base-port", "31000", "--router-port",
+          "31001"], "--router-port"),
+        (["--hf-checkpoint", "/m", "--engine-start-timeout", "0"], "--engine-start-timeout"),
+        (["--hf-checkpoint", "/m", "--engine-request-timeout", "-1"], "--engine-request-timeout"),
+        (["--hf-checkpoint", "/m", "--sglang-port", "1234"], "--sglang-port"),
+        (["--hf-checkpoint", "/m", "--sglang-model-path", "/x"], "--sglang-model-path"),
+        (["--hf-checkpoint", "/m", "--router-worker-urls", "http://x"], "--router-worker-urls"),
+        (["--hf-checkpoint", "/m", "--router-host", "0.0.0.0"], "--router-host"),
+    ],
+)
+def test_invalid_flags_raise_errors_that_name_the_flag(argv, flag):
+    with pytest.raises(EngineConfigError, match=f"^{flag}:"):
+        parse(argv)
+
+
+def test_managed_flag_error_points_at_the_right_flag():
+    with pytest.raises(EngineConfigError, match="--sglang-base-port"):
+        parse(["--hf-checkpoint", "/m", "--sglang-port", "1234"])
+
+
+def test_config_is_frozen():
+    config = EngineConfig(model_path="/m", num_engines=1, device="cpu")
+    with pytest.raises(AttributeError):
+        config.num_engines = 2
+
+
+@pytest.mark.parametrize(
+    "argv, device",
+    [(["--device", "cpu"], "cpu"), (["--port", "1", "--device=cpu"], "cpu"), (["--device", "cuda"], "cuda"),
+     (["--model-path", "/m"], None), (["--device"], None)],
+)
+def test_launcher_reads_the_device_from_argv(argv, device):
+    assert device_from_argv(argv) == device
