@@ -166,3 +166,17 @@ def _reset(sample: Sample) -> Sample:
     sample.metadata.pop("reward_error", None)
     return sample
 
+
+
+def create_data_buffer(cfg) -> DataBuffer:
+    """The run's buffer over --prompt-data, tokenized with the served checkpoint's tokenizer."""
+    from lean_rl.buffer.prompt_source import load_prompts
+    from lean_rl.rollout.base import load_tokenizer
+
+    if not cfg.data.prompt_data:
+        raise ValueError("--prompt-data is required")
+    records, skipped = load_prompts(cfg.data.prompt_data, cfg.data, load_tokenizer(cfg.engines.model_path))
+    buffer = DataBuffer(PromptSource(records, cfg.data.rollout_shuffle, cfg.data.seed, cfg.data.num_epochs),
+                        cfg.rollout.n_samples_per_prompt, cfg.rollout.max_staleness)
+    buffer.counters.update({f"prompts_skipped_{reason}": n for reason, n in skipped.items()})
+    return buffer

@@ -36,6 +36,7 @@ class SamplingConfig:
     max_response_len: int = 256
     stop: tuple[str, ...] = ()
     stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False
 
     def to_sglang(self, max_new_tokens: int | None = None) -> dict:
         params = {
@@ -50,6 +51,8 @@ class SamplingConfig:
             params["stop"] = list(self.stop)
         if self.stop_token_ids:
             params["stop_token_ids"] = list(self.stop_token_ids)
+        if self.ignore_eos:
+            params["ignore_eos"] = True
         return params
 
 
@@ -64,7 +67,8 @@ class RolloutConfig:
     partial_rollout: bool
     rollout_function_path: str
     custom_generate_function_path: str | None
-    max_staleness: int | None  # None: no bound (sync modes); k: drop/requeue groups older than k versions
+    max_staleness: int | None  # None: no bound (sync modes); k: requeue groups older than k versions
+    request_retries: int = 5  # per /generate call, when an engine fails under it
 
 
 @dataclass(frozen=True)
@@ -109,6 +113,8 @@ def add_rollout_args(parser: argparse.ArgumentParser) -> None:
     rollout.add_argument("--rollout-max-response-len", type=int, default=256)
     rollout.add_argument("--rollout-stop", nargs="*", default=[], help="stop strings")
     rollout.add_argument("--rollout-stop-token-ids", nargs="*", type=int, default=[])
+    rollout.add_argument("--rollout-ignore-eos", action="store_true",
+                         help="always generate --rollout-max-response-len tokens (benchmarks)")
     rollout.add_argument("--over-sampling-batch-size", type=int, default=None,
                          help="prompts launched per rollout when a dynamic-sampling filter drops some")
     rollout.add_argument("--dynamic-sampling-filter-path", default=None,
@@ -118,6 +124,8 @@ def add_rollout_args(parser: argparse.ArgumentParser) -> None:
     rollout.add_argument("--rollout-function-path", default="lean_rl.rollout.default.generate_rollout")
     rollout.add_argument("--custom-generate-function-path", default=None,
                          help="dotted path of `async generate(cfg, sample, sampling_params) -> Sample | list[Sample]`")
+    rollout.add_argument("--rollout-request-retries", type=int, default=5,
+                         help="retries of one /generate call when an engine fails under it")
     rollout.add_argument("--max-staleness", type=int, default=None,
                          help="train only on samples generated at most this many policy versions ago")
 
@@ -147,6 +155,8 @@ def rollout_configs_from_args(args: argparse.Namespace) -> tuple[DataConfig, Rol
                  "over_sampling_batch_size", "rollout_max_prompt_len", "num_epochs", "eval_interval",
                  "n_samples_per_eval_prompt"):
         _positive(getattr(args, flag), "--" + flag.replace("_", "-"))
+    if args.rollout_request_retries < 0:
+        raise ValueError(f"--rollout-request-retries must be >= 0, got {args.rollout_request_retries}")
     if args.max_staleness is not None and args.max_staleness < 0:
         raise ValueError(f"--max-staleness must be >= 0, got {args.max_staleness}")
     if not 0 < args.rollout_top_p <= 1:
@@ -175,6 +185,7 @@ def rollout_configs_from_args(args: argparse.Namespace) -> tuple[DataConfig, Rol
         max_response_len=args.rollout_max_response_len,
         stop=tuple(args.rollout_stop),
         stop_token_ids=tuple(args.rollout_stop_token_ids),
+        ignore_eos=args.rollout_ignore_eos,
     )
     data = DataConfig(
         prompt_data=args.prompt_data,
@@ -200,6 +211,7 @@ def rollout_configs_from_args(args: argparse.Namespace) -> tuple[DataConfig, Rol
         rollout_function_path=args.rollout_function_path,
         custom_generate_function_path=args.custom_generate_function_path,
         max_staleness=args.max_staleness,
+        request_retries=args.rollout_request_retries,
     )
     reward = RewardConfig(
         rm_type=args.rm_type,
@@ -220,6 +232,7 @@ def rollout_configs_from_args(args: argparse.Namespace) -> tuple[DataConfig, Rol
             max_response_len=args.eval_max_response_len or sampling.max_response_len,
             stop=sampling.stop,
             stop_token_ids=sampling.stop_token_ids,
+            ignore_eos=sampling.ignore_eos,
         ),
     )
     return data, rollout, reward, evaluation

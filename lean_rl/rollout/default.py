@@ -14,6 +14,7 @@ import asyncio
 import collections
 import time
 
+from lean_rl.backends.sglang.client import EngineConnectionError, EngineHTTPError, EngineTimeoutError
 from lean_rl.rollout.base import (RolloutOutput, engine_client, load_extensions, load_tokenizer,
                                   parse_weight_version, router_client)
 from lean_rl.rollout.evaluation import run_evaluation
@@ -30,15 +31,37 @@ async def generate(cfg, sample: Sample, sampling_params: dict) -> Sample:
     if budget <= 0:
         sample.status = Status.TRUNCATED
         return sample
-    result = await router_client(cfg).generate(
-        sample.tokens, {**sampling_params, "max_new_tokens": budget}, return_logprob=True,
-        rid=f"lean_rl-{sample.index}-{sample.response_length}",
-    )
+    result = await generate_with_retries(cfg, sample.tokens, {**sampling_params, "max_new_tokens": budget},
+                                         rid=f"lean_rl-{sample.index}-{sample.response_length}",
+                                         on_retry=lambda err: _count_retry(sample, err))
     sample.append_response(result.output_ids, log_probs=result.output_log_probs,
                            weight_versions=_token_versions(result))
     sample.response = load_tokenizer(cfg.engines.model_path).decode(sample.response_tokens)
     sample.status = _FINISH_TO_STATUS[result.finish_reason]
     return sample
+
+
+async def generate_with_retries(cfg, input_ids: list[int], sampling_params: dict, rid: str, on_retry=None):
+    """/generate through the router, retried when an engine dies under the request (the router answers
+    5xx or drops the connection; the engine monitor restarts the engine meanwhile and the router sends
+    the retry elsewhere). A failed request returned no tokens, so a retry duplicates nothing."""
+    attempts = cfg.rollout.request_retries + 1
+    for attempt in range(attempts):
+        try:
+            return await router_client(cfg).generate(input_ids, sampling_params, return_logprob=True, rid=rid)
+        except (EngineConnectionError, EngineTimeoutError, EngineHTTPError) as err:
+            retryable = not isinstance(err, EngineHTTPError) or err.status_code >= 500
+            if not retryable or attempt == attempts - 1:
+                raise
+            if on_retry is not None:
+                on_retry(err)
+            await asyncio.sleep(min(2.0**attempt, 30.0))
+    raise AssertionError("unreachable")
+
+
+def _count_retry(sample: Sample, err: Exception) -> None:
+    sample.metadata["generate_retries"] = sample.metadata.get("generate_retries", 0) + 1
+    sample.metadata["last_generate_error"] = str(err)[:500]
 
 
 def _token_versions(result) -> list[int]:

@@ -63,3 +63,40 @@ def test_group_reward_length_mismatch_fails_the_group():
     counters = collections.Counter()
     asyncio.run(score_group(_cfg(), samples, group_rm, group_rm=True, counters=counters))
     assert all(s.status is Status.FAILED and s.reward == 0.0 for s in samples) and counters["reward_failed"] == 2
+
+
+def test_remote_reward_retries_server_errors_and_names_the_url_when_it_gives_up():
+    import http.server
+    import json
+    import threading
+
+    calls = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_POST(self):
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            calls.append(body)
+            status, payload = (500, b"busy") if len(calls) == 1 else (200, json.dumps({"reward": 0.5}).encode())
+            self.send_response(status)
+            self.send_header("Content-Length", str(len(payload)))
+            self.end_headers()
+            self.wfile.write(payload)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        from lean_rl.rollout.rewards import remote_reward
+
+        url = f"http://127.0.0.1:{server.server_address[1]}/score"
+        cfg = types.SimpleNamespace(reward=types.SimpleNamespace(rm_timeout=5.0, rm_retries=2, rm_url=url))
+        sample = _sample("my answer", "gold")
+        assert asyncio.run(remote_reward(cfg, sample)) == 0.5
+        assert len(calls) == 2 and calls[1]["response"] == "my answer" and calls[1]["label"] == "gold"
+    finally:
+        server.shutdown()
+    dead = types.SimpleNamespace(reward=types.SimpleNamespace(rm_timeout=1.0, rm_retries=1, rm_url=url))
+    with pytest.raises(RuntimeError, match=r"--rm-url http://127\.0\.0\.1:\d+/score: no answer after 2 tries"):
+        asyncio.run(remote_reward(dead, sample))

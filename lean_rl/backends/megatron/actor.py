@@ -58,6 +58,8 @@ class MegatronRankWorker:
         self._store = None
         self.layout: RankLayout | None = None
         self.model: torch.nn.Module | None = None
+        self.trainer = None  # rank_trainer.RankTrainer once setup_training() ran
+        self._weight_sync = None  # lean_rl.weight_sync.rank.RankWeightSync, made on first use
 
     def pid(self) -> int:
         return os.getpid()
@@ -103,8 +105,94 @@ class MegatronRankWorker:
 
         return gather_hf_state_dict(self._require_model(), self.config, family, dst=0)
 
+    # -- model-only checkpoints and full logits (issue 6: checkpoint conversion) -------------------
+
+    @_on_megatron_thread
+    def load_model_checkpoint(self, path: str, step: int | None) -> str:
+        from lean_rl.backends.megatron.model_checkpoint import load_model_checkpoint
+
+        return str(load_model_checkpoint(self._require_model(), path, step, vocab_size=self.config.arch.vocab_size))
+
+    @_on_megatron_thread
+    def save_model_checkpoint(self, root: str, step: int, hf_config_dir: str | None) -> str:
+        from lean_rl.backends.megatron.model_checkpoint import save_model_checkpoint
+
+        return str(save_model_checkpoint(self._require_model(), root, step, hf_config_dir))
+
+    @_on_megatron_thread
+    def compute_logits(self, token_ids: list[list[int]]) -> list[torch.Tensor] | None:
+        """On the last stage's TP rank 0 of DP rank 0; None elsewhere."""
+        from lean_rl.backends.megatron.logits import forward_logits
+
+        logits = forward_logits(self._require_model(), token_ids, self.config.arch.vocab_size, self.device)
+        return logits if self.layout.tensor_rank == 0 and self.layout.data_rank == 0 else None
+
+    # -- training (issue 4): thin forwards to rank_trainer.RankTrainer ------------------------------
+
+    @_on_megatron_thread
+    def setup_training(self, train_config, algorithm_config, role: str) -> None:
+        """DDP + optimizer + LR schedule (critic: value head first). After HF weights are loaded."""
+        from lean_rl.backends.megatron.rank_trainer import RankTrainer
+
+        self.trainer = RankTrainer(self._require_model(), self.config, train_config, algorithm_config, role,
+                                   self.device)
+
+    @_on_megatron_thread
+    def train_step(self, micro_batches: list) -> dict | None:
+        """Metrics on the last pipeline stage's TP rank 0 of DP rank 0; None elsewhere."""
+        metrics = self._require_trainer().train_step(micro_batches)
+        return metrics if self._reports() else None
+
+    @_on_megatron_thread
+    def forward_pass(self, micro_batches: list, reference: bool) -> list | None:
+        return self._require_trainer().forward(micro_batches, reference)
+
+    @_on_megatron_thread
+    def snapshot_reference(self) -> None:
+        self._require_trainer().snapshot_reference()
+
+    @_on_megatron_thread
+    def load_reference(self, checkpoint_dir: str) -> None:
+        self._require_trainer().load_reference(checkpoint_dir)
+
+    @_on_megatron_thread
+    def save_checkpoint(self, root: str, step: int, extra_state: dict | None) -> str:
+        return self._require_trainer().save_checkpoint(root, step, extra_state)
+
+    @_on_megatron_thread
+    def load_checkpoint(self, root: str, load_optimizer: bool, load_rng: bool) -> dict:
+        return self._require_trainer().load_checkpoint(root, load_optimizer, load_rng)
+
+    @_on_megatron_thread
+    def offload(self) -> dict:
+        return self._require_trainer().offload()
+
+    @_on_megatron_thread
+    def onload(self) -> dict:
+        return self._require_trainer().onload()
+
+    def _require_trainer(self):
+        if getattr(self, "trainer", None) is None:
+            raise RuntimeError(f"rank {self.rank}: setup_training() has not run")
+        return self.trainer
+
+    def _reports(self) -> bool:
+        return self.layout.is_last_stage and self.layout.tensor_rank == 0 and self.layout.data_rank == 0
+
+    @_on_megatron_thread
+    def weight_sync_call(self, method: str, *args):
+        """Weight sync to the SGLang engines: RankWeightSync.<method>(*args) (lean_rl/weight_sync/rank.py)."""
+        from lean_rl.weight_sync.rank import RankWeightSync
+
+        if self._weight_sync is None:
+            self._weight_sync = RankWeightSync(self)
+        return getattr(self._weight_sync, method)(*args)
+
     @_on_megatron_thread
     def shutdown(self) -> None:
+        if self._weight_sync is not None:
+            self._weight_sync.close()
+        self.trainer = None
         self.model = None
         destroy_distributed()
 

@@ -218,7 +218,9 @@ def _is_cuda_device(device) -> bool:
 
 
 def _called_from_megatron(depth: int) -> bool:
-    return "megatron/core/" in sys._getframe(depth).f_code.co_filename
+    """Whether the frame `depth` levels above the caller of this function runs megatron/core code
+    (depth 1: the caller's caller; +1 for this function's own frame)."""
+    return "megatron/core/" in sys._getframe(depth + 1).f_code.co_filename
 
 
 class CudaToCpuMode(TorchFunctionMode):

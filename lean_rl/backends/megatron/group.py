@@ -53,6 +53,10 @@ class MegatronActorGroup:
         self.device = device
         self.call_timeout_s = call_timeout_s
         self.family: str | None = None
+        # set by setup_training (issue 4): TrainConfig, AlgorithmConfig, "actor" | "critic"
+        self.train_config = None
+        self.algorithm_config = None
+        self.role: str | None = None
         self._actors: list[Any] = []
         self._pids: list[int] = []
         # Libraries configured through their only interface: gloo/NCCL pick the network interface
@@ -119,6 +123,99 @@ class MegatronActorGroup:
         if self.family is None:
             raise RuntimeError("gather_hf_state_dict needs the HF family: load an HF checkpoint first")
         return self._call_all("gather_hf_state_dict", self.family)[0]
+
+    # -- model-only checkpoints and full logits (issue 6: checkpoint conversion) ---------------------
+
+    def load_model_checkpoint(self, path: str | Path, step: int | None = None) -> Path:
+        """Load the weights of a torch_dist checkpoint (model-only, e.g. from tools/convert_ckpt, or
+        a full one) at this group's layout; `path` is a root (latest, or `step`) or one iter_* dir.
+        Its hf_config/ folder, when present, sets the family (for gather_hf_state_dict)."""
+        from lean_rl.convert.megatron_to_hf import resolve_checkpoint_dir
+
+        directory = resolve_checkpoint_dir(Path(path).resolve(), step)
+        self._call_all("load_model_checkpoint", str(directory), None)
+        if (directory / "hf_config" / "config.json").is_file():
+            self.family = hf_family(directory / "hf_config")
+        return directory
+
+    def save_model_checkpoint(self, root: str | Path, step: int, hf_config_dir: str | Path | None = None) -> Path:
+        """Write the weights only ({"model": ...}, no optimizer) as ROOT/iter_{step:07d}."""
+        hf_dir = None if hf_config_dir is None else str(Path(hf_config_dir).resolve())
+        return Path(self._call_all("save_model_checkpoint", str(Path(root).resolve()), int(step), hf_dir)[0])
+
+    def compute_logits(self, token_ids: Sequence[Sequence[int]]) -> list[torch.Tensor]:
+        """float32 [len, vocab] logits per sequence (TP shards gathered, from the last stage)."""
+        results = self._call_all("compute_logits", [list(t) for t in token_ids])
+        return next(r for r in results if r is not None)
+
+    # -- training (issue 4); orchestration in train_driver.py ------------------------------------
+
+    def setup_training(self, train_config, algorithm_config, role: str = "actor") -> None:
+        """Wrap every rank's model in Megatron DDP and build its optimizer and LR schedule (the critic
+        gets its value head first: load HF weights before this). Validates the batch flags against
+        the data-parallel size."""
+        train_config.batch.check_data_parallel(self.data_parallel_size)
+        self._call_all("setup_training", train_config, algorithm_config, role)
+        self.train_config, self.algorithm_config, self.role = train_config, algorithm_config, role
+
+    def initialize_for_training(self, train_config, algorithm_config, role: str = "actor") -> tuple[int, dict | None]:
+        """Weights, reference and optimizer from the flags (--load / --hf-checkpoint / --ref-load, or
+        --critic-load for the critic); returns (step, extra_state) of a resumed checkpoint, else (0, None)."""
+        from lean_rl.backends.megatron.train_driver import initialize_for_training
+
+        return initialize_for_training(self, train_config, algorithm_config, role)
+
+    def train(self, groups: list, policy_version: int, critic: "MegatronActorGroup | None" = None) -> dict[str, float]:
+        """Train on one rollout (groups of Samples): old / reference log-probs and critic values as
+        the algorithm needs, advantages, then --num-steps-per-rollout optimizer steps. Returns
+        metrics (train/loss, train/pg_clipfrac, train/kl_loss, train/entropy, train/grad_norm,
+        train/lr, train/skipped_steps, rollout/..., critic/... for PPO)."""
+        from lean_rl.backends.megatron.train_driver import train_on_rollout
+
+        self._require_training()
+        return train_on_rollout(self, groups, policy_version, critic)
+
+    def save_checkpoint(self, root: str | Path, step: int, extra_state: dict | None = None) -> Path:
+        """Model, optimizer, LR schedule, RNG, counters and `extra_state` (JSON-able, e.g. the
+        DataBuffer's state_dict) as ROOT/iter_{step:07d}, published only once complete."""
+        import json
+
+        self._require_training()
+        try:
+            json.dumps(extra_state)
+        except (TypeError, ValueError) as error:
+            raise ValueError(f"save_checkpoint: extra_state is not JSON-serialisable ({error})") from error
+        Path(root).mkdir(parents=True, exist_ok=True)
+        return Path(self._call_all("save_checkpoint", str(Path(root).resolve()), int(step), extra_state)[0])
+
+    def load_checkpoint(self, root: str | Path) -> tuple[int, dict | None]:
+        """Restore the latest complete checkpoint under `root` (any layout; a model-only checkpoint
+        keeps a fresh optimizer). Returns (step, extra_state)."""
+        from lean_rl.backends.megatron.checkpoint_paths import latest_step
+
+        self._require_training()
+        if latest_step(root) is None:
+            raise FileNotFoundError(f"no complete checkpoint under {root}")
+        ckpt = self.train_config.checkpoint
+        results = self._call_all("load_checkpoint", str(Path(root).resolve()), not ckpt.no_load_optim,
+                                 not ckpt.no_load_rng)
+        return results[0]["step"], results[0]["extra_state"]
+
+    def offload(self) -> dict:
+        """Colocated mode: free the trainer's GPU memory while the engines generate (no-op on CPU)."""
+        return self._call_all("offload")[0]
+
+    def onload(self) -> dict:
+        return self._call_all("onload")[0]
+
+    def _require_training(self) -> None:
+        if self.train_config is None:
+            raise RuntimeError("call setup_training() (or initialize_for_training()) first")
+
+    def weight_sync_call(self, method: str, *args, timeout_s: float | None = None) -> list:
+        """RankWeightSync.<method>(*args) on every rank, in lockstep (lean_rl/weight_sync); results in
+        rank order."""
+        return self._call_all("weight_sync_call", method, *args, timeout_s=timeout_s)
 
     def actor_pids(self) -> list[int]:
         return list(self._pids)

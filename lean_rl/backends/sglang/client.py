@@ -28,10 +28,13 @@ import httpx
 
 from lean_rl.backends.sglang.responses import (
     GenerateResult,
+    ScoreResult,
     build_generate_payload,
+    build_score_payload,
     check_success,
     error_message,
     parse_generate_response,
+    parse_score_response,
 )
 
 PAUSE_MODES = ("abort", "retract", "in_place")
@@ -171,6 +174,16 @@ class EngineClient:
         except ValueError as exc:
             raise EngineError(self.base_url, "/generate", f"unexpected response: {exc}") from exc
 
+    async def score(self, input_ids: list[int], *, timeout_s: float | None = None) -> ScoreResult:
+        """log p(input_ids[j] | input_ids[:j]) for j >= 1 under the engine's current weights (one
+        forward pass; the weight-sync probe compares these with the trainer's)."""
+        payload = build_score_payload(input_ids)
+        response = await self.request("POST", "/generate", payload, timeout_s=timeout_s)
+        try:
+            return parse_score_response(response.json(), payload["input_ids"])
+        except ValueError as exc:
+            raise EngineError(self.base_url, "/generate", f"unexpected score response: {exc}") from exc
+
     async def abort_request(self, rid: str | None = None, *, abort_all: bool = False) -> None:
         """Abort one request by rid, or every request (abort_all=True); the pending generate returns
         with finish_reason 'abort' and the tokens made so far."""
@@ -208,7 +221,10 @@ class EngineClient:
     async def end_weight_update(self) -> dict:
         return await self._post_json("/end_weight_update", {})
 
-    async def _in_weight_update_session(self, endpoint: str, body: dict, timeout_s: float | None) -> dict:
+    async def _in_weight_update_session(self, endpoint: str, body: dict, timeout_s: float | None,
+                                        in_open_session: bool = False) -> dict:
+        if in_open_session:  # the caller opened the session and sends several buckets in it
+            return await self._post_json(endpoint, body, timeout_s=timeout_s)
         # 0.5.23 rejects tensor/distributed updates outside /begin_weight_update ... /end_weight_update
         # (HTTP 400 "must run between begin_weight_update() and end_weight_update()"). Always close the
         # session, also when the update fails, or the next update cannot begin.
@@ -220,26 +236,29 @@ class EngineClient:
 
     async def update_weights_from_tensor(
         self, serialized_named_tensors: list[str], *, weight_version: str | None = None, flush_cache: bool = True,
-        load_format: str | None = None, timeout_s: float | None = None,
+        load_format: str | None = None, timeout_s: float | None = None, in_open_session: bool = False,
     ) -> dict:
-        """`serialized_named_tensors`: one base64 payload per TP rank of the engine."""
+        """`serialized_named_tensors`: one base64 payload per TP rank of the engine. Wrapped in its own
+        begin/end_weight_update session unless `in_open_session` (the caller holds one)."""
         body = {"serialized_named_tensors": serialized_named_tensors, "flush_cache": flush_cache,
                 "weight_version": None if weight_version is None else str(weight_version), "load_format": load_format}
-        return await self._in_weight_update_session("/update_weights_from_tensor", body, timeout_s)
+        return await self._in_weight_update_session("/update_weights_from_tensor", body, timeout_s, in_open_session)
 
     async def update_weights_from_distributed(
         self, names: list[str], dtypes: list[str], shapes: list[list[int]], *, group_name: str = "weight_update_group",
         weight_version: str | None = None, flush_cache: bool = True, load_format: str | None = None,
-        timeout_s: float | None = None,
+        timeout_s: float | None = None, in_open_session: bool = False,
     ) -> dict:
-        """The engine receives each tensor by broadcast from rank 0 of `group_name`, in `names` order;
-        the sender must broadcast while this call is in flight (BlockingEngineClient.submit)."""
+        """The engine receives each tensor by broadcast from rank 0 of `group_name`, in `names` order
+        (load_format "flattened_bucket": one broadcast of all of them, concatenated as bytes); the sender
+        must broadcast while this call is in flight (BlockingEngineClient.submit)."""
         if not len(names) == len(dtypes) == len(shapes):
             raise ValueError(f"names, dtypes, shapes differ in length: {len(names)}, {len(dtypes)}, {len(shapes)}")
         body = {"names": list(names), "dtypes": [str(d).removeprefix("torch.") for d in dtypes],
                 "shapes": [list(s) for s in shapes], "group_name": group_name, "flush_cache": flush_cache,
                 "weight_version": None if weight_version is None else str(weight_version), "load_format": load_format}
-        return await self._in_weight_update_session("/update_weights_from_distributed", body, timeout_s)
+        return await self._in_weight_update_session("/update_weights_from_distributed", body, timeout_s,
+                                                    in_open_session)
 
     async def init_weights_update_group(
         self, master_address: str, master_port: int, rank_offset: int, world_size: int, *,
@@ -253,6 +272,23 @@ class EngineClient:
 
     async def destroy_weights_update_group(self, group_name: str = "weight_update_group") -> dict:
         return await self._post_json("/destroy_weights_update_group", {"group_name": group_name})
+
+    async def weight_checksums(self, timeout_s: float | None = None) -> list[dict[str, str]]:
+        """/weights_checker (action "checksum"): per TP rank of the engine, {parameter name (SGLang's,
+        e.g. fused qkv_proj): hex hash of its bytes}. Used to find which tensor a failed sync broke."""
+        payload = await self._post_json("/weights_checker", {"action": "checksum"}, timeout_s=timeout_s)
+        try:
+            return [dict(rank["checksums"]) for rank in payload["ranks"]]
+        except (KeyError, TypeError) as exc:
+            raise EngineError(self.base_url, "/weights_checker", f"unexpected response: {str(payload)[:300]}") from exc
+
+    async def release_memory_occupation(self, tags: list[str] | None = None) -> None:
+        """GPU only (the server needs --enable-memory-saver): free weights / KV cache / CUDA graphs
+        (`tags`; None = all) while the trainer uses the GPU. A no-op on CPU servers."""
+        await self.request("POST", "/release_memory_occupation", {"tags": tags})
+
+    async def resume_memory_occupation(self, tags: list[str] | None = None) -> None:
+        await self.request("POST", "/resume_memory_occupation", {"tags": tags})
 
     # ------------------------------------------------------------------ status
     async def health(self, timeout_s: float = 10.0) -> None:
@@ -332,9 +368,10 @@ def _blocking(name: str):
 
 
 for _name in (
-    "generate", "abort_request", "pause_generation", "continue_generation", "flush_cache",
+    "generate", "score", "abort_request", "pause_generation", "continue_generation", "flush_cache",
     "update_weights_from_disk", "begin_weight_update", "end_weight_update", "update_weights_from_tensor",
     "update_weights_from_distributed", "init_weights_update_group", "destroy_weights_update_group",
     "health", "is_healthy", "model_info", "server_info", "weight_version", "loads",
+    "weight_checksums", "release_memory_occupation", "resume_memory_occupation",
 ):
     setattr(BlockingEngineClient, _name, _blocking(_name))

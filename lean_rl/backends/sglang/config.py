@@ -14,7 +14,9 @@ otherwise. A user's `--sglang-<flag>` replaces our default for `--<flag>`.
 from __future__ import annotations
 
 import argparse
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+from lean_rl.utils.net import find_free_port
 
 DEFAULT_HOST = "127.0.0.1"
 # On CPU SGLang sizes the KV pool at ~70% of RAM unless told otherwise; this many tokens is plenty
@@ -106,8 +108,43 @@ class EngineConfig:
     server_passthrough: tuple[str, ...] = ()
     router_passthrough: tuple[str, ...] = ()
 
+    # Derived once, at construction: the ports every process will use. Fixed here (not when the
+    # engines start) so that rollout code can reach the router and engines through the config.
+    engine_ports: tuple[int, ...] = field(init=False)
+    resolved_router_port: int = field(init=False)
+    prometheus_port: int = field(init=False)
+
     def __post_init__(self):
         validate_engine_config(self)
+        chosen: set[int] = set()
+
+        def free_port() -> int:
+            for _ in range(100):
+                port = find_free_port(self.host)
+                if port not in chosen and not (self.base_port is not None and
+                                               self.base_port <= port < self.base_port + self.num_engines):
+                    chosen.add(port)
+                    return port
+            raise RuntimeError(f"no free port found on {self.host}")
+
+        if self.base_port is not None:
+            engine_ports = tuple(self.base_port + i for i in range(self.num_engines))
+        else:
+            engine_ports = tuple(free_port() for _ in range(self.num_engines))
+        chosen.update(engine_ports)
+        router_port = self.router_port if self.router_port is not None else free_port()
+        chosen.add(router_port)
+        object.__setattr__(self, "engine_ports", engine_ports)
+        object.__setattr__(self, "resolved_router_port", router_port)
+        object.__setattr__(self, "prometheus_port", free_port())
+
+    @property
+    def router_url(self) -> str:
+        return f"http://{self.host}:{self.resolved_router_port}"
+
+    @property
+    def engine_urls(self) -> tuple[str, ...]:
+        return tuple(f"http://{self.host}:{port}" for port in self.engine_ports)
 
     def server_flags(self, engine_index: int, port: int) -> list[str]:
         """Every flag of engine `engine_index`'s server (for `python -m lean_rl.backends.sglang.launch`)."""

@@ -26,7 +26,7 @@ from lean_rl.backends.sglang.config import EngineConfig, flags_to_dict
 from lean_rl.backends.sglang.model_check import ModelDirInfo, check_model_dir
 from lean_rl.backends.sglang.processes import ChildProcess, ChildStartError, stop_all, wait_until_healthy
 from lean_rl.backends.sglang.router import RouterAdmin
-from lean_rl.utils.net import find_free_port, require_free_port
+from lean_rl.utils.net import require_free_port
 
 logger = logging.getLogger(__name__)
 
@@ -175,30 +175,16 @@ class EngineGroup:
 
     # ------------------------------------------------------------------ internals
     def _choose_ports(self) -> None:
+        """Take the ports fixed in the config; fail now, with the flag's name, if one got taken."""
         config, host = self.config, self.config.host
-        if config.base_port is not None:
-            self.engine_ports = [config.base_port + i for i in range(config.num_engines)]
-            for port in self.engine_ports:
-                require_free_port(port, "--sglang-base-port", host)
-        taken = set(self.engine_ports)
-        if config.router_port is not None:
-            require_free_port(config.router_port, "--router-port", host)
-            self.router_port = config.router_port
-            taken.add(config.router_port)
-
-        def fresh_port() -> int:
-            for _ in range(100):
-                port = find_free_port(host)
-                if port not in taken:
-                    taken.add(port)
-                    return port
-            raise RuntimeError(f"no free port found on {host}")
-
-        if config.base_port is None:
-            self.engine_ports = [fresh_port() for _ in range(config.num_engines)]
-        if self.router_port is None:
-            self.router_port = fresh_port()
-        self._prometheus_port = fresh_port()
+        engine_flag = "--sglang-base-port" if config.base_port is not None else "an engine port chosen at start-up"
+        for port in config.engine_ports:
+            require_free_port(port, engine_flag, host)
+        router_flag = "--router-port" if config.router_port is not None else "the router port chosen at start-up"
+        require_free_port(config.resolved_router_port, router_flag, host)
+        self.engine_ports = list(config.engine_ports)
+        self.router_port = config.resolved_router_port
+        self._prometheus_port = config.prometheus_port
 
     def _child_env(self) -> dict[str, str]:
         # Unbuffered, so the log tail shown on a failure has the last lines; no ANSI colours in logs.

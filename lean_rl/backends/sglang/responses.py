@@ -113,6 +113,42 @@ def parse_generate_response(body: object, *, return_logprob: bool) -> GenerateRe
     )
 
 
+@dataclass(frozen=True)
+class ScoreResult:
+    log_probs: list[float]  # log p(ids[j] | ids[:j]) for j = 1 .. len(ids) - 1
+    weight_version: str | None  # the engine's weight version when it scored
+
+
+def build_score_payload(input_ids: list[int]) -> dict:
+    """One forward pass that returns the log-prob of every input token after the first
+    (logprob_start_len 0); one greedy output token is the least /generate will do."""
+    payload = build_generate_payload(input_ids, {"max_new_tokens": 1, "temperature": 0.0})
+    if len(payload["input_ids"]) < 2:
+        raise ValueError("score: input_ids needs at least 2 tokens (the first one has no log-prob)")
+    payload["return_logprob"] = True
+    payload["logprob_start_len"] = 0
+    return payload
+
+
+def parse_score_response(body: object, input_ids: list[int]) -> ScoreResult:
+    """`meta_info.input_token_logprobs` is [[logprob, id, text], ...] with one entry per input token,
+    the first one's log-prob null. Its ids are checked against `input_ids`, except that 0.5.23
+    reports id vocab_size-1 as 0 (see parse_generate_response)."""
+    if not isinstance(body, dict) or not isinstance(body.get("meta_info"), dict):
+        raise ValueError(f"expected a JSON object with meta_info, got {str(body)[:300]}")
+    meta = body["meta_info"]
+    entries = meta.get("input_token_logprobs")
+    if not isinstance(entries, list) or len(entries) != len(input_ids):
+        got = len(entries) if isinstance(entries, list) else entries
+        raise ValueError(f"expected {len(input_ids)} input_token_logprobs, got {got}")
+    for position, (entry, token) in enumerate(zip(entries, input_ids)):
+        if int(entry[1]) not in (token, 0):
+            raise ValueError(f"input_token_logprobs[{position}] is for token {entry[1]}, the input has {token}")
+    if any(entry[0] is None for entry in entries[1:]):
+        raise ValueError("input_token_logprobs has a null log-prob after the first token")
+    return ScoreResult(log_probs=[float(entry[0]) for entry in entries[1:]], weight_version=meta.get("weight_version"))
+
+
 def error_message(response: httpx.Response, limit: int = 2000) -> str:
     """The server's own explanation from an error response (SGLang: {"message"}, FastAPI: {"detail"})."""
     try:

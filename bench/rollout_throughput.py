@@ -1,0 +1,118 @@
+"""Rollout throughput: lean_rl's rollout path vs raw concurrent /generate calls, same servers, one run.
+
+    .venv/bin/python bench/rollout_throughput.py [--num-engines 2] [--prompts 64] [--samples 4]
+                                                 [--max-new-tokens 128] [--concurrency 64] [--rounds 5]
+
+Both sides send the same prompts with the same sampling parameters (ignore_eos, so every request makes
+exactly --max-new-tokens tokens) through the same sglang-router at the same concurrency. Ours is the
+whole default rollout: buffer hand-out, per-sample requests with log-probs, decoding, rewards, groups
+back into the buffer. The floor is bare httpx posts of the same requests. Rounds alternate (ours,
+floor, ours, ...) so that drift of a shared machine hits both; the ratio is of the median rounds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+from lean_rl.backends.sglang.engines import EngineGroup
+from lean_rl.buffer.data_buffer import create_data_buffer
+from lean_rl.config import parse_config
+from lean_rl.rollout.base import load_tokenizer
+from lean_rl.rollout.default import generate_rollout
+from lean_rl.testing.sglang_engines import engine_config_for_tests
+from lean_rl.testing.tiny_model import make_tiny_model
+
+WORDS = "the cat dog sat on mat ran fast big small red blue green hello world one two three".split()
+
+
+def write_prompts(path: Path, n: int) -> Path:
+    rows = [{"prompt": " ".join(WORDS[(i * 7 + k) % len(WORDS)] for k in range(6 + i % 5)), "label": "x"}
+            for i in range(n)]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+async def floor_round(router_url: str, prompts: list[list[int]], samples: int, params: dict, concurrency: int) -> tuple[float, int]:
+    """Bare concurrent /generate posts: (seconds, output tokens)."""
+    semaphore = asyncio.Semaphore(concurrency)
+    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+    async with httpx.AsyncClient(base_url=router_url, timeout=600, limits=limits, trust_env=False) as http:
+        async def one(ids):
+            async with semaphore:
+                reply = await http.post("/generate", json={"input_ids": ids, "sampling_params": params,
+                                                           "return_logprob": True})
+                reply.raise_for_status()
+                return reply.json()["meta_info"]["completion_tokens"]
+
+        started = time.monotonic()
+        tokens = await asyncio.gather(*(one(p) for p in prompts for _ in range(samples)))
+        return time.monotonic() - started, sum(tokens)
+
+
+async def ours_round(cfg) -> tuple[float, int]:
+    buffer = create_data_buffer(cfg)
+    started = time.monotonic()
+    await generate_rollout(cfg, 0, buffer)
+    seconds = time.monotonic() - started
+    return seconds, sum(s.response_length for g in buffer.get_train_groups(10**6) for s in g)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--num-engines", type=int, default=2)
+    parser.add_argument("--prompts", type=int, default=64)
+    parser.add_argument("--samples", type=int, default=4)
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--concurrency", type=int, default=64)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--preset", default="tiny", help="tiny-model preset (tiny, small, base100m)")
+    args = parser.parse_args(argv)
+
+    work = Path(tempfile.mkdtemp(prefix="lean_rl_bench_rollout_"))
+    model = make_tiny_model(work / "model", preset=args.preset)
+    prompts_path = write_prompts(work / "prompts.jsonl", args.prompts)
+    engines_cfg = engine_config_for_tests(model, "--rollout-num-engines", str(args.num_engines))
+    cfg = parse_config(["--hf-checkpoint", str(model), "--prompt-data", str(prompts_path),
+                        "--rollout-batch-size", str(args.prompts), "--n-samples-per-prompt", str(args.samples),
+                        "--rollout-max-response-len", str(args.max_new_tokens), "--rollout-ignore-eos",
+                        "--rollout-max-concurrency", str(args.concurrency), "--rm-type", "exact"])
+    cfg = dataclasses.replace(cfg, engines=engines_cfg)
+    tokenizer = load_tokenizer(str(model))
+    prompt_ids = [tokenizer(json.loads(line)["prompt"], add_special_tokens=False)["input_ids"]
+                  for line in prompts_path.read_text().splitlines()]
+    params = cfg.rollout.sampling.to_sglang()
+
+    results: dict[str, list[float]] = {"ours": [], "floor": []}
+    with EngineGroup(engines_cfg, work / "engines") as engines:
+        asyncio.run(floor_round(engines.router_url, prompt_ids[:4], 1, params, args.concurrency))  # warm-up
+        for _ in range(args.rounds):
+            for name in ("ours", "floor"):
+                if name == "ours":
+                    seconds, tokens = asyncio.run(ours_round(cfg))
+                else:
+                    seconds, tokens = asyncio.run(floor_round(engines.router_url, prompt_ids, args.samples,
+                                                              params, args.concurrency))
+                expected = args.prompts * args.samples * args.max_new_tokens
+                if tokens != expected:
+                    raise RuntimeError(f"{name}: {tokens} tokens generated, expected {expected}")
+                results[name].append(tokens / seconds)
+                print(f"{name:5s} {tokens} tokens in {seconds:6.2f} s = {tokens / seconds:7.1f} tok/s", flush=True)
+    ours, floor = statistics.median(results["ours"]), statistics.median(results["floor"])
+    print(f"\nrollout throughput ({args.num_engines} engines, {args.prompts}x{args.samples} requests x "
+          f"{args.max_new_tokens} tokens, concurrency {args.concurrency}, median of {args.rounds}):")
+    print(f"  ours  {ours:8.1f} tok/s\n  floor {floor:8.1f} tok/s\n  ratio {ours / floor:8.3f}  (goal >= 0.95)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,163 @@
+"""Advantage estimators. Inputs are the whole rollout (the driver has it): sequence rewards [B], the
+prompt group of each sequence [B], and response-aligned [B, T] tensors (T = longest response) with a
+mask that is 1 on tokens the loss trains (policy tokens of non-FAILED samples).
+
+    grpo                   A_i = (r_i - mean_g) / (std_g + eps)          (DeepSeekMath; std unbiased)
+    dr_grpo                A_i = r_i - mean_g                            (Dr. GRPO: no std division)
+    gspo                   same as grpo (the loss differs: sequence-level ratio)
+    rloo                   A_i = r_i - mean_{j != i in g} r_j            (leave-one-out baseline)
+    reinforce_plus_plus    token rewards -kl_coef * kl_t, + r_i on the last policy token,
+                           discounted returns G_t, whitened over the batch
+    reinforce_plus_plus_baseline   (r_i - mean_g) - kl_coef * kl_t, whitened over the batch
+    ppo                    GAE(gamma, lambda) on the same token rewards with critic values
+
+Sequence advantages are broadcast to every token of the response. Tokens with mask 0 inside a
+response (tool output) are not time steps: returns and GAE pass through them unchanged. A group of
+one sequence has no baseline: mean 0 and std 1 (verl's convention), so A = r."""
+
+from __future__ import annotations
+
+import torch
+
+ESTIMATORS = ("grpo", "dr_grpo", "gspo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "ppo")
+KL_IN_REWARD_ESTIMATORS = ("reinforce_plus_plus", "reinforce_plus_plus_baseline", "ppo")
+GROUP_EPS = 1e-6
+WHITEN_EPS = 1e-8
+
+
+def _group_stats(rewards: torch.Tensor, group_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per sequence: (size, mean, unbiased std) of its group."""
+    _, inverse = torch.unique(group_ids, return_inverse=True)
+    num_groups = int(inverse.max()) + 1 if inverse.numel() else 0
+    rewards = rewards.double()
+    size = torch.zeros(num_groups, dtype=torch.float64).index_add_(0, inverse, torch.ones_like(rewards))
+    total = torch.zeros(num_groups, dtype=torch.float64).index_add_(0, inverse, rewards)
+    mean = total / size
+    squares = torch.zeros(num_groups, dtype=torch.float64).index_add_(0, inverse, (rewards - mean[inverse]) ** 2)
+    std = (squares / (size - 1).clamp(min=1)).sqrt()
+    return size[inverse], mean[inverse], std[inverse]
+
+
+def group_normalized(rewards: torch.Tensor, group_ids: torch.Tensor, *, divide_by_std: bool) -> torch.Tensor:
+    """GRPO (divide_by_std) and Dr. GRPO sequence advantages [B]."""
+    size, mean, std = _group_stats(rewards, group_ids)
+    single = size == 1
+    mean = torch.where(single, torch.zeros_like(mean), mean)
+    advantages = rewards.double() - mean
+    if divide_by_std:
+        std = torch.where(single, torch.ones_like(std), std)
+        advantages = advantages / (std + GROUP_EPS)
+    return advantages.float()
+
+
+def leave_one_out(rewards: torch.Tensor, group_ids: torch.Tensor) -> torch.Tensor:
+    """RLOO: r_i minus the mean of the other members of its group (= n/(n-1) (r_i - mean_g))."""
+    size, mean, _ = _group_stats(rewards, group_ids)
+    others = (mean * size - rewards.double()) / (size - 1).clamp(min=1)
+    baseline = torch.where(size == 1, torch.zeros_like(others), others)
+    return (rewards.double() - baseline).float()
+
+
+def broadcast(sequence_values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    return sequence_values.float().unsqueeze(-1) * mask.float()
+
+
+def masked_whiten(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """(x - mean) / sqrt(var + 1e-8) over the masked entries (unbiased var); 0 where mask is 0."""
+    mask = mask.float()
+    count = mask.sum()
+    if count < 2:
+        raise ValueError(f"cannot whiten advantages over {int(count)} trainable token(s)")
+    mean = (values * mask).sum() / count
+    var = (((values - mean) * mask) ** 2).sum() / (count - 1)
+    return (values - mean) * torch.rsqrt(var + WHITEN_EPS) * mask
+
+
+def last_token_rewards(rewards: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """[B, T] zeros with r_i on the last masked token of row i (rows without one stay 0)."""
+    mask = mask.float()
+    out = torch.zeros_like(mask)
+    positions = torch.arange(mask.shape[-1]).expand_as(mask)
+    last = torch.where(mask > 0, positions, torch.full_like(positions, -1)).max(dim=-1).values
+    rows = torch.nonzero(last >= 0).squeeze(-1)
+    out[rows, last[rows]] = rewards.float()[rows]
+    return out
+
+
+def discounted_returns(token_rewards: torch.Tensor, mask: torch.Tensor, gamma: float) -> torch.Tensor:
+    """G_t = r_t + gamma * G_{t+1} over masked steps; unmasked positions pass G through (and get 0)."""
+    mask = mask.float()
+    returns = torch.zeros_like(token_rewards, dtype=torch.float32)
+    running = torch.zeros(token_rewards.shape[0])
+    for t in reversed(range(token_rewards.shape[-1])):
+        m = mask[:, t]
+        running = m * (token_rewards[:, t] + gamma * running) + (1 - m) * running
+        returns[:, t] = running * m
+    return returns
+
+
+def gae(token_rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float,
+        lam: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Generalised advantage estimation over masked steps (V after the last step is 0):
+    delta_t = r_t + gamma V_next - V_t,  A_t = delta_t + gamma lam A_next,  returns = A + V."""
+    mask = mask.float()
+    advantages = torch.zeros_like(values, dtype=torch.float32)
+    next_value = torch.zeros(values.shape[0])
+    next_advantage = torch.zeros(values.shape[0])
+    for t in reversed(range(values.shape[-1])):
+        m = mask[:, t]
+        delta = token_rewards[:, t] + gamma * next_value - values[:, t]
+        advantage = delta + gamma * lam * next_advantage
+        advantages[:, t] = advantage * m
+        next_value = m * values[:, t] + (1 - m) * next_value
+        next_advantage = m * advantage + (1 - m) * next_advantage
+    return advantages, (advantages + values) * mask
+
+
+def reinforce_plus_plus(rewards: torch.Tensor, kl: torch.Tensor, mask: torch.Tensor, kl_coef: float,
+                        gamma: float) -> torch.Tensor:
+    token_rewards = -kl_coef * kl * mask.float() + last_token_rewards(rewards, mask)
+    return masked_whiten(discounted_returns(token_rewards, mask, gamma), mask)
+
+
+def reinforce_plus_plus_baseline(rewards: torch.Tensor, group_ids: torch.Tensor, kl: torch.Tensor,
+                                 mask: torch.Tensor, kl_coef: float) -> torch.Tensor:
+    centred = group_normalized(rewards, group_ids, divide_by_std=False)
+    return masked_whiten(broadcast(centred, mask) - kl_coef * kl * mask.float(), mask)
+
+
+def compute_advantages(estimator: str, rewards: torch.Tensor, group_ids: torch.Tensor, mask: torch.Tensor, *,
+                       kl: torch.Tensor | None = None, kl_coef: float = 0.0, values: torch.Tensor | None = None,
+                       gamma: float = 1.0, lam: float = 1.0,
+                       normalize: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(advantages [B, T], returns [B, T] for the critic or None). `kl` ([B, T], old policy vs
+    reference) is the KL-in-reward term of the token-level estimators (REINFORCE++ variants, PPO);
+    the group estimators take KL as a loss term instead. `normalize` whitens the result over the batch
+    (--normalize-advantages; REINFORCE++ variants are always whitened)."""
+    if kl_coef != 0 and kl is None:
+        raise ValueError("kl_coef != 0 needs per-token kl")
+    if kl_coef != 0 and estimator not in KL_IN_REWARD_ESTIMATORS:
+        raise ValueError(f"--kl-coef (KL in the reward) applies to {', '.join(KL_IN_REWARD_ESTIMATORS)}; "
+                         f"with --advantage-estimator {estimator} use --kl-loss-coef")
+    kl = torch.zeros_like(mask, dtype=torch.float32) if kl is None else kl.float()
+    returns = None
+    if estimator in ("grpo", "gspo"):
+        advantages = broadcast(group_normalized(rewards, group_ids, divide_by_std=True), mask)
+    elif estimator == "dr_grpo":
+        advantages = broadcast(group_normalized(rewards, group_ids, divide_by_std=False), mask)
+    elif estimator == "rloo":
+        advantages = broadcast(leave_one_out(rewards, group_ids), mask)
+    elif estimator == "reinforce_plus_plus":
+        return reinforce_plus_plus(rewards, kl, mask, kl_coef, gamma), None
+    elif estimator == "reinforce_plus_plus_baseline":
+        return reinforce_plus_plus_baseline(rewards, group_ids, kl, mask, kl_coef), None
+    elif estimator == "ppo":
+        if values is None:
+            raise ValueError("--advantage-estimator ppo needs critic values")
+        token_rewards = -kl_coef * kl * mask.float() + last_token_rewards(rewards, mask)
+        advantages, returns = gae(token_rewards, values.float(), mask, gamma, lam)
+    else:
+        raise ValueError(f"--advantage-estimator {estimator!r}: choose one of {', '.join(ESTIMATORS)}")
+    if normalize:
+        advantages = masked_whiten(advantages, mask)
+    return advantages, returns

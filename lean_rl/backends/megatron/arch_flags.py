@@ -1,0 +1,120 @@
+"""Megatron architecture flags <-> HF config: the flags that reproduce an HF model (what
+`--print-megatron-args` prints and scripts/models/*.sh hold), and the check that flags a user gave
+agree with the HF config (an error names the flag, the given value and the HF value)."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import shlex
+from pathlib import Path
+from typing import Any, Mapping
+
+from lean_rl.backends.megatron.config import ConfigError, ModelArch, add_megatron_args, model_arch_from_args
+from lean_rl.backends.megatron.hf_config import arch_from_hf_config, hf_family, load_hf_config
+
+# ModelArch fields a run chooses freely: they do not change what the checkpoint's weights compute.
+FREE_FIELDS = ("make_vocab_size_divisible_by", "seq_length", "attention_dropout", "hidden_dropout",
+               "moe_router_load_balancing_type", "moe_aux_loss_coeff")
+
+# Where each ModelArch field comes from in an HF config (for error messages).
+_HF_SOURCE = {
+    "num_layers": "num_hidden_layers", "hidden_size": "hidden_size", "ffn_hidden_size": "intermediate_size",
+    "num_attention_heads": "num_attention_heads", "num_query_groups": "num_key_value_heads",
+    "kv_channels": "head_dim", "vocab_size": "vocab_size", "max_position_embeddings": "max_position_embeddings",
+    "norm_epsilon": "rms_norm_eps", "rotary_base": "rope_theta",
+    "untie_embeddings_and_output_weights": "not tie_word_embeddings", "num_experts": "num_experts",
+    "moe_router_topk": "num_experts_per_tok", "moe_ffn_hidden_size": "moe_intermediate_size",
+    "moe_router_pre_softmax": "not norm_topk_prob",
+}
+
+
+def _number(value: float | int) -> str:
+    if isinstance(value, int):
+        return str(value)
+    if float(value).is_integer():
+        return str(int(value))
+    short = format(value, "g")
+    return short if float(short) == value else repr(value)
+
+
+def arch_flags(arch: ModelArch) -> list[list[str]]:
+    """Megatron flags (one flag and its value per entry) that give `arch` through
+    config.model_arch_from_args; architecture only (no --seq-length, padding or dropout)."""
+    flags = [["--num-layers", _number(arch.num_layers)], ["--hidden-size", _number(arch.hidden_size)],
+             ["--ffn-hidden-size", _number(arch.ffn_hidden_size)],
+             ["--num-attention-heads", _number(arch.num_attention_heads)]]
+    if arch.num_query_groups != arch.num_attention_heads:
+        flags += [["--group-query-attention"], ["--num-query-groups", _number(arch.num_query_groups)]]
+    flags += [["--kv-channels", _number(arch.kv_channels)], ["--normalization", arch.normalization],
+              ["--norm-epsilon", _number(arch.norm_epsilon)]]
+    for field, flag in (("swiglu", "--swiglu"), ("add_qkv_bias", "--add-qkv-bias"), ("qk_layernorm", "--qk-layernorm"),
+                        ("untie_embeddings_and_output_weights", "--untie-embeddings-and-output-weights")):
+        if getattr(arch, field):
+            flags.append([flag])
+    if not arch.add_bias_linear:
+        flags.append(["--disable-bias-linear"])
+    flags += [["--position-embedding-type", arch.position_embedding_type], ["--rotary-base", _number(arch.rotary_base)],
+              ["--vocab-size", _number(arch.vocab_size)],
+              ["--max-position-embeddings", _number(arch.max_position_embeddings)]]
+    if arch.is_moe:
+        flags += [["--num-experts", _number(arch.num_experts)], ["--moe-router-topk", _number(arch.moe_router_topk)],
+                  ["--moe-ffn-hidden-size", _number(arch.moe_ffn_hidden_size)]]
+        if arch.moe_router_pre_softmax:
+            flags.append(["--moe-router-pre-softmax"])
+    return flags
+
+
+def model_args_script(hf_dir_or_config: str | Path | Mapping[str, Any], title: str | None = None) -> str:
+    """A bash snippet defining MODEL_ARGS=( ... ) for the HF model (the scripts/models/*.sh format)."""
+    config = load_hf_config(hf_dir_or_config)
+    arch = arch_from_hf_config(config)
+    name = title or (str(hf_dir_or_config) if not isinstance(hf_dir_or_config, Mapping) else config["model_type"])
+    lines = ["#!/bin/bash", f"# Megatron architecture flags for {name} ({hf_family(config)}), derived from its",
+             "# HF config.json by: python -m lean_rl.convert hf-to-megatron --hf DIR --print-megatron-args",
+             "MODEL_ARGS=("]
+    lines += ["   " + " ".join(shlex.quote(part) for part in flag) for flag in arch_flags(arch)]
+    return "\n".join(lines + [")"]) + "\n"
+
+
+def _full_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    add_megatron_args(parser)
+    return parser
+
+
+def given_model_flags_parser() -> argparse.ArgumentParser:
+    """Megatron's model + parallel flags with every default suppressed: parsing gives only the flags
+    that were actually typed (a flag given with its default value still counts as given)."""
+    parser = _full_parser()
+    # set_defaults() would also store the sentinel as a parser-level default, which argparse then
+    # type-converts; the actions' own defaults are what add_megatron_args set.
+    for action in parser._actions:
+        action.default = argparse.SUPPRESS
+    return parser
+
+
+def _display_flag(field: str) -> str:
+    return "--disable-bias-linear" if field == "add_bias_linear" else "--" + field.replace("_", "-")
+
+
+def check_given_flags(given: Mapping[str, Any], hf_arch: ModelArch, source: str) -> ModelArch:
+    """`given`: dest -> value of the Megatron flags a user typed (given_model_flags_parser). Returns
+    the architecture they describe on top of the HF-derived one (free fields such as --seq-length may
+    differ); raises ConfigError naming every flag that contradicts the HF config."""
+    namespace = _full_parser().parse_args([part for flag in arch_flags(hf_arch) for part in flag])
+    for dest, value in given.items():
+        setattr(namespace, dest, value)
+    combined = dataclasses.replace(model_arch_from_args(namespace),
+                                   make_vocab_size_divisible_by=given.get("make_vocab_size_divisible_by",
+                                                                          hf_arch.make_vocab_size_divisible_by))
+    problems = []
+    for field in ModelArch.__dataclass_fields__:
+        ours, theirs = getattr(combined, field), getattr(hf_arch, field)
+        if field in FREE_FIELDS or ours == theirs:
+            continue
+        origin = _HF_SOURCE.get(field, "model_type / family")
+        problems.append(f"{_display_flag(field)} gives {field}={ours!r} but the HF config ({origin}) gives {theirs!r}")
+    if problems:
+        raise ConfigError(f"flags contradict the HF config of {source}: " + "; ".join(problems))
+    return combined

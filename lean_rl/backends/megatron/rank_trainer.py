@@ -1,0 +1,142 @@
+"""Everything one rank holds for training (rank side): the DDP-wrapped model, optimizer, LR
+scheduler, reference weights, step counters, and the offloader. MegatronRankWorker forwards its
+training methods here; the step itself is in train_step.py, checkpoints in checkpoint.py."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+from lean_rl.algorithms.config import AlgorithmConfig
+from lean_rl.backends.megatron import checkpoint
+from lean_rl.backends.megatron.config import MegatronConfig
+from lean_rl.backends.megatron.offload import StorageOffloader
+from lean_rl.backends.megatron.optimizer_setup import build_optimizer
+from lean_rl.backends.megatron.reference import ReferenceWeights
+from lean_rl.backends.megatron.train_config import TrainConfig
+from lean_rl.backends.megatron.train_step import StepContext, forward_only, train_step
+from lean_rl.backends.megatron.value_head import attach_value_head
+
+ROLES = ("actor", "critic")
+
+
+def _width(micro_batches: list[dict[str, torch.Tensor]]) -> int:
+    return max(int(mb["tokens"].shape[1]) for mb in micro_batches)
+
+
+class RankTrainer:
+    def __init__(self, model: torch.nn.Module, config: MegatronConfig, train: TrainConfig,
+                 algorithm: AlgorithmConfig, role: str, device: torch.device):
+        if role not in ROLES:
+            raise ValueError(f"role must be one of {ROLES}, got {role!r}")
+        if role == "critic":
+            attach_value_head(model)
+        lr = train.critic_lr if role == "critic" and train.critic_lr is not None else train.optimizer.lr
+        self.model, self.role, self.device = model, role, device
+        self.bundle = build_optimizer(model, train.optimizer, lr,
+                                      pipeline_parallel=config.parallel.pipeline_model_parallel_size > 1)
+        self.ctx = StepContext(role=role, algorithm=algorithm, vocab_size=config.arch.vocab_size,
+                               temperature=train.temperature, device=device)
+        self.reference: ReferenceWeights | None = None
+        self.counters = {"optimizer_steps": 0, "skipped_steps": 0, "consecutive_skipped_steps": 0}
+        self._offloader: StorageOffloader | None = None
+
+    # -- training ---------------------------------------------------------------------------------
+
+    def train_step(self, micro_batches: list[dict[str, torch.Tensor]]) -> dict[str, float]:
+        self._require_onloaded()
+        metrics = train_step(self.bundle, micro_batches, self.ctx, _width(micro_batches))
+        if metrics["skipped"]:
+            self.counters["skipped_steps"] += 1
+            self.counters["consecutive_skipped_steps"] += 1
+        else:
+            self.counters["optimizer_steps"] += 1
+            self.counters["consecutive_skipped_steps"] = 0
+        metrics.update({name: float(value) for name, value in self.counters.items()})
+        return metrics
+
+    def forward(self, micro_batches: list[dict[str, torch.Tensor]], reference: bool = False) -> list[torch.Tensor] | None:
+        """Log-probs (actor; of the reference weights when `reference`) or values (critic)."""
+        self._require_onloaded()
+        if not reference:
+            return forward_only(self.model, micro_batches, self.ctx, _width(micro_batches))
+        if self.reference is None:
+            raise RuntimeError("reference log-probs requested but no reference weights were set "
+                               "(--ref-load, or the initial weights from --hf-checkpoint)")
+        with self.reference.swapped_in(self.model):
+            return forward_only(self.model, micro_batches, self.ctx, _width(micro_batches))
+
+    # -- reference model --------------------------------------------------------------------------
+
+    def snapshot_reference(self) -> None:
+        """The current weights become the reference (e.g. right after loading --hf-checkpoint)."""
+        self.reference = ReferenceWeights(self.model)
+
+    def load_reference(self, checkpoint_dir: str) -> None:
+        """Reference = the model weights of a torch_dist checkpoint (--ref-load; a root with a tracker
+        or an iteration directory). The policy weights are untouched."""
+        directory = Path(checkpoint_dir)
+        if (directory / checkpoint.checkpoint_paths.TRACKER).is_file():
+            _, directory = checkpoint.resolve(directory)
+        policy = ReferenceWeights(self.model)
+        try:
+            checkpoint.load_model_weights(self.model, directory)
+            self.reference = ReferenceWeights(self.model)
+        finally:
+            policy.copy_into(self.model)
+
+    # -- checkpoints ------------------------------------------------------------------------------
+
+    def save_checkpoint(self, root: str, step: int, extra_state: dict[str, Any] | None) -> str:
+        self._require_onloaded()
+        path = checkpoint.save_checkpoint(self.model, self.bundle.optimizer, self.bundle.scheduler, self.counters,
+                                          root, step, extra_state, self.device)
+        return str(path)
+
+    def load_checkpoint(self, root: str, load_optimizer: bool, load_rng: bool) -> dict[str, Any]:
+        self._require_onloaded()
+        result = checkpoint.load_checkpoint(self.model, self.bundle.optimizer, self.bundle.scheduler, root,
+                                            self.device, load_optimizer=load_optimizer, load_rng=load_rng)
+        if result["loaded_optimizer"]:
+            self.counters.update({k: int(v) for k, v in result["trainer_state"].items() if k in self.counters})
+        return result
+
+    # -- colocated memory -------------------------------------------------------------------------
+
+    def offload(self) -> dict[str, Any]:
+        """Release device memory (params, grads, optimizer state) while the engines generate. Only on
+        a GPU: on CPU there is nothing to release and nothing is moved."""
+        if self.device.type != "cuda":
+            return {"offloaded": False, "reason": f"device is {self.device.type}"}
+        self._require_onloaded()
+        self._offloader = self._build_offloader()  # rebuilt: Adam creates its state at the first step
+        released = self._offloader.offload()
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+        return {"offloaded": True, "bytes": released}
+
+    def onload(self) -> dict[str, Any]:
+        if self._offloader is None or not self._offloader.offloaded:
+            return {"onloaded": False}
+        self._offloader.onload()
+        torch.cuda.synchronize()
+        return {"onloaded": True}
+
+    def _build_offloader(self) -> StorageOffloader:
+        ddp, optimizer = self.bundle.ddp, self.bundle.optimizer
+        keep = [p for p in self.model.parameters()]
+        for inner in getattr(optimizer, "chained_optimizers", [optimizer]):
+            for group in inner.optimizer.param_groups:
+                keep.extend(group["params"])
+            for state in inner.optimizer.state.values():
+                keep.extend(v for v in state.values() if torch.is_tensor(v) and v.device.type == "cuda")
+        buffers = ddp.buffers + ddp.expert_parallel_buffers
+        keep.extend(b.param_data for b in buffers if b.param_data is not None)
+        return StorageOffloader(keep=[t for t in keep if t.device.type == "cuda"],
+                                discard=[b.grad_data for b in buffers])
+
+    def _require_onloaded(self) -> None:
+        if self._offloader is not None and self._offloader.offloaded:
+            raise RuntimeError(f"{self.role} rank is offloaded; call onload() first")
+

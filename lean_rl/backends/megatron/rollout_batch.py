@@ -1,0 +1,99 @@
+"""Sample groups -> the tensors the trainer needs (pure; driver side).
+
+A FAILED sample stays in its group, so group statistics (mean, std, leave-one-out baselines) see it
+with its reward (0 when the reward function failed), but its tokens get loss weight 0. Within a
+sample, `loss_mask` (0 on tool / environment tokens) decides which response tokens are trained."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from lean_rl.backends.megatron.train_batches import Sequence
+from lean_rl.sample import NOT_GENERATED, Sample, Status
+
+
+@dataclass(frozen=True)
+class RolloutBatch:
+    sequences: list[Sequence]
+    rewards: torch.Tensor  # [B] float32
+    group_ids: torch.Tensor  # [B] int64
+    masks: list[torch.Tensor]  # [R_i] float32: 1 = trained token
+    rollout_log_probs: list[torch.Tensor]  # [R_i] float32 (0 where not generated)
+    weight_versions: list[torch.Tensor]  # [R_i] int64 (NOT_GENERATED for tool tokens)
+    failed: int
+
+    def __len__(self) -> int:
+        return len(self.sequences)
+
+    @property
+    def response_lengths(self) -> list[int]:
+        return [s.response_length for s in self.sequences]
+
+    @property
+    def lengths(self) -> list[int]:
+        return [len(s.tokens) for s in self.sequences]
+
+
+def rollout_batch(groups: list[list[Sample]]) -> RolloutBatch:
+    samples = [sample for group in groups for sample in group]
+    if not samples:
+        raise ValueError("train() got no samples")
+    sequences, rewards, group_ids, masks, log_probs, versions, failed = [], [], [], [], [], [], 0
+    for group in groups:
+        if not group:
+            raise ValueError("train() got an empty group")
+        for sample in group:
+            sample.check()
+            if sample.group_index != group[0].group_index:
+                raise ValueError(f"sample {sample.index} has group_index {sample.group_index} inside group "
+                                 f"{group[0].group_index}")
+            if sample.prompt_length < 1:
+                raise ValueError(f"sample {sample.index} has no prompt token (the first token has no context)")
+            is_failed = sample.status == Status.FAILED
+            failed += is_failed
+            if sample.reward is None and not is_failed:
+                raise ValueError(f"sample {sample.index} ({sample.status.value}) has no reward; score it before training")
+            reward = 0.0 if sample.reward is None else float(sample.reward)
+            mask = torch.tensor(sample.loss_mask, dtype=torch.float32)
+            sequences.append(Sequence(tokens=tuple(sample.tokens), prompt_length=sample.prompt_length))
+            rewards.append(reward)
+            group_ids.append(sample.group_index)
+            masks.append(torch.zeros_like(mask) if is_failed else mask)
+            log_probs.append(torch.tensor(sample.rollout_log_probs, dtype=torch.float32))
+            versions.append(torch.tensor(sample.weight_versions, dtype=torch.long))
+    return RolloutBatch(sequences=sequences, rewards=torch.tensor(rewards, dtype=torch.float32),
+                        group_ids=torch.tensor(group_ids, dtype=torch.long), masks=masks,
+                        rollout_log_probs=log_probs, weight_versions=versions, failed=failed)
+
+
+def pad(values: list[torch.Tensor], length: int | None = None) -> torch.Tensor:
+    """[B, T] (right-padded with 0) from B response-aligned vectors."""
+    length = max((v.numel() for v in values), default=0) if length is None else length
+    out = torch.zeros(len(values), max(length, 1), dtype=values[0].dtype if values else torch.float32)
+    for i, v in enumerate(values):
+        out[i, : v.numel()] = v
+    return out
+
+
+def unpad(padded: torch.Tensor, lengths: list[int]) -> list[torch.Tensor]:
+    return [padded[i, :n].clone() for i, n in enumerate(lengths)]
+
+
+def rollout_metrics(batch: RolloutBatch, policy_version: int) -> dict[str, float]:
+    trained = torch.cat(batch.masks) if batch.masks else torch.zeros(0)
+    versions = torch.cat(batch.weight_versions) if batch.weight_versions else torch.zeros(0, dtype=torch.long)
+    generated = versions != NOT_GENERATED
+    stale = (versions < policy_version) & generated
+    return {
+        "rollout/reward_mean": float(batch.rewards.mean()),
+        "rollout/response_length_mean": sum(batch.response_lengths) / len(batch),
+        "rollout/trained_tokens": float(trained.sum()),
+        "rollout/failed_samples": float(batch.failed),
+        # a NaN reward is trained as it is: the non-finite step guard skips and counts the step
+        "rollout/nonfinite_rewards": float((~torch.isfinite(batch.rewards)).sum()),
+        "rollout/stale_token_frac": float(stale.sum()) / max(1, int(generated.sum())),
+        "rollout/max_staleness": float((policy_version - versions[stale]).max()) if bool(stale.any()) else 0.0,
+    }
+

@@ -1,0 +1,193 @@
+"""One optimizer step and forward-only passes on one rank, through Megatron's pipeline schedule
+(get_forward_backward_func), so TP / PP / EP layouts all take the same path.
+
+Loss scaling: a micro-batch's loss is sum(weights * per-token loss) with weights normalised over the
+whole optimizer step by the driver. Megatron divides a 2-tuple loss by the number of micro-batches
+(schedules.py:269) and DDP scales gradients by 1/DP (distributed_data_parallel.py:287), so the loss
+handed back is multiplied by both: the gradient is then exactly that of the step's objective.
+
+Non-finite steps: after backward, every rank checks its gradient buffers (and the last stage its
+loss); one all-reduce over the world decides, so all ranks skip the optimizer step together."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import partial
+
+import torch
+import torch.distributed as dist
+from megatron.core import parallel_state
+from megatron.core.pipeline_parallel import get_forward_backward_func
+
+from lean_rl.algorithms.config import AlgorithmConfig
+from lean_rl.algorithms.losses import policy_loss, value_loss
+from lean_rl.backends.megatron.logprobs import _vocab_parallel_entropy, vocab_parallel_log_probs
+from lean_rl.backends.megatron.optimizer_setup import OptimizerBundle, current_lr, grads_are_finite
+
+ACTOR_FIELDS = ("mask", "weights", "metric_weights", "advantages", "old_log_probs", "ref_log_probs",
+                "rollout_log_probs")
+CRITIC_FIELDS = ("mask", "weights", "metric_weights", "returns", "old_values")
+
+
+@dataclass(frozen=True)
+class StepContext:
+    role: str  # "actor" | "critic"
+    algorithm: AlgorithmConfig
+    vocab_size: int
+    temperature: float
+    device: torch.device
+
+
+def _inputs(micro_batch: dict[str, torch.Tensor], device: torch.device):
+    tokens = micro_batch["tokens"].to(device)
+    positions = torch.arange(tokens.shape[1], device=device).unsqueeze(0).expand_as(tokens).contiguous()
+    targets = torch.zeros_like(tokens)
+    targets[:, :-1] = tokens[:, 1:]  # position t predicts token t + 1
+    return tokens, positions, targets
+
+
+def log_probs_from_output(output: torch.Tensor, targets: torch.Tensor, ctx: StepContext,
+                          entropy_grad: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """(log p(target), entropy) from vocab-parallel logits, with the sampling temperature applied.
+    Entropy carries a gradient only when the loss uses it."""
+    logits = output.float()
+    if ctx.temperature != 1.0:
+        logits = logits / ctx.temperature
+    if entropy_grad:
+        return vocab_parallel_log_probs(logits, targets, ctx.vocab_size, with_entropy=True)
+    with torch.no_grad():
+        tp_rank = parallel_state.get_tensor_model_parallel_rank()
+        valid = max(0, min(logits.shape[-1], ctx.vocab_size - tp_rank * logits.shape[-1]))
+        entropy = _vocab_parallel_entropy(logits.detach()[..., :valid])
+    log_probs, _ = vocab_parallel_log_probs(logits, targets, ctx.vocab_size)  # may overwrite `logits`
+    return log_probs, entropy
+
+
+def _field(micro_batch, name, device):
+    value = micro_batch.get(name)
+    return None if value is None else value.to(device)
+
+
+def _actor_loss(ctx: StepContext, micro_batch, targets, scale: float, output: torch.Tensor):
+    algo = ctx.algorithm
+    log_probs, entropy = log_probs_from_output(output, targets, ctx, entropy_grad=algo.entropy_coef != 0)
+    get = partial(_field, micro_batch, device=ctx.device)
+    loss, metrics = policy_loss(
+        algo, log_probs=log_probs, advantages=get("advantages"), mask=get("mask"), weights=get("weights"),
+        metric_weights=get("metric_weights"), old_log_probs=get("old_log_probs"),
+        ref_log_probs=get("ref_log_probs"), rollout_log_probs=get("rollout_log_probs"), entropy=entropy)
+    metrics["loss"] = loss.detach()
+    return loss * scale, metrics
+
+
+def _critic_loss(ctx: StepContext, micro_batch, targets, scale: float, output: torch.Tensor):
+    values = output.float().squeeze(-1)
+    get = partial(_field, micro_batch, device=ctx.device)
+    per_token, clipped = value_loss(values, get("old_values"), get("returns"), ctx.algorithm.value_clip)
+    loss = (get("weights") * per_token).sum()
+    weights = get("metric_weights")
+    metrics = {"loss": loss.detach(), "value_clipfrac": (weights * clipped).sum().detach(),
+               "values": (weights * values.detach()).sum()}
+    return loss * scale, metrics
+
+
+def _train_forward_step(ctx: StepContext, scale: float, data_iterator, model):
+    micro_batch = next(data_iterator)
+    tokens, positions, targets = _inputs(micro_batch, ctx.device)
+    output = model(tokens, positions, attention_mask=None)  # causal mask built by Megatron
+    loss_fn = _actor_loss if ctx.role == "actor" else _critic_loss
+    return output, partial(loss_fn, ctx, micro_batch, targets, scale)
+
+
+def _sum_metrics(per_micro_batch: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    keys = sorted(per_micro_batch[0])
+    return {key: torch.stack([m[key].float().cpu() for m in per_micro_batch]).sum() for key in keys}
+
+
+def _world_any(flag: bool, device: torch.device) -> bool:
+    value = torch.tensor([1.0 if flag else 0.0], device=device)
+    dist.all_reduce(value, op=dist.ReduceOp.MAX)
+    return bool(value.item() > 0)
+
+
+def train_step(bundle: OptimizerBundle, micro_batches: list[dict[str, torch.Tensor]], ctx: StepContext,
+               seq_length_hint: int) -> dict[str, float]:
+    """One optimizer step over this rank's micro-batches. Returns metrics: the step's loss terms
+    (summed over DP ranks: the driver's weights already normalised them), grad_norm, lr, skipped."""
+    ddp, optimizer = bundle.ddp, bundle.optimizer
+    ddp.train()
+    ddp.zero_grad_buffer()
+    optimizer.zero_grad()
+    scale = float(len(micro_batches) * parallel_state.get_data_parallel_world_size())
+    per_micro_batch = get_forward_backward_func()(
+        forward_step_func=partial(_train_forward_step, ctx, scale),
+        data_iterator=iter(micro_batches),
+        model=[ddp],
+        num_microbatches=len(micro_batches),
+        seq_length=seq_length_hint,
+        micro_batch_size=int(micro_batches[0]["tokens"].shape[0]),
+        forward_only=False,
+    )
+    metrics: dict[str, torch.Tensor] = {}
+    finite = grads_are_finite(ddp)
+    if parallel_state.is_pipeline_last_stage():
+        metrics = _sum_metrics(per_micro_batch)
+        names = sorted(metrics)
+        packed = torch.stack([metrics[name] for name in names]).to(ctx.device)
+        dist.all_reduce(packed, group=parallel_state.get_data_parallel_group())
+        metrics = dict(zip(names, packed.cpu()))
+        finite = finite and bool(torch.isfinite(packed).all())
+    skipped = _world_any(not finite, ctx.device)
+    out = {name: float(value) for name, value in metrics.items()}
+    if skipped:
+        ddp.zero_grad_buffer()
+        optimizer.zero_grad()
+        out.update(grad_norm=float("nan"), lr=current_lr(optimizer), skipped=1.0)
+        return out
+    update_successful, grad_norm, _ = optimizer.step()
+    if not update_successful:  # only mixed precision can refuse; fp32 never does
+        raise RuntimeError("the optimizer refused a step with finite gradients")
+    out.update(grad_norm=float(grad_norm) if grad_norm is not None else 0.0, lr=current_lr(optimizer), skipped=0.0)
+    bundle.scheduler.step(increment=1)
+    return out
+
+
+def _collect_forward(ctx: StepContext, targets, output: torch.Tensor, non_loss_data: bool = True):
+    if ctx.role == "critic":
+        return {"values": output.float().squeeze(-1).detach().cpu()}
+    log_probs, _ = vocab_parallel_log_probs(output.float() / ctx.temperature if ctx.temperature != 1.0
+                                            else output.float(), targets, ctx.vocab_size)
+    return {"log_probs": log_probs.detach().cpu()}
+
+
+def _inference_forward_step(ctx: StepContext, data_iterator, model):
+    micro_batch = next(data_iterator)
+    tokens, positions, targets = _inputs(micro_batch, ctx.device)
+    output = model(tokens, positions, attention_mask=None)
+    return output, partial(_collect_forward, ctx, targets)
+
+
+def forward_only(model: torch.nn.Module, micro_batches: list[dict[str, torch.Tensor]], ctx: StepContext,
+                 seq_length_hint: int) -> list[torch.Tensor] | None:
+    """Per micro-batch [n, L] log-probs (actor) or values (critic), on the last pipeline stage's TP
+    rank 0; None elsewhere."""
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            results = get_forward_backward_func()(
+                forward_step_func=partial(_inference_forward_step, ctx),
+                data_iterator=iter(micro_batches),
+                model=[model],
+                num_microbatches=len(micro_batches),
+                seq_length=seq_length_hint,
+                micro_batch_size=int(micro_batches[0]["tokens"].shape[0]),
+                forward_only=True,
+                collect_non_loss_data=True,
+            )
+    finally:
+        model.train(was_training)
+    if not parallel_state.is_pipeline_last_stage() or parallel_state.get_tensor_model_parallel_rank() != 0:
+        return None
+    key = "values" if ctx.role == "critic" else "log_probs"
+    return [result[key] for result in results]

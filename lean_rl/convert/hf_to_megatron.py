@@ -1,0 +1,178 @@
+"""HF safetensors checkpoint -> Megatron torch_dist checkpoint (model only), streaming.
+
+Output (checkpoint_paths layout): SAVE/latest_checkpointed_iteration.txt and SAVE/iter_000000N/ holding
+the dist checkpoint whose keys are those of GPTModel.sharded_state_dict() (under the top-level state
+dict key "model"; no "optimizer"), plus SAVE/iter_000000N/hf_config/ (config.json, tokenizer files) so
+that megatron_to_hf and the trainer find the HF side without being told.
+
+A torch_dist checkpoint is layout-free: Megatron reshards on load, so the tensors are written at
+TP=1 and the parallel flags only (a) validate that the model can be split that way and (b) choose the
+vocab padding (--make-vocab-size-divisible-by x TP rows), which is part of the stored shape. Each
+stored chunk (one layer / expert of one parameter) is built from its HF tensors only when the writer
+asks for it; the writer cuts files at --max-shard-size (default: the largest input shard)."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
+import torch
+
+from lean_rl.backends.megatron.arch_flags import check_given_flags
+from lean_rl.backends.megatron.checkpoint_paths import iteration_dir, prepare_temporary_dir, publish
+from lean_rl.backends.megatron.config import ConfigError, MegatronConfig, ModelArch, ParallelConfig
+from lean_rl.backends.megatron.hf_config import arch_from_hf_config, hf_family, load_hf_config
+from lean_rl.backends.megatron.hf_weights.dist_keys import DistEntry, dist_entries, extra_state_keys
+from lean_rl.backends.megatron.hf_weights.families import WeightRule, geometry, rule_instances, weight_rules
+from lean_rl.backends.megatron.hf_weights.layouts import Layout, to_hf_tensors, to_megatron_shard
+from lean_rl.convert.dcp_io import ChunkSpec, save_dist_checkpoint
+from lean_rl.convert.output_dir import atomic_output_dir, copy_side_files
+from lean_rl.convert.safetensors_io import CheckpointError, HFSafetensors
+
+HF_CONFIG_DIR = "hf_config"  # inside each iteration directory
+# Buffers some exporters write that carry no weights (recomputed by the model).
+_IGNORED_HF_SUFFIXES = ("rotary_emb.inv_freq",)
+_DTYPE_NAMES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+def parse_dtype(name: str) -> torch.dtype:
+    if name not in _DTYPE_NAMES:
+        raise ConfigError(f"--dtype {name!r}: choose one of {', '.join(_DTYPE_NAMES)}")
+    return _DTYPE_NAMES[name]
+
+
+def config_dtype(config: Mapping[str, Any]) -> torch.dtype | None:
+    """The dtype an HF config declares (`dtype`, or `torch_dtype` before transformers 5), if any."""
+    name = config.get("dtype") or config.get("torch_dtype")
+    return _DTYPE_NAMES.get(name) if isinstance(name, str) else None
+
+
+@dataclass(frozen=True)
+class _Instance:
+    entry: DistEntry
+    index: dict[str, int]
+
+    @property
+    def hf_names(self) -> tuple[str, ...]:
+        return self.entry.rule.hf_names(**self.index)
+
+
+def ordered_instances(entries: list[DistEntry], arch: ModelArch) -> list[_Instance]:
+    """Every stored (rule, layer, expert), layer by layer (the order HF checkpoints are written in)."""
+    by_rule = {entry.rule: entry for entry in entries}
+    rules = tuple(by_rule)
+    position = {rule: i for i, rule in enumerate(rules)}
+    instances = [_Instance(by_rule[rule], index) for rule, index in rule_instances(rules, arch)]
+
+    def order(inst: _Instance):
+        layer = inst.index.get("layer")
+        band = 0 if position[inst.entry.rule] == 0 else (1 if layer is not None else 2)
+        return band, layer or 0, position[inst.entry.rule], inst.index.get("expert") or 0
+
+    return sorted(instances, key=order)
+
+
+def expected_hf_shapes(rule: WeightRule, param_shape: tuple[int, ...], config: MegatronConfig) -> list[tuple[int, ...]]:
+    """The HF tensor shapes of one rule instance, through the layouts (on meta tensors)."""
+    meta = torch.empty(param_shape, device="meta")
+    return [tuple(t.shape) for t in to_hf_tensors(rule.layout, [meta], geometry(config))]
+
+
+def _check_source(source: HFSafetensors, instances: list[_Instance], config: MegatronConfig, hf_config: dict,
+                  tied: bool) -> torch.dtype:
+    """Names, shapes and dtypes of the HF tensors against the architecture; returns their dtype."""
+    expected: dict[str, tuple[int, ...]] = {}
+    layouts: dict[str, Layout] = {}
+    for inst in instances:
+        shapes = expected_hf_shapes(inst.entry.rule, inst.entry.param_shape, config)
+        for name, shape in zip(inst.hf_names, shapes):
+            expected[name], layouts[name] = shape, inst.entry.rule.layout
+    missing = [name for name in expected if name not in source.tensors]
+    if missing:
+        raise CheckpointError(f"{source.directory}: {len(missing)} tensor(s) the {hf_config['model_type']} table needs "
+                              f"are missing: {', '.join(missing[:6])}" + (" ..." if len(missing) > 6 else ""))
+    extra = [n for n in source.tensors if n not in expected and not n.endswith(_IGNORED_HF_SUFFIXES)]
+    if tied and "lm_head.weight" in extra:
+        if not torch.equal(source.read("lm_head.weight"), source.read("model.embed_tokens.weight")):
+            raise CheckpointError(f"{source.directory}: tie_word_embeddings is true but lm_head.weight differs "
+                                  "from model.embed_tokens.weight")
+        extra.remove("lm_head.weight")
+    if extra:
+        raise CheckpointError(f"{source.directory}: {len(extra)} tensor(s) the {hf_config['model_type']} table does "
+                              f"not map (a different architecture?): {', '.join(extra[:6])}")
+    for name, shape in expected.items():
+        info = source.tensors[name]
+        if info.shape == shape:
+            continue
+        if layouts[name] is Layout.VOCAB and info.shape[1:] == shape[1:]:
+            raise CheckpointError(f"vocab size mismatch: config.json has vocab_size={hf_config['vocab_size']} but "
+                                  f"{name} has {info.shape[0]} rows ({info.path})")
+        raise CheckpointError(f"{name} is {list(info.shape)} in {info.path}; the HF config implies {list(shape)}")
+    declared = config_dtype(hf_config)
+    first = source.tensors[next(iter(expected))]
+    reference = declared or first.dtype
+    for name in expected:
+        info = source.tensors[name]
+        if info.dtype != reference:
+            what = f"config.json declares {reference}" if declared else f"{first.name} is {first.dtype}"
+            raise CheckpointError(f"dtype mismatch: {name} is {info.dtype} ({info.path}) but {what}; "
+                                  "every weight must have one dtype")
+    return reference
+
+
+def convert_hf_to_megatron(hf_dir: str | Path, save: str | Path, *, parallel: ParallelConfig = ParallelConfig(),
+                           make_vocab_size_divisible_by: int = 128, dtype: torch.dtype | None = None,
+                           max_file_bytes: int | None = None, iteration: int = 0,
+                           given_flags: Mapping[str, Any] | None = None) -> Path:
+    """Convert; returns the iteration directory. `given_flags` (dest -> value of Megatron model flags
+    the user typed) must agree with the HF config. Everything is checked before anything is written;
+    `save` appears only when complete."""
+    hf_dir = Path(hf_dir)
+    hf_config = load_hf_config(hf_dir)
+    family = hf_family(hf_config)
+    arch = arch_from_hf_config(hf_config, make_vocab_size_divisible_by)
+    if given_flags:
+        arch = check_given_flags(given_flags, arch, str(hf_dir))
+    if arch.is_moe and parallel.tensor_model_parallel_size > 1:
+        parallel = dataclasses.replace(parallel, sequence_parallel=True)  # required by MoE + TP; not stored
+    config = MegatronConfig(arch, parallel)  # TP / PP / EP must split the model
+    rules = weight_rules(family, arch)
+    entries = dist_entries(rules, arch, config.padded_vocab_size)
+    instances = ordered_instances(entries, arch)
+    source = HFSafetensors(hf_dir)
+    source_dtype = _check_source(source, instances, config, hf_config, not arch.untie_embeddings_and_output_weights)
+    out_dtype = dtype or source_dtype
+    geo = geometry(config)
+
+    chunks: list[ChunkSpec] = []
+    producers: dict[tuple[str, tuple[int, ...]], _Instance] = {}
+    for inst in instances:
+        for key in inst.entry.keys:
+            spec = ChunkSpec(key, inst.entry.global_shape(arch), inst.entry.chunk_offsets(inst.index),
+                             inst.entry.chunk_sizes(), out_dtype)
+            chunks.append(spec)
+            producers[(spec.key, spec.offsets)] = inst
+
+    def produce(spec: ChunkSpec) -> torch.Tensor:
+        inst = producers[(spec.key, spec.offsets)]
+        sources = [source.read(name) for name in inst.hf_names]
+        tensor = to_megatron_shard(inst.entry.rule.layout, sources, 0, 1, geo)
+        return tensor.to(out_dtype).reshape(spec.sizes)
+
+    budget = max_file_bytes or source.largest_file_bytes()
+    objects = {key: [None] for key in extra_state_keys(rules, arch)}  # local-spec extra state is None
+    with atomic_output_dir(save) as root:
+        written = prepare_temporary_dir(root, iteration)
+        save_dist_checkpoint(written, chunks, produce, objects, budget)
+        copy_side_files(hf_dir, written / HF_CONFIG_DIR)
+        publish(root, iteration, written)
+    return iteration_dir(save, iteration)
+
+
+def stored_bytes(hf_dir: str | Path) -> int:
+    """Bytes of tensor data in an HF checkpoint (for the benchmark's floor)."""
+    source = HFSafetensors(hf_dir)
+    return sum(math.prod(info.shape) * info.dtype.itemsize for info in source.tensors.values())

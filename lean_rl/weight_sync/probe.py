@@ -1,0 +1,128 @@
+"""The check that ends every sync: did the weights really arrive?
+
+A fixed token sequence (a prompt and a fixed continuation, from the served model's tokenizer) is
+scored by the trainer (MegatronActorGroup.compute_log_probs) and by every engine (EngineClient.score:
+one forward pass, log-prob of every token after the first). An engine whose max |Δ log p| exceeds the
+tolerance, or whose weight_version is not the step, fails the sync with WeightSyncProbeError.
+
+Naming the tensor: the probe only sees log-probs, so on a failure the engine's per-parameter hashes
+(/weights_checker, SGLang's names, e.g. the fused qkv_proj) are compared with the same hashes of the
+trainer's tensors (engine_params.py). The error lists the parameters whose bytes differ, with the HF
+tensors they are built from; if none differ, the weights arrived bit-exact and the error says the gap
+is in the forward pass. This needs engines with TP 1 (per-rank shards are not reproduced).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import torch
+
+from lean_rl.weight_sync.engine_calls import submit_all, wait_all
+from lean_rl.weight_sync.engine_params import compare_checksums
+from lean_rl.weight_sync.errors import WeightSyncProbeError
+
+# Plain text (no chat markup), so that any tokenizer splits it the same way every time.
+PROBE_PROMPT = "Question: what is 12 + 30? Answer:"
+PROBE_CONTINUATION = " 12 + 30 = 42, so the answer is \\boxed{42}. The cat sat on the mat, why not?"
+MAX_LISTED_TENSORS = 8
+
+
+def probe_token_ids(tokenizer_path: str) -> list[int]:
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_path)
+    prompt = tokenizer.encode(PROBE_PROMPT, add_special_tokens=False)
+    continuation = tokenizer.encode(PROBE_CONTINUATION, add_special_tokens=False)
+    ids = prompt + continuation
+    if len(ids) < 8:
+        raise ValueError(f"the probe text is only {len(ids)} tokens with the tokenizer at {tokenizer_path}")
+    return ids
+
+
+@dataclass(frozen=True)
+class EngineProbe:
+    url: str
+    max_abs_diff: float
+    mean_abs_diff: float
+    weight_version: str | None
+
+
+@dataclass(frozen=True)
+class ProbeResult:
+    version: str
+    tolerance: float
+    num_tokens: int  # scored tokens per engine
+    engines: tuple[EngineProbe, ...]
+
+    @property
+    def max_abs_diff(self) -> float:
+        return max(e.max_abs_diff for e in self.engines)
+
+    def failures(self) -> list[EngineProbe]:
+        return [e for e in self.engines
+                if e.weight_version != self.version or not e.max_abs_diff <= self.tolerance]  # NaN fails
+
+
+def run_probe(actor_group, clients: Sequence, token_ids: list[int], version: str, tolerance: float,
+              timeout_s: float) -> ProbeResult:
+    """Score the probe on the trainer and on every engine (concurrently); no judgement yet."""
+    calls = submit_all(clients, "score", token_ids, timeout_s=timeout_s)
+    trainer = actor_group.compute_log_probs([token_ids]).log_probs[0].double()
+    engines = []
+    for (url, _), scored in zip(calls, wait_all(calls, timeout_s, "probe /generate")):
+        engine = torch.tensor(scored.log_probs, dtype=torch.float64)
+        if engine.shape != trainer.shape:
+            raise WeightSyncProbeError(f"probe: {url} scored {engine.numel()} tokens, the trainer {trainer.numel()}",
+                                       engine_url=url, max_abs_diff=None, tensors=None)
+        delta = (engine - trainer).abs()
+        engines.append(EngineProbe(url, float(delta.max()), float(delta.mean()), scored.weight_version))
+    return ProbeResult(version=version, tolerance=tolerance, num_tokens=trainer.numel(), engines=tuple(engines))
+
+
+def raise_on_failure(result: ProbeResult, clients: Sequence, engine_tp_sizes: Sequence[int],
+                     trainer_checksums: Callable[[], tuple[dict[str, str], dict[str, list[str]]]],
+                     timeout_s: float) -> None:
+    """WeightSyncProbeError for the first failing engine, naming the tensors that differ."""
+    failures = result.failures()
+    if not failures:
+        return
+    failed = failures[0]
+    others = f" (also failing: {', '.join(f.url for f in failures[1:])})" if len(failures) > 1 else ""
+    if failed.weight_version != result.version:
+        raise WeightSyncProbeError(
+            f"weight sync to version {result.version}: engine {failed.url} reports weight_version "
+            f"{failed.weight_version!r}{others}", engine_url=failed.url, max_abs_diff=failed.max_abs_diff, tensors=None)
+    index = [c.base_url for c in clients].index(failed.url)
+    headline = (f"weight sync to version {result.version}: engine {failed.url} disagrees with the trainer on "
+                f"the probe sequence: max |Δ log p| {failed.max_abs_diff:.3g} > tolerance {result.tolerance:.3g} "
+                f"over {result.num_tokens} tokens{others}")
+    if engine_tp_sizes[index] != 1:
+        raise WeightSyncProbeError(f"{headline}; the differing tensor cannot be named for an engine with TP "
+                                   f"{engine_tp_sizes[index]} (hashes are per shard)",
+                                   engine_url=failed.url, max_abs_diff=failed.max_abs_diff, tensors=None)
+    expected, sources = trainer_checksums()
+    engine = wait_all(submit_all([clients[index]], "weight_checksums", timeout_s=timeout_s), timeout_s,
+                      "weights_checker")[0][0]
+    diff = compare_checksums(expected, engine)
+    if diff.differing:
+        listed = ", ".join(_describe(name, sources) for name in diff.differing[:MAX_LISTED_TENSORS])
+        more = f" and {len(diff.differing) - MAX_LISTED_TENSORS} more" if len(diff.differing) > MAX_LISTED_TENSORS else ""
+        detail = f"tensors whose bytes differ from the trainer's: {listed}{more}"
+    elif diff.missing_on_engine:
+        detail = f"the engine lacks parameters the trainer sends: {', '.join(diff.missing_on_engine[:MAX_LISTED_TENSORS])}"
+    else:
+        detail = (f"all {diff.compared} parameters match the trainer's bytes: the weights arrived and the gap "
+                  "comes from the forward pass (raise --weight-sync-probe-tol if it is expected)")
+    raise WeightSyncProbeError(f"{headline}; {detail}", engine_url=failed.url, max_abs_diff=failed.max_abs_diff,
+                               tensors=list(diff.differing))
+
+
+def _describe(engine_name: str, sources: dict[str, list[str]]) -> str:
+    parts = sources.get(engine_name, [])
+    if parts == [engine_name] or not parts:
+        return engine_name
+    if len(parts) > 3:
+        return f"{engine_name} (from {parts[0]} ... {parts[-1]}, {len(parts)} HF tensors)"
+    return f"{engine_name} (from {', '.join(parts)})"

@@ -1,0 +1,61 @@
+"""The trainer's side of SGLang's weight-update process group (/init_weights_update_group).
+
+Each engine joins with sglang/srt/utils/common.py:2859 `init_custom_process_group`: a tcp://
+rendezvous on master_address:master_port, a PrefixStore(group_name) over it, and a group of its own
+outside the engine's default world (rank = rank_offset + its TP rank). The trainer is rank 0 and
+hosts the store. torch's TCPStore binds every interface when it opens the port itself, so the store
+is opened on a socket bound to 127.0.0.1 (distributed.open_rendezvous_store), then the group is built
+the same way SGLang builds it. `_new_process_group_helper` is torch-private, but it is the only way to
+make a group that is not carved out of the default world, and it is what SGLang itself calls.
+"""
+
+from __future__ import annotations
+
+import datetime
+import time
+from concurrent.futures import Future
+from typing import Sequence
+
+import torch
+import torch.distributed as dist
+from torch.distributed.distributed_c10d import Backend, PrefixStore, _new_process_group_helper, _world
+
+from lean_rl.backends.megatron.distributed import open_rendezvous_store
+from lean_rl.weight_sync.errors import WeightSyncError
+
+_POLL_S = 0.0002  # while a broadcast runs: how often to look at the engines' HTTP calls
+
+
+def open_group_store(world_size: int, timeout_s: float) -> tuple[dist.TCPStore, int]:
+    """A rendezvous store on 127.0.0.1 for `world_size` members; returns (store, port)."""
+    return open_rendezvous_store(world_size, timeout_s)
+
+
+def join_as_rank_zero(store: dist.Store, world_size: int, group_name: str, backend: str,
+                      timeout_s: float) -> dist.ProcessGroup:
+    """Build the group as rank 0; blocks until every engine rank has joined (or the timeout)."""
+    timeout = datetime.timedelta(seconds=timeout_s)
+    pg, _ = _new_process_group_helper(world_size, 0, [], Backend(backend), PrefixStore(group_name, store),
+                                      group_name=group_name, timeout=timeout)
+    # as SGLang does: group ranks are their own global ranks, so src=0 means the trainer
+    _world.pg_group_ranks[pg] = {i: i for i in range(world_size)}
+    return pg
+
+
+def broadcast_to_engines(pg: dist.ProcessGroup, tensor: torch.Tensor, calls: Sequence[tuple[str, Future]],
+                         timeout_s: float, what: str) -> None:
+    """Broadcast `tensor` from rank 0 while the engines' HTTP calls (which make them receive it) are in
+    flight. Fails fast when one of those calls fails (the engine will never join the broadcast) or
+    when the deadline passes. After a failure the group is unusable: its broadcast stays pending."""
+    deadline = time.monotonic() + timeout_s
+    work = dist.broadcast(tensor, group=pg, group_src=0, async_op=True)
+    while not work.is_completed():
+        for url, future in calls:
+            if future.done() and future.exception() is not None:
+                raise WeightSyncError(f"{what}: {url} failed before receiving the broadcast: "
+                                      f"{future.exception()}") from future.exception()
+        if time.monotonic() > deadline:
+            raise WeightSyncError(f"{what}: broadcast not received by every engine within {timeout_s:.0f}s "
+                                  f"(engines: {', '.join(url for url, _ in calls)})")
+        time.sleep(_POLL_S)
+    work.wait()  # raises the backend's error, if any

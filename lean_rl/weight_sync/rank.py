@@ -1,0 +1,257 @@
+"""The trainer ranks' side of a weight sync; one RankWeightSync lives in each Megatron rank actor
+(MegatronRankWorker.weight_sync_call) and the driver (sync.py) calls its methods on every rank in
+lockstep, one pipeline stage at a time.
+
+Who sends: each pipeline stage sends its own tensors, from its lead rank (TP rank 0, DP rank 0);
+the other ranks of the stage only take part in the TP/EP all-gathers of
+export.iter_stage_hf_tensors. Nothing crosses stages, so no rank ever holds more than its stage's
+tensors plus one bucket, and with PP no bytes travel twice (through a first-stage rank) on their way
+to the engines. Stages send one after another: an SGLang scheduler handles one weight call at a time,
+so two stages sending at once could each wait for engines busy with the other stage's call.
+With --transport distributed each stage lead is rank 0 of its own process group with the engines
+(per-stage groups, as slime does).
+"""
+
+from __future__ import annotations
+
+import base64
+import pickle
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from lean_rl.weight_sync.buckets import Bucket, iter_buckets, standalone
+from lean_rl.weight_sync.engine_calls import submit_all, wait_all
+from lean_rl.weight_sync.engine_params import EngineChecksums
+from lean_rl.weight_sync.errors import WeightSyncError
+from lean_rl.weight_sync.process_group import broadcast_to_engines, join_as_rank_zero, open_group_store
+
+
+@dataclass(frozen=True)
+class RankSyncPlan:
+    """What every rank needs to know; sent once, at connect."""
+
+    transport: str  # distributed | tensor | disk
+    engine_urls: tuple[str, ...]
+    engine_tp_sizes: tuple[int, ...]
+    buffer_size_bytes: int
+    timeout_s: float
+    family: str
+    group_prefix: str  # unique per WeightSync: process-group names are global in a process
+    backend: str  # gloo (CPU) | nccl (GPU)
+
+    def group_name(self, stage: int) -> str:
+        return f"{self.group_prefix}_pp{stage}"
+
+
+@dataclass(frozen=True)
+class StageSent:
+    stage: int
+    bytes: int
+    buckets: int
+    tensors: int
+    weight_map: dict[str, str] | None = None  # disk: HF name -> file name in the directory
+
+
+def cpu_tensor_payload(bucket: Bucket) -> str:
+    """An inline payload for /update_weights_from_tensor: base64(pickle([(name, tensor), ...])). The
+    tensor bytes travel inside it (SGLang's SafeUnpickler loads them with a safe torch.load). SGLang's
+    own MultiprocessingSerializer would pass CPU tensors as file descriptors, which an unrelated
+    server process cannot open: its scheduler dies (reference/sglang_cpu/REPORT.md, note 3)."""
+    named = [(name, standalone(tensor.cpu())) for name, tensor in zip(bucket.names, bucket.tensors)]
+    return base64.b64encode(pickle.dumps(named, protocol=pickle.HIGHEST_PROTOCOL)).decode("ascii")
+
+
+def cuda_ipc_bucket(bucket: Bucket) -> dict:
+    """GPU: the bucket as one flat tensor on this rank's GPU plus SGLang's metadata, for load_format
+    "flattened_bucket". Must stay alive until every engine has loaded it. Not exercised on the
+    CPU-only machines this was written on."""
+    from sglang.srt.weight_sync.tensor_bucket import FlattenedTensorMetadata
+
+    metadata, offset = [], 0
+    for name, tensor in zip(bucket.names, bucket.tensors):
+        size = tensor.numel() * tensor.element_size()
+        metadata.append(FlattenedTensorMetadata(name=name, shape=tensor.shape, dtype=tensor.dtype,
+                                                start_idx=offset, end_idx=offset + size, numel=size))
+        offset += size
+    return {"flattened_tensor": bucket.flatten(), "metadata": metadata}
+
+
+def cuda_ipc_payloads(flat_bucket: dict, tp_size: int) -> list[str]:
+    """One serialized set of CUDA IPC handles per engine TP rank (each rank must open its own copy:
+    sglang/srt/managers/tp_worker.py deserialize_own_rank); no tensor bytes are copied."""
+    from sglang.srt.utils import MultiprocessingSerializer
+    from sglang.srt.utils.patch_torch import monkey_patch_torch_reductions
+
+    monkey_patch_torch_reductions()  # handles name the GPU by UUID, so the engine maps it correctly
+    return [MultiprocessingSerializer.serialize(flat_bucket, output_str=True) for _ in range(tp_size)]
+
+
+class RankWeightSync:
+    def __init__(self, worker):
+        self.worker = worker  # MegatronRankWorker: model, config, layout, device
+        self.plan: RankSyncPlan | None = None
+        self.clients: list = []
+        self.group = None
+        self._store = None
+
+    # -- roles -------------------------------------------------------------------------------------
+    @property
+    def _layout(self):
+        return self.worker.layout
+
+    def _is_lead(self, stage: int) -> bool:
+        layout = self._layout
+        return layout.pipeline_rank == stage and layout.tensor_rank == 0 and layout.data_rank == 0
+
+    def _exports(self, stage: int) -> bool:
+        """Takes part in gathering `stage`'s tensors. With EP the expert all-gathers span DP ranks, so
+        all ranks of the stage do; otherwise DP replicas other than 0 have nothing to add."""
+        layout, parallel = self._layout, self.worker.config.parallel
+        return layout.pipeline_rank == stage and (layout.data_rank == 0 or parallel.expert_model_parallel_size > 1)
+
+    def _stage_tensors(self):
+        from lean_rl.backends.megatron.hf_weights.export import iter_stage_hf_tensors
+
+        return iter_stage_hf_tensors(self.worker._require_model(), self.worker.config, self.plan.family)
+
+    def _require_plan(self) -> RankSyncPlan:
+        if self.plan is None:
+            raise WeightSyncError(f"rank {self.worker.rank}: weight sync not set up (call setup first)")
+        return self.plan
+
+    # -- lockstep methods (called on every rank) ----------------------------------------------------
+    def setup(self, plan: RankSyncPlan) -> dict:
+        from lean_rl.backends.sglang.client import BlockingEngineClient
+
+        self.close()
+        self.plan = plan
+        stage = self._layout.pipeline_rank
+        if self._is_lead(stage) and plan.transport != "disk":
+            self.clients = [BlockingEngineClient(url, timeout_s=plan.timeout_s) for url in plan.engine_urls]
+        dtypes = {str(p.dtype).removeprefix("torch.") for p in self.worker._require_model().parameters()}
+        return {"rank": self.worker.rank, "stage": stage, "lead": self._is_lead(stage), "dtypes": sorted(dtypes)}
+
+    def connect_stage(self, stage: int) -> None:
+        """distributed: the lead of `stage` opens a store, asks every engine to join its group, joins."""
+        plan = self._require_plan()
+        if not self._is_lead(stage):
+            return
+        world_size = 1 + sum(plan.engine_tp_sizes)
+        store, port = open_group_store(world_size, plan.timeout_s)
+        offsets = [1 + sum(plan.engine_tp_sizes[:i]) for i in range(len(plan.engine_urls))]
+        calls = [(client.base_url, client.submit("init_weights_update_group", "127.0.0.1", port, offset, world_size,
+                                                 group_name=plan.group_name(stage), backend=plan.backend,
+                                                 timeout_s=plan.timeout_s))
+                 for client, offset in zip(self.clients, offsets)]
+        try:
+            self.group = join_as_rank_zero(store, world_size, plan.group_name(stage), plan.backend, plan.timeout_s)
+        except Exception as exc:
+            wait_all(calls, plan.timeout_s, "init_weights_update_group")  # an engine's own error says more
+            raise WeightSyncError(f"rank {self.worker.rank}: joining {plan.group_name(stage)} failed: {exc}") from exc
+        wait_all(calls, plan.timeout_s, "init_weights_update_group")
+        self._store = store  # the engines' store clients stay connected to it for the group's lifetime
+
+    def send_stage(self, stage: int, version: str, final_stage: bool) -> StageSent | None:
+        """tensor / distributed: stream this stage's tensors to every engine, bucket by bucket, inside
+        the weight-update session the driver opened. The stage's last bucket of the final stage sets
+        the weight version and flushes the engines' prefix cache."""
+        plan = self._require_plan()
+        if not self._exports(stage):
+            return None
+        tensors = self._stage_tensors()
+        if not self._is_lead(stage):
+            for _ in tensors:  # take part in the all-gathers; the lead sends
+                pass
+            return None
+        sent = StageSent(stage, 0, 0, 0)
+        for bucket, is_last in iter_buckets(tensors, plan.buffer_size_bytes):
+            final = final_stage and is_last
+            if plan.transport == "distributed":
+                self._broadcast_bucket(bucket, stage, version if final else None, final)
+            elif plan.transport == "tensor":
+                self._post_tensor_bucket(bucket, version if final else None, final)
+            else:
+                raise WeightSyncError(f"send_stage: transport {plan.transport!r} does not stream buckets")
+            sent = StageSent(stage, sent.bytes + bucket.nbytes, sent.buckets + 1, sent.tensors + len(bucket.names))
+        return sent
+
+    def write_stage(self, stage: int, directory: str) -> StageSent | None:
+        """disk: this stage's tensors as safetensors files in `directory` (one file per bucket)."""
+        from safetensors.torch import save_file
+
+        plan = self._require_plan()
+        if not self._exports(stage):
+            return None
+        tensors = self._stage_tensors()
+        if not self._is_lead(stage):
+            for _ in tensors:
+                pass
+            return None
+        weight_map, total, count = {}, 0, 0
+        for count, (bucket, _) in enumerate(iter_buckets(tensors, plan.buffer_size_bytes), start=1):
+            file_name = f"model-pp{stage:03d}-{count:05d}.safetensors"
+            save_file({n: standalone(t.cpu()) for n, t in zip(bucket.names, bucket.tensors)},
+                      str(Path(directory) / file_name), metadata={"format": "pt"})
+            weight_map.update(dict.fromkeys(bucket.names, file_name))
+            total += bucket.nbytes
+        return StageSent(stage, total, count, len(weight_map), weight_map)
+
+    def stage_checksums(self, stage: int) -> tuple[dict[str, str], dict[str, list[str]]] | None:
+        """The hashes SGLang's /weights_checker would report for this stage's tensors (engine TP 1), and
+        which HF tensors make up each engine parameter. On the lead of `stage`; None elsewhere."""
+        if not self._exports(stage):
+            return None
+        checksums = EngineChecksums(self.worker.config.arch.num_experts)
+        for name, tensor in self._stage_tensors():
+            if self._is_lead(stage):
+                checksums.add(name, tensor)
+        if not self._is_lead(stage):
+            return None
+        if checksums.incomplete():
+            # an expert parameter fuses experts from several stages' tensors: cannot happen (experts
+            # of one layer live in one stage), so this means the name table no longer fits the model
+            raise WeightSyncError(f"stage {stage}: engine parameters with missing parts: {checksums.incomplete()}")
+        return checksums.checksums, checksums.sources
+
+    def close(self) -> None:
+        import torch.distributed as dist
+
+        if self.group is not None:
+            dist.destroy_process_group(self.group)
+            self.group = None
+        self._store = None
+        for client in self.clients:
+            client.close()
+        self.clients = []
+
+    # -- one bucket ----------------------------------------------------------------------------------
+    def _broadcast_bucket(self, bucket: Bucket, stage: int, version: str | None, final: bool) -> None:
+        plan = self.plan
+        flat = bucket.flatten()
+        calls = submit_all(self.clients, "update_weights_from_distributed", bucket.names, bucket.dtype_names(),
+                           bucket.shapes(), group_name=plan.group_name(stage), weight_version=version,
+                           flush_cache=final, load_format="flattened_bucket", timeout_s=plan.timeout_s,
+                           in_open_session=True)
+        what = f"update_weights_from_distributed (stage {stage}, {len(bucket.names)} tensors)"
+        broadcast_to_engines(self.group, flat, calls, plan.timeout_s, what)
+        wait_all(calls, plan.timeout_s, what)
+
+    def _post_tensor_bucket(self, bucket: Bucket, version: str | None, final: bool) -> None:
+        plan = self.plan
+        keep_alive = None
+        if self.worker.device.type == "cuda":
+            keep_alive = cuda_ipc_bucket(bucket)
+            calls = [(client.base_url, client.submit(
+                "update_weights_from_tensor", cuda_ipc_payloads(keep_alive, tp_size), weight_version=version,
+                flush_cache=final, load_format="flattened_bucket", timeout_s=plan.timeout_s, in_open_session=True))
+                for client, tp_size in zip(self.clients, plan.engine_tp_sizes)]
+        else:
+            payload = cpu_tensor_payload(bucket)
+            calls = [(client.base_url, client.submit(
+                "update_weights_from_tensor", [payload] * tp_size, weight_version=version, flush_cache=final,
+                timeout_s=plan.timeout_s, in_open_session=True))
+                for client, tp_size in zip(self.clients, plan.engine_tp_sizes)]
+        wait_all(calls, plan.timeout_s, f"update_weights_from_tensor ({len(bucket.names)} tensors)")
+        del keep_alive  # the engines have copied the bucket out of our GPU memory

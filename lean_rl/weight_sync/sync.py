@@ -1,0 +1,262 @@
+"""Ship the trainer's weights to the SGLang engines, and prove they arrived.
+
+    sync = WeightSync.create(cfg, actor_group, engine_urls)   # connect: engine facts, groups, probe
+    report = sync.update(step)       # every engine serves the trainer's weights as version str(step)
+    sync.close()
+
+One interface, three transports (cfg.transport; see config.py for how `auto` chooses):
+- distributed: each pipeline stage's lead rank broadcasts its buckets to every engine over a process
+  group it shares with them (gloo on CPU, NCCL on GPU), while the engines'
+  /update_weights_from_distributed calls for that bucket are in flight;
+- tensor: the stage leads post /update_weights_from_tensor per bucket (CUDA IPC handles on GPU, an
+  inline pickled payload on CPU);
+- disk: the stage leads write safetensors shards, the driver publishes a complete HF checkpoint
+  directory and every engine loads it with /update_weights_from_disk.
+Streamed transports send all buckets inside one /begin_weight_update ... /end_weight_update session
+per engine (SGLang 0.5.23 rejects tensor/distributed updates outside one); the last bucket carries
+weight_version=str(step) and flushes the prefix cache, so an engine never reports the new version
+with half the new weights. Then the probe (probe.py) checks every engine; a failure raises.
+Generation is not paused here: callers pause the engines (or sync between rollouts).
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass
+
+from lean_rl.weight_sync.config import WeightSyncConfig
+from lean_rl.weight_sync.disk import DiskStaging
+from lean_rl.weight_sync.engine_calls import call_all, submit_all
+from lean_rl.weight_sync.errors import WeightSyncError
+from lean_rl.weight_sync.memory import KV_CACHE_AND_GRAPHS, WEIGHTS, EngineMemory
+from lean_rl.weight_sync.probe import ProbeResult, probe_token_ids, raise_on_failure, run_probe
+from lean_rl.weight_sync.rank import RankSyncPlan, StageSent
+
+
+@dataclass(frozen=True)
+class EngineInfo:
+    url: str
+    device: str
+    tp_size: int
+    model_path: str
+    tokenizer_path: str | None
+
+
+@dataclass(frozen=True)
+class SyncReport:
+    version: str
+    transport: str
+    seconds: float  # start of the sync until every engine holds the new weights (probe excluded)
+    bytes: int  # HF tensor bytes sent to each engine
+    buckets: int
+    tensors: int
+    probe: ProbeResult
+    probe_seconds: float
+
+
+class WeightSync:
+    def __init__(self, cfg: WeightSyncConfig, actor_group, engine_urls, *, tokenizer_path: str | None = None):
+        if not engine_urls:
+            raise WeightSyncError("weight sync needs at least one engine URL")
+        self.cfg = cfg
+        self.actor_group = actor_group
+        self.engine_urls = tuple(str(u).rstrip("/") for u in engine_urls)
+        self.tokenizer_path = tokenizer_path
+        self.clients: list = []
+        self.engines: tuple[EngineInfo, ...] = ()
+        self.plan: RankSyncPlan | None = None
+        self.dtype: str | None = None
+        self.tolerance: float | None = None
+        self.memory: EngineMemory | None = None
+        self._staging: DiskStaging | None = None
+        self._probe_ids: list[int] | None = None
+        self._groups_joined = 0
+
+    @classmethod
+    def create(cls, cfg: WeightSyncConfig, actor_group, engine_urls, **kwargs) -> "WeightSync":
+        """A connected WeightSync (closed again if connecting fails)."""
+        sync = cls(cfg, actor_group, engine_urls, **kwargs)
+        try:
+            sync.connect()
+        except BaseException:
+            sync.close()
+            raise
+        return sync
+
+    @property
+    def num_stages(self) -> int:
+        return self.actor_group.config.parallel.pipeline_model_parallel_size
+
+    # ------------------------------------------------------------------ connect
+    def connect(self) -> None:
+        from lean_rl.backends.sglang.client import BlockingEngineClient
+
+        if self.plan is not None:
+            raise WeightSyncError("WeightSync.connect() called twice")
+        if self.actor_group.family is None:
+            raise WeightSyncError("weight sync needs the trainer's HF family: load an HF checkpoint into the "
+                                  "actor group first (MegatronActorGroup.from_hf_checkpoint / load_hf_checkpoint)")
+        timeout = self.cfg.timeout_s
+        self.clients = [BlockingEngineClient(url, timeout_s=timeout) for url in self.engine_urls]
+        self.engines = tuple(self._engine_info(url, server, model) for url, server, model in zip(
+            self.engine_urls, call_all(self.clients, timeout, "server_info"), call_all(self.clients, timeout, "model_info")))
+        devices = {e.device for e in self.engines}
+        if len(devices) != 1:
+            raise WeightSyncError(f"engines on different devices: {[(e.url, e.device) for e in self.engines]}")
+        engine_device = devices.pop()
+        if self.cfg.transport == "distributed" and engine_device != self.actor_group.device:
+            raise WeightSyncError(f"--weight-sync-transport distributed: the trainer is on {self.actor_group.device}, "
+                                  f"the engines on {engine_device}; one process group cannot span both")
+        if self.cfg.transport == "tensor" and self.actor_group.device == "cuda" and engine_device != "cuda":
+            raise WeightSyncError("--weight-sync-transport tensor: CUDA IPC needs the engines on the GPU too")
+        self.plan = RankSyncPlan(
+            transport=self.cfg.transport, engine_urls=self.engine_urls,
+            engine_tp_sizes=tuple(e.tp_size for e in self.engines), buffer_size_bytes=self.cfg.buffer_size_bytes,
+            timeout_s=timeout, family=self.actor_group.family, group_prefix=f"lean_rl_ws_{uuid.uuid4().hex[:8]}",
+            backend="nccl" if self.actor_group.device == "cuda" else "gloo")
+        ranks = self.actor_group.weight_sync_call("setup", self.plan)
+        dtypes = {d for r in ranks for d in r["dtypes"]}
+        if len(dtypes) != 1:
+            raise WeightSyncError(f"the trainer's parameters have mixed dtypes {sorted(dtypes)}")
+        self.dtype = dtypes.pop()
+        self.tolerance = self.cfg.probe_tolerance(self.dtype)
+        if self.cfg.transport == "distributed":
+            for stage in range(self.num_stages):  # one stage at a time: an engine joins one group at a time
+                self.actor_group.weight_sync_call("connect_stage", stage)
+                self._groups_joined += 1
+        if self.cfg.transport == "disk":
+            self._staging = DiskStaging(self.cfg.disk_dir, self.engines[0].model_path)
+        self.memory = EngineMemory(self.clients, engine_device, timeout)
+        self._probe_ids = probe_token_ids(self.tokenizer_path or self.engines[0].tokenizer_path
+                                          or self.engines[0].model_path)
+
+    @staticmethod
+    def _engine_info(url: str, server: dict, model: dict) -> EngineInfo:
+        for key in ("pp_size", "dp_size"):
+            if int(server.get(key) or 1) != 1:
+                raise WeightSyncError(f"{url}: weight sync supports engines with {key} 1, this one has "
+                                      f"{server.get(key)}")
+        return EngineInfo(url=url, device=str(server.get("device", "cuda")), tp_size=int(server.get("tp_size") or 1),
+                          model_path=str(model["model_path"]), tokenizer_path=model.get("tokenizer_path"))
+
+    # ------------------------------------------------------------------ sync
+    def update(self, version: int | str) -> SyncReport:
+        """Send the trainer's current weights to every engine as weight version str(version), then probe.
+        Raises WeightSyncError (WeightSyncProbeError when an engine does not serve them)."""
+        if self.plan is None:
+            raise WeightSyncError("WeightSync.update() before connect()")
+        version = str(version)
+        started = time.perf_counter()
+        self.memory.resume(WEIGHTS)
+        sent = self._write_and_load(version) if self.cfg.transport == "disk" else self._stream(version)
+        seconds = time.perf_counter() - started
+        self.memory.resume(KV_CACHE_AND_GRAPHS)
+        probe_started = time.perf_counter()
+        probe = self.probe(version)
+        return SyncReport(version=version, transport=self.cfg.transport, seconds=seconds,
+                          bytes=sum(s.bytes for s in sent), buckets=sum(s.buckets for s in sent),
+                          tensors=sum(s.tensors for s in sent), probe=probe,
+                          probe_seconds=time.perf_counter() - probe_started)
+
+    def probe(self, version: int | str) -> ProbeResult:
+        """Every engine serves the trainer's weights as `version`, or WeightSyncProbeError."""
+        result = run_probe(self.actor_group, self.clients, self._probe_ids, str(version), self.tolerance,
+                           self.cfg.timeout_s)
+        raise_on_failure(result, self.clients, self.plan.engine_tp_sizes, self._trainer_checksums, self.cfg.timeout_s)
+        return result
+
+    def release_engine_memory(self) -> bool:
+        """Colocated on GPU: free the engines' memory before training (update() takes it back).
+        False (skipped) when not colocated or the engines are on CPU."""
+        return self.cfg.colocate and self.memory.release()
+
+    def _stream(self, version: str) -> list[StageSent]:
+        opened, errors = [], []
+        for client, (_, future) in zip(self.clients, submit_all(self.clients, "begin_weight_update")):
+            try:
+                future.result(timeout=self.cfg.timeout_s)
+                opened.append(client)
+            except Exception as exc:
+                errors.append(WeightSyncError(f"begin_weight_update: {exc}"))
+        try:
+            if errors:
+                raise errors[0]
+            sent = self._per_stage("send_stage", lambda stage: (stage, version, stage == self.num_stages - 1))
+        except BaseException:
+            # close the sessions that opened, or the next sync cannot begin; the first error wins
+            try:
+                call_all(opened, self.cfg.timeout_s, "end_weight_update")
+            except WeightSyncError:
+                pass
+            raise
+        call_all(opened, self.cfg.timeout_s, "end_weight_update")
+        return sent
+
+    def _write_and_load(self, version: str) -> list[StageSent]:
+        directory = self._staging.start(version)
+        sent = self._per_stage("write_stage", lambda stage: (stage, str(directory)))
+        weight_map: dict[str, str] = {}
+        for part in sent:
+            weight_map.update(part.weight_map)
+        published = self._staging.publish(directory, version, weight_map, sum(s.bytes for s in sent))
+        call_all(self.clients, self.cfg.timeout_s, "update_weights_from_disk", str(published),
+                 weight_version=version, flush_cache=True, timeout_s=self.cfg.timeout_s)
+        self._staging.loaded(published)
+        return sent
+
+    def _per_stage(self, method: str, args_for_stage) -> list[StageSent]:
+        sent = []
+        for stage in range(self.num_stages):
+            results = [r for r in self.actor_group.weight_sync_call(method, *args_for_stage(stage)) if r is not None]
+            if len(results) != 1:
+                raise WeightSyncError(f"{method}: stage {stage} reported from {len(results)} lead ranks, expected 1")
+            sent.append(results[0])
+        return sent
+
+    def _trainer_checksums(self) -> tuple[dict[str, str], dict[str, list[str]]]:
+        checksums: dict[str, str] = {}
+        sources: dict[str, list[str]] = {}
+        for stage in range(self.num_stages):
+            for result in self.actor_group.weight_sync_call("stage_checksums", stage):
+                if result is not None:
+                    checksums.update(result[0])
+                    sources.update(result[1])
+        return checksums, sources
+
+    # ------------------------------------------------------------------ close
+    def close(self) -> None:
+        """Leave the process groups, close the clients, remove a temporary disk directory. Best effort
+        for every part (the trainer or an engine may already be gone); idempotent."""
+        problems = []
+        if self.plan is not None and self._groups_joined:
+            for stage in range(self._groups_joined):
+                try:
+                    call_all(self.clients, self.cfg.timeout_s, "destroy_weights_update_group",
+                             self.plan.group_name(stage))
+                except WeightSyncError as exc:
+                    problems.append(str(exc))
+            self._groups_joined = 0
+        if self.plan is not None:
+            try:
+                self.actor_group.weight_sync_call("close")
+            except Exception as exc:  # the group may be shut down already
+                problems.append(f"trainer: {exc}")
+        self.plan = None
+        for client in self.clients:
+            client.close()
+        self.clients = []
+        if self._staging is not None:
+            self._staging.close()
+            self._staging = None
+        if problems:
+            import logging
+
+            logging.getLogger(__name__).warning("weight sync close: %s", "; ".join(problems))
+
+    def __enter__(self) -> "WeightSync":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+

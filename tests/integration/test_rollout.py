@@ -1,0 +1,217 @@
+"""The rollout side against the real engines: 2 CPU SGLang servers behind sglang-router (the shared
+`engine_group`), the default rollout function, custom generate/reward functions, engine death."""
+
+import asyncio
+import dataclasses
+import json
+import os
+import signal
+import sys
+import textwrap
+import time
+
+import pytest
+
+from lean_rl.backends.sglang.client import BlockingEngineClient
+from lean_rl.backends.sglang.health import EngineMonitor
+from lean_rl.buffer.data_buffer import create_data_buffer
+from lean_rl.config import parse_config
+from lean_rl.rollout.default import generate, generate_rollout
+from lean_rl.sample import NOT_GENERATED, Status
+
+pytestmark = pytest.mark.integration
+
+WORDS = "the cat dog sat on mat ran fast big small red blue green hello world".split()
+
+
+@pytest.fixture(scope="module")
+def prompts_file(tmp_path_factory):
+    path = tmp_path_factory.mktemp("rollout_data") / "prompts.jsonl"
+    rows = [{"prompt": " ".join(WORDS[(i + k) % len(WORDS)] for k in range(4)), "label": WORDS[i % len(WORDS)]}
+            for i in range(16)]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+@pytest.fixture(scope="module")
+def user_plugins(tmp_path_factory):
+    """A user package with a custom generate, a raising reward and a counting reward."""
+    root = tmp_path_factory.mktemp("plugins")
+    (root / "rollout_plugins.py").write_text(textwrap.dedent("""
+        from lean_rl.rollout.default import generate as default_generate
+        from lean_rl.rollout.base import load_tokenizer
+
+        async def two_turn_generate(cfg, sample, sampling_params):
+            # turn 1 by the policy, then a tool observation (not trained on), then turn 2
+            params = dict(sampling_params, max_new_tokens=6)
+            sample = await default_generate(cfg, sample, params)
+            tool_ids = load_tokenizer(cfg.engines.model_path).encode(" tool says hello", add_special_tokens=False)
+            sample.append_response(tool_ids, trainable=False)
+            params["max_new_tokens"] = sample.response_length + 6
+            return await default_generate(cfg, sample, params)
+
+        async def raising_rm(cfg, sample):
+            if sample.index % 2:
+                raise RuntimeError("reward service exploded")
+            return 1.0
+
+        async def length_rm(cfg, sample):
+            return float(sample.response_length % 2)
+    """))
+    sys.path.insert(0, str(root))
+    yield
+    sys.path.remove(str(root))
+
+
+def make_cfg(engine_group, prompts_file, *flags):
+    cfg = parse_config(["--hf-checkpoint", engine_group.config.model_path, "--prompt-data", str(prompts_file),
+                        "--rollout-batch-size", "16", "--n-samples-per-prompt", "4",
+                        "--rollout-max-response-len", "24", *flags])
+    return dataclasses.replace(cfg, engines=engine_group.config)
+
+
+def ready_samples(buffer):
+    return [s for g in buffer.get_train_groups(1000) for s in g]
+
+
+def test_16_prompts_x_4_samples_with_log_probs_and_versions(engine_group, prompts_file):
+    cfg = make_cfg(engine_group, prompts_file, "--rm-type", "exact")
+    buffer = create_data_buffer(cfg)
+    out = asyncio.run(generate_rollout(cfg, 0, buffer))
+    samples = ready_samples(buffer)
+    assert out.metrics["rollout/groups"] == 16 and len(samples) == 64
+    assert len({s.index for s in samples}) == 64 and len({s.group_index for s in samples}) == 16
+    for s in samples:
+        s.check()
+        assert 1 <= s.response_length <= 24 and s.status in (Status.COMPLETED, Status.TRUNCATED)
+        assert all(lp <= 0 for lp in s.rollout_log_probs) and s.weight_versions == [0] * s.response_length
+        assert s.reward in (0.0, 1.0) and s.response == s.response  # decoded text present
+    assert any(s.status is Status.TRUNCATED for s in samples)
+    assert buffer.num_in_flight() == 0
+
+
+def test_custom_generate_masks_tool_tokens(engine_group, prompts_file, user_plugins):
+    cfg = make_cfg(engine_group, prompts_file, "--rollout-batch-size", "2", "--n-samples-per-prompt", "2",
+                   "--custom-generate-function-path", "rollout_plugins.two_turn_generate", "--rm-type", "f1")
+    buffer = create_data_buffer(cfg)
+    asyncio.run(generate_rollout(cfg, 0, buffer))
+    samples = ready_samples(buffer)
+    assert len(samples) == 4
+    for s in samples:
+        tool = [i for i, m in enumerate(s.loss_mask) if m == 0]
+        assert tool, "the tool observation must be masked out"
+        assert all(s.weight_versions[i] == NOT_GENERATED and s.rollout_log_probs[i] == 0.0 for i in tool)
+        assert " tool says hello" in s.response
+        assert s.loss_mask[0] == 1  # turn 1 is trained on
+
+
+def test_raising_reward_marks_failed_and_the_rollout_goes_on(engine_group, prompts_file, user_plugins):
+    cfg = make_cfg(engine_group, prompts_file, "--rollout-batch-size", "4", "--custom-rm-path", "rollout_plugins.raising_rm")
+    buffer = create_data_buffer(cfg)
+    out = asyncio.run(generate_rollout(cfg, 0, buffer))
+    samples = ready_samples(buffer)
+    failed = [s for s in samples if s.status is Status.FAILED]
+    assert len(samples) == 16 and len(failed) == 8 and out.metrics["rollout/reward_failed"] == 8
+    assert all(s.reward == 0.0 and "exploded" in s.metadata["reward_error"] for s in failed)
+    assert all(s.reward == 1.0 for s in samples if s.status is not Status.FAILED)
+
+
+def test_over_sampling_with_filter_returns_the_surplus_to_the_buffer(engine_group, prompts_file, user_plugins):
+    cfg = make_cfg(engine_group, prompts_file, "--rollout-batch-size", "3", "--over-sampling-batch-size", "8",
+                   "--custom-rm-path", "rollout_plugins.length_rm",
+                   "--dynamic-sampling-filter-path", "lean_rl.rollout.filters.reward_varies")
+    buffer = create_data_buffer(cfg)
+    out = asyncio.run(generate_rollout(cfg, 0, buffer))
+    kept = buffer.get_train_groups(100)
+    assert len(kept) == 3 and all(len({s.reward for s in g}) > 1 for g in kept)
+    counters = buffer.get_counters()
+    # every group handed out is accounted for: kept, filtered or back in the buffer (none in flight)
+    handed_out = counters["prompts_issued"]
+    assert buffer.num_in_flight() == 0
+    assert 3 + counters.get("groups_dropped_filtered", 0) + buffer.num_pending() == handed_out
+    assert out.metrics["rollout/groups"] == 3
+
+
+def test_partial_rollout_resumes_and_keeps_per_token_versions(engine_group, prompts_file):
+    cfg = make_cfg(engine_group, prompts_file, "--rollout-batch-size", "2", "--n-samples-per-prompt", "2",
+                   "--rollout-max-response-len", "400", "--partial-rollout", "--rm-type", "exact")
+    buffer = create_data_buffer(cfg)
+    groups = buffer.get_prompt_groups(2)
+    clients = [BlockingEngineClient(url) for url in engine_group.engine_urls]
+
+    async def generate_then_abort():
+        params = cfg.rollout.sampling.to_sglang()
+        tasks = [asyncio.create_task(generate(cfg, s, dict(params))) for g in groups for s in g]
+        await asyncio.sleep(1.5)
+        for c in clients:
+            c.abort_request(abort_all=True)
+        await asyncio.gather(*tasks)
+
+    try:
+        asyncio.run(asyncio.wait_for(generate_then_abort(), 120))
+        aborted = {s.index: s.response_length for g in groups for s in g if s.status is Status.ABORTED}
+        assert aborted and all(n > 0 for n in aborted.values()), "the abort should catch samples mid-generation"
+        for g in groups:  # what the rollout does with interrupted groups under --partial-rollout
+            for s in g:
+                s.status = Status.PENDING if s.status is Status.ABORTED else s.status
+        buffer.put_partial_groups(groups)
+        for c in clients:  # a weight update: the policy is now version 1
+            c.update_weights_from_disk(engine_group.config.model_path, weight_version="1")
+        asyncio.run(asyncio.wait_for(generate_rollout(cfg, 1, buffer), 300))
+        finished = {s.index: s for g in buffer.get_train_groups(100) for s in g}
+    finally:
+        for c in clients:
+            c.update_weights_from_disk(engine_group.config.model_path, weight_version="default")
+            c.close()
+    assert set(aborted) <= set(finished)  # the resumed samples came back first
+    for index, n_old in aborted.items():
+        s = finished[index]
+        assert s.weight_versions[:n_old] == [0] * n_old  # tokens made before the abort keep version 0
+        assert s.response_length > n_old and set(s.weight_versions[n_old:]) == {1}
+        s.check()
+
+
+def test_kill_9_one_engine_mid_rollout_every_sample_arrives_once(engine_group, prompts_file):
+    cfg = make_cfg(engine_group, prompts_file, "--rollout-max-response-len", "200", "--rollout-ignore-eos",
+                   "--rm-type", "exact")
+    buffer = create_data_buffer(cfg)
+    victim = engine_group.pids()["engine-1"][0]
+    with EngineMonitor(engine_group, interval_s=0.5) as monitor:
+        async def rollout_and_kill():
+            task = asyncio.create_task(generate_rollout(cfg, 0, buffer))
+            await asyncio.sleep(1.5)
+            in_flight_at_kill.append(buffer.num_in_flight())
+            os.kill(victim, signal.SIGKILL)
+            return await task
+
+        in_flight_at_kill = []
+
+        asyncio.run(asyncio.wait_for(rollout_and_kill(), 600))
+        deadline = time.monotonic() + 300
+        while monitor.total_restarts < 1 or len(engine_group.router.worker_urls()) < 2:
+            assert time.monotonic() < deadline, monitor.health
+            time.sleep(1)
+    samples = ready_samples(buffer)
+    assert len(samples) == 64 and len({s.index for s in samples}) == 64
+    assert sorted({s.group_index for s in samples}) == sorted({s.group_index for s in samples})[:16]
+    assert all(s.status is Status.TRUNCATED and s.response_length == 200 for s in samples)  # none half-counted
+    assert engine_group.engine_alive(1) and victim not in engine_group.pids()["engine-1"]
+    assert any("process exited" in e for e in monitor.health[1].events)
+    # the kill hit a rollout in progress: groups were still generating (the requests on the dead engine
+    # were retried, by the router itself or by generate_with_retries, and none was lost or duplicated)
+    assert in_flight_at_kill[0] > 0
+
+
+def test_evaluation_reports_mean_reward_and_pass_at_k_per_set(engine_group, prompts_file, tmp_path, user_plugins):
+    other = tmp_path / "other.jsonl"
+    other.write_text("".join(json.dumps({"prompt": w, "label": w}) + "\n" for w in WORDS[:3]))
+    cfg = make_cfg(engine_group, prompts_file, "--custom-rm-path", "rollout_plugins.length_rm",
+                   "--eval-prompt-data", "main", str(prompts_file), "--eval-prompt-data", "small", str(other),
+                   "--n-samples-per-eval-prompt", "3", "--eval-max-response-len", "8")
+    out = asyncio.run(generate_rollout(cfg, 0, buffer=None, evaluation=True))
+    assert len(out.samples["main"]) == 16 * 3 and len(out.samples["small"]) == 3 * 3
+    for name in ("main", "small"):
+        rewards = [s.reward for s in out.samples[name]]
+        assert out.metrics[f"eval/{name}/reward_mean"] == pytest.approx(sum(rewards) / len(rewards))
+        assert 0.0 <= out.metrics[f"eval/{name}/pass@1"] <= out.metrics[f"eval/{name}/pass@3"] <= 1.0
+        assert all(s.response_length <= 8 for s in out.samples[name])
