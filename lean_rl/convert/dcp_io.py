@@ -3,9 +3,9 @@ format (a DCP checkpoint plus Megatron's metadata.json and common.pt).
 
 Writing: a SavePlanner whose plan is given as (key, chunk) specs and whose resolve_data produces each
 chunk only when the FileSystemWriter asks for it, so nothing is materialised up front. The writer
-keeps every tensor of the file it is writing alive until that file is closed (filesystem.py
-_write_files_from_queue, torch 2.13: `tensor_dict[...] = tensor`), so files are cut at a byte budget:
-peak memory is one file's tensors plus the tensor being built.
+keeps tensors of the file it is writing alive until that file is closed (filesystem.py
+_write_files_from_queue, torch 2.13: `tensor_dict[fqn] = tensor`, the last chunk of each key), so
+files are also cut at a byte budget: peak memory stays below one file plus the tensor being built.
 
 Reading: the storage-reader protocol directly (read_metadata once; per request a LoadPlan from
 DCP's own resharding helper `create_read_items_for_chunk_list`), so any region of a stored tensor is
@@ -24,6 +24,7 @@ from typing import Callable
 import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.default_planner import create_default_global_save_plan
 from torch.distributed.checkpoint.filesystem import DEFAULT_SUFFIX
 from torch.distributed.checkpoint.metadata import (
@@ -157,9 +158,15 @@ def save_dist_checkpoint(directory: Path, chunks: list[ChunkSpec], produce: Call
     each produced on demand, the ShardedObjects `objects` (unique key -> list of values), common.pt,
     and metadata.json last (as Megatron does, so a directory without it is incomplete)."""
     writer = _BudgetedFileWriter(directory, max_file_bytes)
-    with warnings.catch_warnings():  # "torch.distributed is disabled ... single process": intended
-        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-        dcp.save({}, storage_writer=writer, planner=_LazyPlanner(chunks, produce, objects), no_dist=True)
+    try:
+        with warnings.catch_warnings():  # "torch.distributed is disabled ... single process": intended
+            warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+            dcp.save({}, storage_writer=writer, planner=_LazyPlanner(chunks, produce, objects), no_dist=True)
+    except CheckpointException as error:  # DCP wraps the failure of its one (local) rank: re-raise it
+        failures = list(error.failures.values())
+        if failures and isinstance(failures[0][0], Exception):
+            raise failures[0][0] from None
+        raise
     torch.save(common or {}, directory / COMMON_FILE)
     (directory / METADATA_JSON).write_text(json.dumps(MEGATRON_METADATA))
 

@@ -14,7 +14,6 @@ asks for it; the writer cuts files at --max-shard-size (default: the largest inp
 from __future__ import annotations
 
 import dataclasses
-import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
@@ -26,8 +25,8 @@ from lean_rl.backends.megatron.checkpoint_paths import iteration_dir, prepare_te
 from lean_rl.backends.megatron.config import ConfigError, MegatronConfig, ModelArch, ParallelConfig
 from lean_rl.backends.megatron.hf_config import arch_from_hf_config, hf_family, load_hf_config
 from lean_rl.backends.megatron.hf_weights.dist_keys import DistEntry, dist_entries, extra_state_keys
-from lean_rl.backends.megatron.hf_weights.families import WeightRule, geometry, rule_instances, weight_rules
-from lean_rl.backends.megatron.hf_weights.layouts import Layout, to_hf_tensors, to_megatron_shard
+from lean_rl.backends.megatron.hf_weights.families import geometry, rule_instances, weight_rules
+from lean_rl.backends.megatron.hf_weights.layouts import Layout, hf_shapes, to_megatron_shard
 from lean_rl.convert.dcp_io import ChunkSpec, save_dist_checkpoint
 from lean_rl.convert.output_dir import atomic_output_dir, copy_side_files
 from lean_rl.convert.safetensors_io import CheckpointError, HFSafetensors
@@ -35,23 +34,25 @@ from lean_rl.convert.safetensors_io import CheckpointError, HFSafetensors
 HF_CONFIG_DIR = "hf_config"  # inside each iteration directory
 # Buffers some exporters write that carry no weights (recomputed by the model).
 _IGNORED_HF_SUFFIXES = ("rotary_emb.inv_freq",)
-_DTYPE_NAMES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
 def parse_dtype(name: str) -> torch.dtype:
-    if name not in _DTYPE_NAMES:
-        raise ConfigError(f"--dtype {name!r}: choose one of {', '.join(_DTYPE_NAMES)}")
-    return _DTYPE_NAMES[name]
+    if name not in TORCH_DTYPES:
+        raise ConfigError(f"--dtype {name!r}: choose one of {', '.join(TORCH_DTYPES)}")
+    return TORCH_DTYPES[name]
 
 
 def config_dtype(config: Mapping[str, Any]) -> torch.dtype | None:
     """The dtype an HF config declares (`dtype`, or `torch_dtype` before transformers 5), if any."""
     name = config.get("dtype") or config.get("torch_dtype")
-    return _DTYPE_NAMES.get(name) if isinstance(name, str) else None
+    return TORCH_DTYPES.get(name) if isinstance(name, str) else None
 
 
 @dataclass(frozen=True)
-class _Instance:
+class RuleInstance:
+    """One stored chunk's worth of a rule: its dist entry at one {layer, expert}."""
+
     entry: DistEntry
     index: dict[str, int]
 
@@ -60,14 +61,14 @@ class _Instance:
         return self.entry.rule.hf_names(**self.index)
 
 
-def ordered_instances(entries: list[DistEntry], arch: ModelArch) -> list[_Instance]:
+def ordered_instances(entries: list[DistEntry], arch: ModelArch) -> list[RuleInstance]:
     """Every stored (rule, layer, expert), layer by layer (the order HF checkpoints are written in)."""
     by_rule = {entry.rule: entry for entry in entries}
     rules = tuple(by_rule)
     position = {rule: i for i, rule in enumerate(rules)}
-    instances = [_Instance(by_rule[rule], index) for rule, index in rule_instances(rules, arch)]
+    instances = [RuleInstance(by_rule[rule], index) for rule, index in rule_instances(rules, arch)]
 
-    def order(inst: _Instance):
+    def order(inst: RuleInstance):
         layer = inst.index.get("layer")
         band = 0 if position[inst.entry.rule] == 0 else (1 if layer is not None else 2)
         return band, layer or 0, position[inst.entry.rule], inst.index.get("expert") or 0
@@ -75,19 +76,13 @@ def ordered_instances(entries: list[DistEntry], arch: ModelArch) -> list[_Instan
     return sorted(instances, key=order)
 
 
-def expected_hf_shapes(rule: WeightRule, param_shape: tuple[int, ...], config: MegatronConfig) -> list[tuple[int, ...]]:
-    """The HF tensor shapes of one rule instance, through the layouts (on meta tensors)."""
-    meta = torch.empty(param_shape, device="meta")
-    return [tuple(t.shape) for t in to_hf_tensors(rule.layout, [meta], geometry(config))]
-
-
-def _check_source(source: HFSafetensors, instances: list[_Instance], config: MegatronConfig, hf_config: dict,
+def _check_source(source: HFSafetensors, instances: list[RuleInstance], config: MegatronConfig, hf_config: dict,
                   tied: bool) -> torch.dtype:
     """Names, shapes and dtypes of the HF tensors against the architecture; returns their dtype."""
     expected: dict[str, tuple[int, ...]] = {}
     layouts: dict[str, Layout] = {}
     for inst in instances:
-        shapes = expected_hf_shapes(inst.entry.rule, inst.entry.param_shape, config)
+        shapes = hf_shapes(inst.entry.rule.layout, inst.entry.param_shape, geometry(config))
         for name, shape in zip(inst.hf_names, shapes):
             expected[name], layouts[name] = shape, inst.entry.rule.layout
     missing = [name for name in expected if name not in source.tensors]
@@ -148,7 +143,7 @@ def convert_hf_to_megatron(hf_dir: str | Path, save: str | Path, *, parallel: Pa
     geo = geometry(config)
 
     chunks: list[ChunkSpec] = []
-    producers: dict[tuple[str, tuple[int, ...]], _Instance] = {}
+    producers: dict[tuple[str, tuple[int, ...]], RuleInstance] = {}
     for inst in instances:
         for key in inst.entry.keys:
             spec = ChunkSpec(key, inst.entry.global_shape(arch), inst.entry.chunk_offsets(inst.index),
@@ -171,8 +166,3 @@ def convert_hf_to_megatron(hf_dir: str | Path, save: str | Path, *, parallel: Pa
         publish(root, iteration, written)
     return iteration_dir(save, iteration)
 
-
-def stored_bytes(hf_dir: str | Path) -> int:
-    """Bytes of tensor data in an HF checkpoint (for the benchmark's floor)."""
-    source = HFSafetensors(hf_dir)
-    return sum(math.prod(info.shape) * info.dtype.itemsize for info in source.tensors.values())

@@ -18,9 +18,9 @@ from lean_rl.backends.megatron.config import MegatronConfig, ModelArch, Parallel
 from lean_rl.backends.megatron.hf_config import arch_from_hf_config, hf_family, load_hf_config
 from lean_rl.backends.megatron.hf_weights.dist_keys import EXTRA_STATE, DistEntry, dist_entries, is_model_key
 from lean_rl.backends.megatron.hf_weights.families import geometry, weight_rules
-from lean_rl.backends.megatron.hf_weights.layouts import Layout, to_hf_tensors
+from lean_rl.backends.megatron.hf_weights.layouts import Layout, hf_shapes, to_hf_tensors
 from lean_rl.convert.dcp_io import DCP_METADATA, DistCheckpointReader
-from lean_rl.convert.hf_to_megatron import _DTYPE_NAMES, HF_CONFIG_DIR, config_dtype, ordered_instances
+from lean_rl.convert.hf_to_megatron import HF_CONFIG_DIR, TORCH_DTYPES, config_dtype, ordered_instances
 from lean_rl.convert.output_dir import atomic_output_dir, copy_side_files
 from lean_rl.convert.safetensors_io import (
     CheckpointError,
@@ -120,8 +120,7 @@ def convert_megatron_to_hf(load: str | Path, save: str | Path, *, hf_config: str
     instances = ordered_instances(entries, arch)
     planned = []
     for inst in instances:
-        meta = torch.empty(_read_shape(inst.entry, arch), dtype=out_dtype, device="meta")
-        shapes = [tuple(t.shape) for t in to_hf_tensors(inst.entry.rule.layout, [meta], geo)]
+        shapes = hf_shapes(inst.entry.rule.layout, _read_shape(inst.entry, arch), geo)
         planned.append([PlannedTensor(name, out_dtype, shape) for name, shape in zip(inst.hf_names, shapes)])
     shards = plan_shards([sum(t.nbytes for t in group) for group in planned], max_shard_bytes)
     shard_tensors = [[t for g in shard for t in planned[g]] for shard in shards]
@@ -157,7 +156,7 @@ def _read_shape(entry: DistEntry, arch: ModelArch) -> tuple[int, ...]:
 
 def _write_config(config: dict, path: Path, dtype: torch.dtype, original: Path) -> None:
     """The HF config, byte for byte when the dtype is unchanged, else with its dtype field updated."""
-    name = next(n for n, d in _DTYPE_NAMES.items() if d == dtype)
+    name = next(n for n, d in TORCH_DTYPES.items() if d == dtype)
     field = "dtype" if "dtype" in config or "torch_dtype" not in config else "torch_dtype"
     if config.get(field) == name:
         path.write_bytes(original.read_bytes())

@@ -88,16 +88,19 @@ def raise_on_failure(result: ProbeResult, clients: Sequence, engine_tp_sizes: Se
     failures = result.failures()
     if not failures:
         return
+    failures.sort(key=lambda f: f.max_abs_diff <= result.tolerance)  # wrong weights before wrong versions
     failed = failures[0]
     others = f" (also failing: {', '.join(f.url for f in failures[1:])})" if len(failures) > 1 else ""
-    if failed.weight_version != result.version:
+    if failed.max_abs_diff <= result.tolerance:  # the weights are right, the version is not
         raise WeightSyncProbeError(
             f"weight sync to version {result.version}: engine {failed.url} reports weight_version "
             f"{failed.weight_version!r}{others}", engine_url=failed.url, max_abs_diff=failed.max_abs_diff, tensors=None)
     index = [c.base_url for c in clients].index(failed.url)
+    version_note = ("" if failed.weight_version == result.version
+                    else f" (and it reports weight_version {failed.weight_version!r})")
     headline = (f"weight sync to version {result.version}: engine {failed.url} disagrees with the trainer on "
                 f"the probe sequence: max |Δ log p| {failed.max_abs_diff:.3g} > tolerance {result.tolerance:.3g} "
-                f"over {result.num_tokens} tokens{others}")
+                f"over {result.num_tokens} tokens{version_note}{others}")
     if engine_tp_sizes[index] != 1:
         raise WeightSyncProbeError(f"{headline}; the differing tensor cannot be named for an engine with TP "
                                    f"{engine_tp_sizes[index]} (hashes are per shard)",

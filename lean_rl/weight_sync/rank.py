@@ -89,6 +89,46 @@ def cuda_ipc_payloads(flat_bucket: dict, tp_size: int) -> list[str]:
 
 
 class RankWeightSync:
+    """Every weight sync of one rank, by id (RankSyncPlan.group_prefix), so that several WeightSyncs
+    (e.g. distributed for training, disk for evaluation) can share one actor group."""
+
+    def __init__(self, worker):
+        self.worker = worker  # MegatronRankWorker
+        self.syncs: dict[str, _RankSync] = {}
+
+    def setup(self, plan: RankSyncPlan) -> dict:
+        self.close(plan.group_prefix)
+        self.syncs[plan.group_prefix] = sync = _RankSync(self.worker)
+        return sync.setup(plan)
+
+    def connect_stage(self, sync_id: str, stage: int) -> None:
+        return self._sync(sync_id).connect_stage(stage)
+
+    def send_stage(self, sync_id: str, stage: int, version: str, final_stage: bool) -> StageSent | None:
+        return self._sync(sync_id).send_stage(stage, version, final_stage)
+
+    def write_stage(self, sync_id: str, stage: int, directory: str) -> StageSent | None:
+        return self._sync(sync_id).write_stage(stage, directory)
+
+    def stage_checksums(self, sync_id: str, stage: int):
+        return self._sync(sync_id).stage_checksums(stage)
+
+    def close(self, sync_id: str | None = None) -> None:
+        """Close one sync (or all of them: None)."""
+        for key in [sync_id] if sync_id is not None else list(self.syncs):
+            sync = self.syncs.pop(key, None)
+            if sync is not None:
+                sync.close()
+
+    def _sync(self, sync_id: str) -> "_RankSync":
+        if sync_id not in self.syncs:
+            raise WeightSyncError(f"rank {self.worker.rank}: no weight sync {sync_id!r} (set up, or closed already)")
+        return self.syncs[sync_id]
+
+
+class _RankSync:
+    """One weight sync's state on one rank: its plan, engine clients (stage leads), process group."""
+
     def __init__(self, worker):
         self.worker = worker  # MegatronRankWorker: model, config, layout, device
         self.plan: RankSyncPlan | None = None
@@ -125,7 +165,6 @@ class RankWeightSync:
     def setup(self, plan: RankSyncPlan) -> dict:
         from lean_rl.backends.sglang.client import BlockingEngineClient
 
-        self.close()
         self.plan = plan
         stage = self._layout.pipeline_rank
         if self._is_lead(stage) and plan.transport != "disk":

@@ -123,7 +123,7 @@ class WeightSync:
         self.tolerance = self.cfg.probe_tolerance(self.dtype)
         if self.cfg.transport == "distributed":
             for stage in range(self.num_stages):  # one stage at a time: an engine joins one group at a time
-                self.actor_group.weight_sync_call("connect_stage", stage)
+                self.actor_group.weight_sync_call("connect_stage", self.plan.group_prefix, stage)
                 self._groups_joined += 1
         if self.cfg.transport == "disk":
             self._staging = DiskStaging(self.cfg.disk_dir, self.engines[0].model_path)
@@ -208,7 +208,8 @@ class WeightSync:
     def _per_stage(self, method: str, args_for_stage) -> list[StageSent]:
         sent = []
         for stage in range(self.num_stages):
-            results = [r for r in self.actor_group.weight_sync_call(method, *args_for_stage(stage)) if r is not None]
+            results = [r for r in self.actor_group.weight_sync_call(method, self.plan.group_prefix, *args_for_stage(stage))
+                       if r is not None]
             if len(results) != 1:
                 raise WeightSyncError(f"{method}: stage {stage} reported from {len(results)} lead ranks, expected 1")
             sent.append(results[0])
@@ -218,7 +219,7 @@ class WeightSync:
         checksums: dict[str, str] = {}
         sources: dict[str, list[str]] = {}
         for stage in range(self.num_stages):
-            for result in self.actor_group.weight_sync_call("stage_checksums", stage):
+            for result in self.actor_group.weight_sync_call("stage_checksums", self.plan.group_prefix, stage):
                 if result is not None:
                     checksums.update(result[0])
                     sources.update(result[1])
@@ -239,7 +240,7 @@ class WeightSync:
             self._groups_joined = 0
         if self.plan is not None:
             try:
-                self.actor_group.weight_sync_call("close")
+                self.actor_group.weight_sync_call("close", self.plan.group_prefix)
             except Exception as exc:  # the group may be shut down already
                 problems.append(f"trainer: {exc}")
         self.plan = None

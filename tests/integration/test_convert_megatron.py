@@ -7,11 +7,12 @@ converter writes (plus the converter's TE-spec alias of the MoE pre-MLP norm).""
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 import torch
 import transformers
-from safetensors.torch import load_file
+from safetensors.torch import load_file, save_file
 
 from lean_rl.backends.megatron.config import MegatronConfig, ParallelConfig
 from lean_rl.backends.megatron.group import MegatronActorGroup
@@ -32,6 +33,8 @@ CASES = {
     "qwen2-tp2": ("qwen2", ParallelConfig(tensor_model_parallel_size=2), 128),
     "llama-pp2": ("llama", ParallelConfig(pipeline_model_parallel_size=2), 96),
     "qwen3-tp1": ("qwen3", ParallelConfig(), 96),
+    # tied embeddings (Qwen2.5-0.5B, Qwen3-0.6B/4B): the last stage's output layer is stored as the embedding
+    "qwen2_tied-pp2": ("qwen2_tied", ParallelConfig(pipeline_model_parallel_size=2), 96),
     "qwen3_moe-ep2": ("qwen3_moe", ParallelConfig(expert_model_parallel_size=2, moe_token_dispatcher_type="alltoall"),
                       96),
 }
@@ -46,6 +49,31 @@ SLOW_CASES = {
     "qwen3_moe-tp2": ("qwen3_moe", ParallelConfig(tensor_model_parallel_size=2, sequence_parallel=True), 96),
     "qwen3_moe-pp2": ("qwen3_moe", ParallelConfig(pipeline_model_parallel_size=2), 96),
 }
+
+
+@pytest.fixture(scope="module")
+def hf_scale_model(tiny_model_factory, tmp_path_factory):
+    """family -> the tiny model with lm_head at HF's init scale (std 0.02 instead of 0.5), other
+    weights unchanged ("qwen2_tied": no lm_head, tie_word_embeddings). With the fixture's lm_head, logits reach +-17 and float32 rounding alone
+    exceeds 1e-5 (transformers float32 vs float64: 1.1-1.7e-5), so the bound would measure rounding,
+    not the conversion; at this scale a wrong mapping still moves logits by ~0.1-1."""
+    made = {}
+
+    def get(family: str):
+        if family not in made:
+            out = tmp_path_factory.mktemp(f"{family}-hf-scale")
+            shutil.copytree(tiny_model_factory(family.removesuffix("_tied")), out, dirs_exist_ok=True)
+            tensors = load_file(str(out / "model.safetensors"))
+            tensors["lm_head.weight"] = tensors["lm_head.weight"] * 0.04
+            if family.endswith("_tied"):
+                del tensors["lm_head.weight"]
+                config = json.loads((out / "config.json").read_text())
+                (out / "config.json").write_text(json.dumps({**config, "tie_word_embeddings": True}))
+            save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+            made[family] = out
+        return made[family]
+
+    return get
 
 
 def hf_tensors(directory) -> dict[str, torch.Tensor]:
@@ -72,9 +100,9 @@ def assert_same_hf_checkpoint(original_dir, converted_dir) -> None:
 
 
 @pytest.mark.parametrize("case", [*CASES, *(pytest.param(c, marks=pytest.mark.slow) for c in SLOW_CASES)])
-def test_conversion_round_trips_and_loads_in_megatron(case, ray_cluster, tiny_model_factory, tmp_path):
+def test_conversion_round_trips_and_loads_in_megatron(case, ray_cluster, hf_scale_model, tmp_path):
     family, parallel, divisible_by = {**CASES, **SLOW_CASES}[case]
-    original = tiny_model_factory(family)
+    original = hf_scale_model(family)
     converted = convert_hf_to_megatron(original, tmp_path / "megatron", parallel=parallel,
                                        make_vocab_size_divisible_by=divisible_by)
     convert_megatron_to_hf(tmp_path / "megatron", tmp_path / "hf", max_shard_bytes=100_000)  # several shards

@@ -25,6 +25,8 @@ from megatron.core import dist_checkpointing, parallel_state, tensor_parallel
 from megatron.core.dist_checkpointing.mapping import ShardedObject
 
 from lean_rl.backends.megatron import checkpoint_paths
+from lean_rl.backends.megatron.hf_weights.dist_keys import EXTRA_STATE
+from lean_rl.backends.megatron.model_checkpoint import adapt_model_request, read_checkpoint_metadata
 
 EXTRA_STATE_FILE = "extra_state.json"
 FORMAT_VERSION = 1
@@ -98,14 +100,8 @@ def resolve(root: str | Path) -> tuple[int, Path]:
     return step, checkpoint_paths.iteration_dir(root, step)
 
 
-def load_model_weights(model: torch.nn.Module, checkpoint_dir: str | Path) -> None:
-    """Only the model's weights (any layout; e.g. --ref-load or a converted checkpoint)."""
-    loaded = dist_checkpointing.load({"model": model.sharded_state_dict()}, str(checkpoint_dir))
-    model.load_state_dict(loaded["model"])
-
-
 def load_checkpoint(model: torch.nn.Module, optimizer, scheduler, root: str | Path, device: torch.device, *,
-                    load_optimizer: bool = True, load_rng: bool = True) -> dict[str, Any]:
+                    vocab_size: int, load_optimizer: bool = True, load_rng: bool = True) -> dict[str, Any]:
     """Restore the latest checkpoint under `root`. Returns {"step", "extra_state", "trainer_state",
     "loaded_optimizer", "loaded_rng"}."""
     step, directory = resolve(root)
@@ -113,14 +109,19 @@ def load_checkpoint(model: torch.nn.Module, optimizer, scheduler, root: str | Pa
     meta = common.get("lean_rl", {})
     with_optimizer = load_optimizer and optimizer is not None and has_optimizer_state(directory)
     with_rng = load_rng and meta.get("layout") == _layout()
-    model_state = model.sharded_state_dict()
+    # the same tolerance as model-only checkpoints (vocab padding of another TP, the other layer
+    # spec's key for the MoE pre-MLP norm, absent _extra_state): converted checkpoints load too
+    model_state = adapt_model_request(model.sharded_state_dict(), read_checkpoint_metadata(directory), vocab_size)
     state: dict[str, Any] = {"model": model_state}
     if with_optimizer:
         state["optimizer"] = optimizer.sharded_state_dict(model_state, is_loading=True, metadata=OPTIMIZER_METADATA)
     if with_rng:
         state["rng_state"] = _rng_object(device)
     loaded = dist_checkpointing.load(state, str(directory))
-    model.load_state_dict(loaded["model"])
+    missing, unexpected = model.load_state_dict(loaded["model"], strict=False)
+    wrong = [k for k in [*missing, *unexpected] if not k.endswith(EXTRA_STATE)]
+    if wrong:
+        raise RuntimeError(f"{directory}: model state does not match the checkpoint: {', '.join(wrong[:6])}")
     if with_optimizer:
         optimizer.load_state_dict(loaded["optimizer"])
         if scheduler is not None and "scheduler" in meta:

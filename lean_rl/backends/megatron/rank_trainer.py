@@ -4,13 +4,14 @@ training methods here; the step itself is in train_step.py, checkpoints in check
 
 from __future__ import annotations
 
-from pathlib import Path
+import time
 from typing import Any
 
 import torch
 from lean_rl.algorithms.config import AlgorithmConfig
 from lean_rl.backends.megatron import checkpoint
 from lean_rl.backends.megatron.config import MegatronConfig
+from lean_rl.backends.megatron.model_checkpoint import load_model_checkpoint
 from lean_rl.backends.megatron.offload import StorageOffloader
 from lean_rl.backends.megatron.optimizer_setup import build_optimizer
 from lean_rl.backends.megatron.reference import ReferenceWeights
@@ -23,6 +24,11 @@ ROLES = ("actor", "critic")
 
 def _width(micro_batches: list[dict[str, torch.Tensor]]) -> int:
     return max(int(mb["tokens"].shape[1]) for mb in micro_batches)
+
+
+def _as_tensors(micro_batches: list[dict]) -> list[dict[str, torch.Tensor]]:
+    """The driver ships numpy arrays (read-only views of Ray's object store): copy into tensors."""
+    return [{name: torch.tensor(value) for name, value in mb.items()} for mb in micro_batches]
 
 
 class RankTrainer:
@@ -46,7 +52,10 @@ class RankTrainer:
 
     def train_step(self, micro_batches: list[dict[str, torch.Tensor]]) -> dict[str, float]:
         self._require_onloaded()
+        micro_batches = _as_tensors(micro_batches)
+        start = time.perf_counter()
         metrics = train_step(self.bundle, micro_batches, self.ctx, _width(micro_batches))
+        metrics["step_time_s"] = time.perf_counter() - start  # this rank's forward/backward/step
         if metrics["skipped"]:
             self.counters["skipped_steps"] += 1
             self.counters["consecutive_skipped_steps"] += 1
@@ -59,6 +68,7 @@ class RankTrainer:
     def forward(self, micro_batches: list[dict[str, torch.Tensor]], reference: bool = False) -> list[torch.Tensor] | None:
         """Log-probs (actor; of the reference weights when `reference`) or values (critic)."""
         self._require_onloaded()
+        micro_batches = _as_tensors(micro_batches)
         if not reference:
             return forward_only(self.model, micro_batches, self.ctx, _width(micro_batches))
         if self.reference is None:
@@ -76,12 +86,9 @@ class RankTrainer:
     def load_reference(self, checkpoint_dir: str) -> None:
         """Reference = the model weights of a torch_dist checkpoint (--ref-load; a root with a tracker
         or an iteration directory). The policy weights are untouched."""
-        directory = Path(checkpoint_dir)
-        if (directory / checkpoint.checkpoint_paths.TRACKER).is_file():
-            _, directory = checkpoint.resolve(directory)
         policy = ReferenceWeights(self.model)
         try:
-            checkpoint.load_model_weights(self.model, directory)
+            load_model_checkpoint(self.model, checkpoint_dir, vocab_size=self.ctx.vocab_size)
             self.reference = ReferenceWeights(self.model)
         finally:
             policy.copy_into(self.model)
@@ -97,7 +104,8 @@ class RankTrainer:
     def load_checkpoint(self, root: str, load_optimizer: bool, load_rng: bool) -> dict[str, Any]:
         self._require_onloaded()
         result = checkpoint.load_checkpoint(self.model, self.bundle.optimizer, self.bundle.scheduler, root,
-                                            self.device, load_optimizer=load_optimizer, load_rng=load_rng)
+                                            self.device, vocab_size=self.ctx.vocab_size,
+                                            load_optimizer=load_optimizer, load_rng=load_rng)
         if result["loaded_optimizer"]:
             self.counters.update({k: int(v) for k, v in result["trainer_state"].items() if k in self.counters})
         return result

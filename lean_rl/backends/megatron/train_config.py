@@ -138,6 +138,10 @@ class PlacementConfig:
         for name in ("actor_num_nodes", "actor_num_gpus_per_node", "actor_num_procs_per_node"):
             value = getattr(self, name)
             _require(isinstance(value, int) and value >= 1, f"--{name.replace('_', '-')} must be >= 1, got {value!r}")
+        # distributed.py binds the rendezvous store to 127.0.0.1 (ranks on other nodes cannot reach
+        # it) and gloo / NCCL to the loopback interface: one node until those follow the node address.
+        _require(self.actor_num_nodes == 1,
+                 f"--actor-num-nodes {self.actor_num_nodes}: the trainer runs on one node in this version")
 
     def world_size(self, device: str) -> int:
         per_node = self.actor_num_gpus_per_node if device == "cuda" else self.actor_num_procs_per_node
@@ -204,6 +208,12 @@ def add_train_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     return parser
 
 
+def _training_temperature(rollout_temperature: float) -> float:
+    """Log-probs are those of the distribution the engine sampled from: logits / T. Greedy rollouts
+    (T = 0) have no such distribution; they are scored at T = 1."""
+    return rollout_temperature if rollout_temperature and rollout_temperature > 0 else 1.0
+
+
 def train_config_from_args(args: argparse.Namespace) -> TrainConfig:
     return TrainConfig(
         optimizer=OptimizerConfig(
@@ -224,6 +234,6 @@ def train_config_from_args(args: argparse.Namespace) -> TrainConfig:
             actor_num_procs_per_node=args.actor_num_procs_per_node),
         critic_lr=args.critic_lr,
         max_consecutive_skipped_steps=args.max_consecutive_skipped_steps,
-        temperature=getattr(args, "rollout_temperature", 1.0) or 1.0,
+        temperature=_training_temperature(getattr(args, "rollout_temperature", 1.0)),
         seed=getattr(args, "seed", 1234),
     )

@@ -10,6 +10,7 @@ current log-probs detached, which are exactly the old ones on the first step."""
 
 from __future__ import annotations
 
+import time
 from typing import TYPE_CHECKING
 
 import torch
@@ -54,7 +55,10 @@ def _per_rank_payloads(group: "MegatronActorGroup", batch: RolloutBatch, indices
               for rows in micro_batches] for micro_batches in plan]
     if _needs_uniform_shapes(group):
         by_dp = uniform_shapes(by_dp)
-    refs = [ray.put(micro_batches) for micro_batches in by_dp]
+    # numpy crosses Ray's object store without per-tensor pickling (torch tensors go through
+    # torch.save once per storage); the rank turns them back into tensors
+    refs = [ray.put([{name: value.numpy() for name, value in mb.items()} for mb in micro_batches])
+            for micro_batches in by_dp]
     return [refs[layout.data_rank] for layout in group.layouts], by_dp
 
 
@@ -115,6 +119,7 @@ def train_on_rollout(actor: "MegatronActorGroup", groups: list[list[Sample]], po
     train: TrainConfig = actor.train_config
     if algo.needs_critic and critic is None:
         raise ValueError("--advantage-estimator ppo needs a critic group: train(..., critic=...)")
+    started = time.perf_counter()
     batch = rollout_batch(groups)
     num_steps = train.batch.steps_for(len(batch), actor.data_parallel_size)
     masks = pad(batch.masks)
@@ -124,12 +129,15 @@ def train_on_rollout(actor: "MegatronActorGroup", groups: list[list[Sample]], po
         pad(forward_rollout(actor, batch), masks.shape[1]) if need_old else None)
     ref = pad(forward_rollout(actor, batch, reference=True), masks.shape[1]) if algo.needs_reference else None
     values = pad(forward_rollout(critic, batch), masks.shape[1]) if algo.needs_critic else None
+    forward_s = time.perf_counter() - started
     kl_in_reward = kl_estimate(old, ref, "k1") * masks if algo.kl_coef != 0 else None
     advantages, returns = compute_advantages(
         algo.advantage_estimator, batch.rewards, batch.group_ids, masks, kl=kl_in_reward, kl_coef=algo.kl_coef,
         values=values, gamma=algo.gamma, lam=algo.lambd, normalize=algo.normalize_advantages)
     metrics = rollout_metrics(batch, policy_version)
     metrics["rollout/advantage_mean"] = float((advantages * masks).sum() / masks.sum().clamp(min=1))
+    if values is not None:
+        metrics["rollout/value_mean"] = float((values * masks).sum() / masks.sum().clamp(min=1))
     per_step = len(batch) // num_steps
     actor_metrics, critic_metrics = [], []
     for step in range(num_steps):
@@ -150,6 +158,8 @@ def train_on_rollout(actor: "MegatronActorGroup", groups: list[list[Sample]], po
     metrics.update(_mean_metrics(actor_metrics, "train"))
     if critic_metrics:
         metrics.update(_mean_metrics(critic_metrics, "critic"))
+    metrics["perf/forward_passes_s"] = forward_s  # old / reference log-probs, critic values
+    metrics["perf/train_s"] = time.perf_counter() - started  # the whole call, driver's view
     return metrics
 
 

@@ -89,6 +89,23 @@ def to_hf_tensors(layout: Layout, shards: Sequence[torch.Tensor], geometry: Geom
     raise ValueError(f"unknown layout {layout}")
 
 
+def hf_shapes(layout: Layout, megatron_shape: Sequence[int], geometry: Geometry) -> list[tuple[int, ...]]:
+    """Shapes of the HF tensors that to_hf_tensors makes from a TP=1 parameter of `megatron_shape`
+    (shape arithmetic only: planning a conversion allocates nothing)."""
+    rows, *rest = megatron_shape
+    if layout in (Layout.REPLICATED, Layout.COLUMN, Layout.ROW):
+        return [tuple(megatron_shape)]
+    if layout is Layout.VOCAB:
+        return [(geometry.vocab_size, *rest)]
+    if layout is Layout.QKV:
+        groups = geometry.num_query_groups
+        return [(groups * geometry.heads_per_group * geometry.head_dim, *rest), (groups * geometry.head_dim, *rest),
+                (groups * geometry.head_dim, *rest)]
+    if layout is Layout.GATE_UP:
+        return [(rows // 2, *rest), (rows // 2, *rest)]
+    raise ValueError(f"unknown layout {layout}")
+
+
 def _vocab_shard(src: Sliceable, rank: int, size: int, geometry: Geometry) -> torch.Tensor:
     real_rows, *rest = shape_of(src)
     if real_rows != geometry.vocab_size:

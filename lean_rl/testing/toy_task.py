@@ -1,0 +1,65 @@
+"""A task a randomly initialised tiny model can learn by RL in minutes on 2 CPU cores.
+
+"Answer in digits": the reward is the fraction of the response's tokens that are digits (the tiny
+tokenizer has 47 digit tokens of 512, so a random policy scores about 0.1, and the ceiling is 1.0).
+Every prompt asks for it, so the policy must shift its output distribution, not solve anything
+hard: enough to show that rewards, advantages, the loss, the optimizer, weight sync and the engines'
+sampling all connect, which is what the main job and the e2e tests are for.
+
+    python -m lean_rl.testing.toy_task --out DIR     # writes DIR/train.jsonl and DIR/eval.jsonl
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import re
+from pathlib import Path
+
+from lean_rl.rollout.base import load_tokenizer
+
+_WORDS = "the a cat dog sat on mat ran fast slow big small red blue green hello world".split()
+_DIGITS = re.compile(r"\s*\d+\s*")
+
+
+def write_dataset(path: str | Path, num_prompts: int, seed: int) -> Path:
+    rng = random.Random(seed)
+    rows = []
+    for i in range(num_prompts):
+        words = " ".join(rng.choice(_WORDS) for _ in range(rng.randint(2, 5)))
+        rows.append({"prompt": f"answer in digits: {words}", "label": "digits", "metadata": {"id": i}})
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def digit_fraction(token_texts: list[str]) -> float:
+    if not token_texts:
+        return 0.0
+    return sum(bool(_DIGITS.fullmatch(t)) for t in token_texts) / len(token_texts)
+
+
+async def digit_fraction_reward(cfg, sample) -> float:
+    """--custom-rm-path lean_rl.testing.toy_task.digit_fraction_reward"""
+    tokenizer = load_tokenizer(cfg.engines.model_path)
+    tokens = [t for t in sample.response_tokens if t not in tokenizer.all_special_ids]
+    return digit_fraction([tokenizer.decode([t]) for t in tokens])
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--num-train", type=int, default=512)
+    parser.add_argument("--num-eval", type=int, default=32)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    out = Path(args.out)
+    write_dataset(out / "train.jsonl", args.num_train, args.seed)
+    write_dataset(out / "eval.jsonl", args.num_eval, args.seed + 1)
+    print(f"wrote {out / 'train.jsonl'} ({args.num_train} prompts) and {out / 'eval.jsonl'} ({args.num_eval})")
+
+
+if __name__ == "__main__":
+    main()

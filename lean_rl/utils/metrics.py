@@ -1,0 +1,119 @@
+"""Per-step timers and metrics: console (rich), metrics.jsonl, tensorboard, and wandb when asked.
+
+metrics.jsonl is appended to, one line per step, so a resumed run continues the same file; on resume
+the lines of steps at or after the resume step (written after the last checkpoint) are dropped first.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Iterator
+
+# What the console shows each step (everything goes to the files).
+CONSOLE_KEYS = (
+    ("step", "{:d}"), ("rollout/reward_mean", "{:.3f}"), ("rollout/response_len_mean", "{:.1f}"),
+    ("train/loss", "{:+.4f}"), ("train/kl", "{:.4f}"), ("train/entropy", "{:.3f}"),
+    ("time/step", "{:.1f}s"), ("time/generate", "{:.1f}s"), ("time/train", "{:.1f}s"), ("time/sync", "{:.2f}s"),
+)
+
+
+class Timers:
+    """Named wall-clock timers: `with timers("train"): ...`; `pop()` returns {"time/train": s, ...}."""
+
+    def __init__(self):
+        self._seconds: dict[str, float] = defaultdict(float)
+
+    @contextlib.contextmanager
+    def __call__(self, name: str) -> Iterator[None]:
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self._seconds[name] += time.perf_counter() - start
+
+    def add(self, name: str, seconds: float) -> None:
+        self._seconds[name] += seconds
+
+    def pop(self) -> dict[str, float]:
+        out = {f"time/{k}": v for k, v in self._seconds.items()}
+        self._seconds.clear()
+        return out
+
+
+class MetricsLogger:
+    def __init__(self, run_dir: str | Path, resume_step: int = 0, tensorboard: bool = True,
+                 wandb_project: str | None = None, wandb_run_name: str | None = None, config: dict | None = None,
+                 console: bool = True):
+        self.run_dir = Path(run_dir)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.path = self.run_dir / "metrics.jsonl"
+        self._truncate_from(resume_step)
+        self._console = None
+        if console:
+            from rich.console import Console
+
+            self._console = Console(highlight=False)
+        self._tb = None
+        if tensorboard:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self._tb = SummaryWriter(log_dir=str(self.run_dir / "tensorboard"), purge_step=resume_step or None)
+        self._wandb = None
+        if wandb_project:
+            import wandb  # optional: installed by the user when they ask for --use-wandb
+
+            self._wandb = wandb.init(project=wandb_project, name=wandb_run_name, config=config or {},
+                                     dir=str(self.run_dir), resume="allow")
+
+    def _truncate_from(self, step: int) -> None:
+        if not self.path.exists():
+            return
+        kept = [line for line in self.path.read_text().splitlines() if line and json.loads(line)["step"] < step]
+        self.path.write_text("".join(line + "\n" for line in kept))
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        row = {"step": step, **{k: float(v) for k, v in metrics.items() if _is_number(v)}}
+        with self.path.open("a") as f:
+            f.write(json.dumps(row) + "\n")
+        if self._tb is not None:
+            for key, value in row.items():
+                if key != "step":
+                    self._tb.add_scalar(key, value, step)
+            self._tb.flush()
+        if self._wandb is not None:
+            self._wandb.log(row, step=step)
+        if self._console is not None:
+            parts = [f"{key.split('/')[-1]} {fmt.format(int(row[key]) if fmt == '{:d}' else row[key])}"
+                     for key, fmt in CONSOLE_KEYS if key in row]
+            self._console.print(" | ".join(parts))
+
+    def close(self) -> None:
+        if self._tb is not None:
+            self._tb.close()
+        if self._wandb is not None:
+            self._wandb.finish()
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(float(value))
+
+
+def read_metrics(run_dir: str | Path) -> list[dict]:
+    path = Path(run_dir) / "metrics.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines() if line] if path.exists() else []
+
+
+def dump_samples(run_dir: str | Path, step: int, groups: list) -> Path:
+    """Every sample of a step as one JSON line each (samples/step_000123.jsonl)."""
+    path = Path(run_dir) / "samples" / f"step_{step:06d}.jsonl"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w") as f:
+        for group in groups:
+            for sample in group:
+                f.write(json.dumps(sample.to_dict()) + "\n")
+    return path

@@ -1,0 +1,130 @@
+"""Trainer checkpoints with real Megatron ranks over gloo: resume gives the next step's loss of an
+uninterrupted run (distributed optimizer, so compat's load fixes run), also into another layout; a
+crash mid-save leaves the previous checkpoint as latest; a model-only checkpoint (the converter's
+format) starts a fresh optimizer; --ref-load sets the KL reference."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from dataclasses import replace
+
+import pytest
+import torch
+from training_helpers import make_groups, train_config
+
+from lean_rl.algorithms.config import AlgorithmConfig
+from lean_rl.backends.megatron import checkpoint_paths
+from lean_rl.backends.megatron.config import ParallelConfig
+from lean_rl.backends.megatron.group import MegatronActorGroup, MegatronGroupError
+from lean_rl.buffer.data_buffer import DataBuffer
+from lean_rl.buffer.prompt_source import PromptRecord, PromptSource
+
+pytestmark = pytest.mark.integration
+ALGO = AlgorithmConfig(kl_loss_coef=0.01, kl_loss_type="k3")
+
+
+def _buffer_state() -> dict:
+    records = [PromptRecord(row=i + 1, prompt=f"p{i}", tokens=(1, 2, i + 3)) for i in range(6)]
+    buffer = DataBuffer(PromptSource(records, shuffle=True, seed=5, num_epochs=1), n_samples_per_prompt=2)
+    buffer.get_prompt_groups(2)  # some prompts handed out: the state has a cursor and pending groups
+    return buffer.state_dict()
+
+
+def _group(checkpoint, parallel=ParallelConfig(), **train):
+    group = MegatronActorGroup.from_hf_checkpoint(checkpoint, parallel, world_size=2)
+    return group, group.initialize_for_training(train_config(checkpoint, **train), ALGO)
+
+
+def test_resume_reproduces_the_next_step_in_the_same_and_another_layout(ray_cluster, tiny_qwen2, tmp_path):
+    root = tmp_path / "ckpt"
+    batches = [make_groups(seed=s) for s in (10, 11, 12)]
+    extra = _buffer_state()
+    group, start = _group(tiny_qwen2, load=root, distributed_optimizer=True, num_steps_per_rollout=2)
+    with group:
+        assert start == (0, None)  # --load is empty: started from --hf-checkpoint
+        group.train(batches[0], policy_version=0)
+        group.train(batches[1], policy_version=1)
+        assert group.save_checkpoint(root, 2, extra) == checkpoint_paths.iteration_dir(root, 2)
+        uninterrupted = group.train(batches[2], policy_version=2)
+    assert checkpoint_paths.latest_step(root) == 2 and not checkpoint_paths.temporary_dir(root, 2).exists()
+
+    group, start = _group(tiny_qwen2, load=root, distributed_optimizer=True, num_steps_per_rollout=2)
+    with group:
+        assert start == (2, extra)  # the DataBuffer state comes back as it was saved
+        resumed = group.train(batches[2], policy_version=2)
+    for name in ("train/loss", "train/pg_loss", "train/kl_loss", "train/grad_norm", "train/entropy"):
+        assert resumed[name] == uninterrupted[name], name  # same layout: bit for bit
+    assert resumed["train/optimizer_steps"] == uninterrupted["train/optimizer_steps"] == 6
+    assert resumed["train/lr"] == uninterrupted["train/lr"]
+
+    # TP=2 (DP=1): model and distributed-optimizer state reshard; RNG (per rank) is not restored
+    group, start = _group(tiny_qwen2, ParallelConfig(tensor_model_parallel_size=2), load=root,
+                          distributed_optimizer=True, num_steps_per_rollout=2)
+    with group:
+        assert start[0] == 2
+        resharded = group.train(batches[2], policy_version=2)
+    for name in ("train/loss", "train/pg_loss", "train/kl_loss", "train/grad_norm"):
+        assert resharded[name] == pytest.approx(uninterrupted[name], rel=1e-4, abs=1e-6), name
+
+
+def test_a_crash_mid_save_leaves_the_previous_checkpoint_as_latest(ray_cluster, tiny_qwen2, tmp_path):
+    root = tmp_path / "ckpt"
+    group, _ = _group(tiny_qwen2)
+    pids = group.actor_pids()
+    group.train(make_groups(seed=20), policy_version=0)
+    group.save_checkpoint(root, 1, {"saved": 1})
+    errors = []
+    saver = threading.Thread(target=lambda: errors.append(_expect_failure(group, root)))
+    saver.start()
+    tmp = checkpoint_paths.temporary_dir(root, 2)
+    deadline = time.monotonic() + 60
+    while not tmp.exists() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert tmp.exists(), "the second save never started"
+    os.kill(pids[1], signal.SIGKILL)  # rank 1 dies while the checkpoint is being written
+    saver.join(timeout=120)
+    assert not saver.is_alive() and errors == [True]
+    assert checkpoint_paths.latest_step(root) == 1
+    assert not checkpoint_paths.iteration_dir(root, 2).exists()
+    group, start = _group(tiny_qwen2, load=root)
+    with group:
+        assert start == (1, {"saved": 1})
+        group.save_checkpoint(root, 2, {"saved": 2})  # the half-written directory is replaced
+    assert checkpoint_paths.latest_step(root) == 2 and checkpoint_paths.list_steps(root) == [1, 2]
+
+
+def _expect_failure(group, root) -> bool:
+    try:
+        group.save_checkpoint(root, 2, {"saved": 2})
+    except MegatronGroupError:
+        return True
+    return False
+
+
+def test_model_only_checkpoint_starts_a_fresh_optimizer_and_serves_as_reference(ray_cluster, tiny_qwen2, tmp_path):
+    root, ref_root = tmp_path / "model_only", tmp_path / "ref"
+    probe = [s.tokens for g in make_groups(seed=30) for s in g]
+    group, _ = _group(tiny_qwen2)
+    with group:
+        group.train(make_groups(seed=31), policy_version=0)
+        group.save_model_checkpoint(root, 5)  # the converter's format: {"model": ...}, no optimizer
+        trained = group.compute_log_probs(probe).log_probs
+    group, start = _group(tiny_qwen2, load=root)
+    with group:
+        assert start == (5, None)
+        loaded = group.compute_log_probs(probe).log_probs
+        assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(trained, loaded))
+        metrics = group.train(make_groups(seed=32), policy_version=5)
+        assert metrics["train/optimizer_steps"] == 1  # fresh optimizer and counters
+        # KL against the HF weights (the reference when only --hf-checkpoint is given) is not zero
+        assert metrics["train/kl_loss"] > 0
+        group.save_model_checkpoint(ref_root, 1)
+    # --ref-load: the reference is that checkpoint, so a policy started from it has KL 0 at first
+    train = train_config(tiny_qwen2, load=root)
+    train = replace(train, checkpoint=replace(train.checkpoint, ref_load=str(ref_root), load=str(ref_root)))
+    with MegatronActorGroup.from_hf_checkpoint(tiny_qwen2, ParallelConfig(), world_size=2) as group:
+        group.initialize_for_training(train, ALGO)
+        assert group.train(make_groups(seed=33), policy_version=0)["train/kl_loss"] == pytest.approx(0.0, abs=1e-6)

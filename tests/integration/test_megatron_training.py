@@ -1,0 +1,140 @@
+"""Training with real Megatron in Ray actors over gloo (2 processes, tiny models): the surrogate loss
+falls on a fixed batch at TP=2, PP=2 and EP=2 (MoE); non-finite steps are skipped and counted and N in
+a row stop the run; PPO trains its critic; offload is skipped on CPU."""
+
+from __future__ import annotations
+
+import math
+import time
+
+import pytest
+import torch
+from training_helpers import fixed_old_policy, make_groups, set_rollout_log_probs, train_config
+
+from lean_rl.algorithms.config import AlgorithmConfig
+from lean_rl.backends.megatron.config import ParallelConfig
+from lean_rl.backends.megatron.group import MegatronActorGroup
+from lean_rl.backends.megatron.train_driver import NonFiniteStepsError
+
+pytestmark = pytest.mark.integration
+STEPS = 8
+
+
+def _loss_curve(checkpoint, parallel: ParallelConfig, world_size: int = 2):
+    algo = fixed_old_policy(kl_loss_coef=0.01, kl_loss_type="low_var_kl")
+    with MegatronActorGroup.from_hf_checkpoint(checkpoint, parallel, world_size=world_size) as group:
+        assert group.initialize_for_training(train_config(checkpoint, lr=1e-5), algo) == (0, None)
+        groups = make_groups(seed=1)
+        set_rollout_log_probs(group, groups)
+        metrics, times = [], []
+        for _ in range(STEPS):
+            start = time.perf_counter()
+            metrics.append(group.train(groups, policy_version=0))
+            times.append(time.perf_counter() - start)
+    curve = [m["train/pg_loss"] for m in metrics]
+    print(f"\n{parallel}: pg_loss {[round(x, 4) for x in curve]}; "
+          f"median train() {sorted(times)[len(times) // 2] * 1000:.0f} ms")
+    return curve, metrics
+
+
+def _check_falls(curve, metrics):
+    assert all(math.isfinite(x) for x in curve)
+    assert curve[-1] < curve[0] - 0.1, curve
+    assert all(b < a for a, b in zip(curve, curve[1:])), curve  # every step lowers it
+    kl = [m["train/kl_loss"] for m in metrics]
+    assert kl[0] == pytest.approx(0.0, abs=1e-6)  # policy == reference (the HF weights) at the start
+    assert kl[-1] > 1e-4  # low_var_kl >= 0, and the policy moved away
+    assert metrics[-1]["train/optimizer_steps"] == STEPS and metrics[-1]["train/skipped_steps"] == 0
+    assert metrics[0]["train/pg_clipfrac"] == 0.0 and metrics[-1]["train/pg_clipfrac"] > 0
+
+
+def test_loss_falls_at_tp2_and_pp2_along_the_same_curve(ray_cluster, tiny_qwen2):
+    tp_curve, tp_metrics = _loss_curve(tiny_qwen2, ParallelConfig(tensor_model_parallel_size=2))
+    _check_falls(tp_curve, tp_metrics)
+    pp_curve, pp_metrics = _loss_curve(tiny_qwen2, ParallelConfig(pipeline_model_parallel_size=2))
+    _check_falls(pp_curve, pp_metrics)
+    # both compute the same model: the same trajectory up to float reassociation
+    assert pp_curve == pytest.approx(tp_curve, abs=1e-4)
+
+
+def test_loss_falls_for_moe_at_ep2(ray_cluster, tiny_model_factory):
+    curve, metrics = _loss_curve(tiny_model_factory("qwen3_moe"), ParallelConfig(expert_model_parallel_size=2))
+    _check_falls(curve, metrics)
+
+
+def test_non_finite_steps_are_skipped_counted_and_n_in_a_row_stop_the_run(ray_cluster, tiny_qwen2):
+    clean, poisoned = make_groups(seed=2), make_groups(seed=3)
+    poisoned[0][0].reward = float("nan")  # NaN advantage for group 0 -> NaN loss and grads
+    with MegatronActorGroup.from_hf_checkpoint(tiny_qwen2, ParallelConfig(), world_size=2) as group:  # DP=2
+        group.initialize_for_training(train_config(tiny_qwen2, max_skipped=2), AlgorithmConfig())
+        probe = [s.tokens for g in clean for s in g]
+        before = group.compute_log_probs(probe).log_probs
+        skipped = group.train(poisoned, policy_version=0)
+        assert skipped["train/skipped"] == 1 and skipped["train/skipped_steps"] == 1
+        assert skipped["train/optimizer_steps"] == 0 and skipped["rollout/nonfinite_rewards"] == 1
+        assert math.isnan(skipped["train/grad_norm"])
+        after = group.compute_log_probs(probe).log_probs
+        assert all(torch.equal(a, b) for a, b in zip(before, after)), "a skipped step changed the weights"
+        ok = group.train(clean, policy_version=0)  # a finite step resets the run of skips
+        assert ok["train/skipped"] == 0 and ok["train/optimizer_steps"] == 1 and ok["train/skipped_steps"] == 1
+        assert ok["train/consecutive_skipped_steps"] == 0 and math.isfinite(ok["train/grad_norm"])
+        group.train(poisoned, policy_version=0)
+        with pytest.raises(NonFiniteStepsError, match=r"2 optimizer steps in a row .*--max-consecutive-skipped-steps 2"):
+            group.train(poisoned, policy_version=0)
+
+
+def test_ppo_trains_a_critic_and_the_actor(ray_cluster, tiny_qwen2):
+    algo = AlgorithmConfig(advantage_estimator="ppo", gamma=1.0, lambd=0.95, kl_coef=0.05)
+    train = train_config(tiny_qwen2, lr=1e-3, num_steps_per_rollout=2)
+    groups = make_groups(seed=4)
+    with MegatronActorGroup.from_hf_checkpoint(tiny_qwen2, ParallelConfig(), world_size=1) as actor, \
+            MegatronActorGroup.from_hf_checkpoint(tiny_qwen2, ParallelConfig(), world_size=1) as critic:
+        actor.initialize_for_training(train, algo, role="actor")
+        critic.initialize_for_training(train, algo, role="critic")
+        history = [actor.train(groups, policy_version=v, critic=critic) for v in range(4)]
+        assert actor.offload() == {"offloaded": False, "reason": "device is cpu"}
+    critic_loss = [m["critic/loss"] for m in history]
+    print(f"\nPPO critic loss {[round(x, 4) for x in critic_loss]}")
+    assert history[0]["rollout/value_mean"] == 0.0  # the value head starts at 0
+    assert history[-1]["rollout/value_mean"] != 0.0
+    assert critic_loss[-1] < 0.5 * critic_loss[0]
+    # two optimizer steps per rollout: the second sees the first's update against the recomputed
+    # old policy, so the mean old-vs-current log-ratio is no longer 0
+    assert history[0]["train/ppo_kl"] != 0.0 and history[0]["train/optimizer_steps"] == 2
+    assert all(math.isfinite(m["train/loss"]) for m in history)
+
+
+def test_dynamic_batching_and_balance_give_the_same_step_as_fixed_micro_batches(ray_cluster, tiny_qwen2):
+    """Loss weights are normalised over the whole step on the driver, so how sequences are spread over
+    DP ranks and micro-batches must not change the step (only float summation order)."""
+    algo = AlgorithmConfig(use_tis=True, entropy_coef=0.01)
+    runs = []
+    for batching in (dict(micro_batch_size=1), dict(use_dynamic_batch_size=True, max_tokens_per_gpu=24,
+                                                    balance_data=True)):
+        groups = make_groups(seed=5, num_groups=3)
+        with MegatronActorGroup.from_hf_checkpoint(tiny_qwen2, ParallelConfig(), world_size=2) as group:
+            group.initialize_for_training(train_config(tiny_qwen2, lr=1e-4, **batching), algo)
+            set_rollout_log_probs(group, groups)
+            runs.append([group.train(groups, policy_version=0) for _ in range(2)])
+    fixed, dynamic = runs
+    for a, b in zip(fixed, dynamic):
+        for name in ("train/loss", "train/pg_loss", "train/entropy", "train/grad_norm", "train/tis_weight"):
+            assert b[name] == pytest.approx(a[name], rel=1e-5, abs=1e-7), name
+    # the rollout log-probs are this policy's own: TIS weights are 1 on the first step
+    assert fixed[0]["train/tis_weight"] == pytest.approx(1.0, abs=1e-5)
+    assert fixed[0]["train/tis_clipfrac"] == 0.0
+
+
+def test_decoupled_ppo_weights_stale_samples_by_the_behaviour_policy(ray_cluster, tiny_qwen2):
+    groups = make_groups(seed=6, version=1)  # generated by policy version 1, trained at version 3
+    algo = AlgorithmConfig(decoupled_ppo=True, behav_imp_weight_cap=5.0)
+    with MegatronActorGroup.from_hf_checkpoint(tiny_qwen2, ParallelConfig(), world_size=1) as group:
+        group.initialize_for_training(train_config(tiny_qwen2, lr=1e-4), algo)
+        set_rollout_log_probs(group, groups)
+        for sample in (s for g in groups for s in g):  # the behaviour policy differed a little
+            sample.rollout_log_probs = [lp - 0.1 for lp in sample.rollout_log_probs]
+        metrics = group.train(groups, policy_version=3)
+    assert metrics["rollout/stale_token_frac"] == 1.0 and metrics["rollout/max_staleness"] == 2
+    # exp(prox - behav) = exp(0.1) on every token, none above the cap
+    assert metrics["train/behav_weight"] == pytest.approx(math.exp(0.1), rel=1e-4)
+    assert metrics["train/behav_dropped_frac"] == 0.0 and metrics["train/optimizer_steps"] == 1

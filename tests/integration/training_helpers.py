@@ -1,0 +1,24 @@
+"""Shared pieces of the Megatron training tests: configs with small, fast settings (sample groups come
+from lean_rl.testing.sample_groups)."""
+
+from __future__ import annotations
+
+from lean_rl.algorithms.config import AlgorithmConfig
+from lean_rl.backends.megatron.train_config import BatchConfig, CheckpointConfig, OptimizerConfig, TrainConfig
+from lean_rl.testing.sample_groups import make_groups, set_rollout_log_probs  # noqa: F401 (re-exported)
+
+
+def train_config(hf_checkpoint=None, *, lr: float = 1e-3, micro_batch_size: int = 2, load=None,
+                 distributed_optimizer: bool = False, max_skipped: int = 5, **batch) -> TrainConfig:
+    return TrainConfig(
+        optimizer=OptimizerConfig(lr=lr, use_distributed_optimizer=distributed_optimizer),
+        batch=BatchConfig(micro_batch_size=micro_batch_size, **batch),
+        checkpoint=CheckpointConfig(hf_checkpoint=None if hf_checkpoint is None else str(hf_checkpoint),
+                                    load=None if load is None else str(load)),
+        max_consecutive_skipped_steps=max_skipped)
+
+
+def fixed_old_policy(**kwargs) -> AlgorithmConfig:
+    """Old policy = the rollout log-probs (fixed), so training on one batch again and again moves the
+    PPO ratio and the surrogate loss falls until the clip stops it."""
+    return AlgorithmConfig(use_rollout_logprobs=True, **kwargs)

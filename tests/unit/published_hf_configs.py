@@ -1,0 +1,30 @@
+"""The architecture fields of published HF config.json files (huggingface.co/<name>/blob/main/config.json)
+that scripts/models/*.sh are derived from. Only what arch_from_hf_config reads is kept."""
+
+_QWEN = dict(hidden_act="silu", rms_norm_eps=1e-06, rope_theta=1000000.0, vocab_size=151936, rope_scaling=None)
+
+PUBLISHED = {
+    "qwen2.5-0.5B": dict(  # Qwen/Qwen2.5-0.5B
+        _QWEN, model_type="qwen2", architectures=["Qwen2ForCausalLM"], hidden_size=896, intermediate_size=4864,
+        num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2, max_position_embeddings=32768,
+        tie_word_embeddings=True, use_sliding_window=False, sliding_window=32768),
+    "qwen3-0.6B": dict(  # Qwen/Qwen3-0.6B
+        _QWEN, model_type="qwen3", architectures=["Qwen3ForCausalLM"], hidden_size=1024, intermediate_size=3072,
+        num_hidden_layers=28, num_attention_heads=16, num_key_value_heads=8, head_dim=128,
+        max_position_embeddings=40960, tie_word_embeddings=True, attention_bias=False, use_sliding_window=False),
+    "qwen3-4B": dict(  # Qwen/Qwen3-4B
+        _QWEN, model_type="qwen3", architectures=["Qwen3ForCausalLM"], hidden_size=2560, intermediate_size=9728,
+        num_hidden_layers=36, num_attention_heads=32, num_key_value_heads=8, head_dim=128,
+        max_position_embeddings=40960, tie_word_embeddings=True, attention_bias=False, use_sliding_window=False),
+    "qwen3-30B-A3B": dict(  # Qwen/Qwen3-30B-A3B
+        _QWEN, model_type="qwen3_moe", architectures=["Qwen3MoeForCausalLM"], hidden_size=2048,
+        intermediate_size=6144, num_hidden_layers=48, num_attention_heads=32, num_key_value_heads=4, head_dim=128,
+        max_position_embeddings=40960, tie_word_embeddings=False, attention_bias=False, use_sliding_window=False,
+        num_experts=128, num_experts_per_tok=8, moe_intermediate_size=768, norm_topk_prob=True,
+        decoder_sparse_step=1, mlp_only_layers=[]),
+    "llama3-8B": dict(  # meta-llama/Meta-Llama-3-8B
+        model_type="llama", architectures=["LlamaForCausalLM"], hidden_act="silu", hidden_size=4096,
+        intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,
+        max_position_embeddings=8192, rms_norm_eps=1e-05, rope_theta=500000.0, rope_scaling=None,
+        vocab_size=128256, tie_word_embeddings=False, attention_bias=False, mlp_bias=False),
+}

@@ -1,0 +1,123 @@
+"""Advantage estimators against values worked out by hand (the arithmetic is spelled out here, never
+computed by the code under test)."""
+
+import math
+
+import pytest
+import torch
+
+from lean_rl.algorithms.advantages import (compute_advantages, discounted_returns, gae, group_normalized,
+                                           leave_one_out, masked_whiten)
+
+# group 0: rewards 1, 0        mean 0.5, unbiased std sqrt(0.5) = 0.7071068
+# group 1: rewards 2, 2, 5     mean 3, deviations -1 -1 2, unbiased var 6/2 = 3, std 1.7320508
+REWARDS = torch.tensor([1.0, 0.0, 2.0, 2.0, 5.0])
+GROUPS = torch.tensor([7, 7, 3, 3, 3])  # ids need not be contiguous or sorted
+MASK = torch.tensor([[1, 1, 0], [1, 0, 0], [1, 1, 1], [1, 0, 0], [1, 1, 0]], dtype=torch.float32)
+
+
+def test_grpo_divides_by_group_std_and_broadcasts_to_tokens():
+    a, b = 0.5 / (0.7071068 + 1e-6), 1 / (1.7320508 + 1e-6)
+    expected = torch.tensor([a, -a, -b, -b, 2 * b])
+    assert torch.allclose(group_normalized(REWARDS, GROUPS, divide_by_std=True), expected, atol=1e-6)
+    advantages, returns = compute_advantages("grpo", REWARDS, GROUPS, MASK)
+    assert returns is None
+    assert torch.allclose(advantages, expected[:, None] * MASK, atol=1e-6)
+    assert torch.equal(compute_advantages("gspo", REWARDS, GROUPS, MASK)[0], advantages)
+
+
+def test_dr_grpo_only_subtracts_the_group_mean():
+    advantages, _ = compute_advantages("dr_grpo", REWARDS, GROUPS, MASK)
+    assert torch.allclose(advantages[:, 0], torch.tensor([0.5, -0.5, -1.0, -1.0, 2.0]))
+
+
+def test_rloo_uses_the_mean_of_the_other_samples():
+    # group 1: 2 - (2+5)/2 = -1.5, again -1.5, 5 - (2+2)/2 = 3; group 0: 1 - 0 = 1, 0 - 1 = -1
+    assert torch.allclose(leave_one_out(REWARDS, GROUPS), torch.tensor([1.0, -1.0, -1.5, -1.5, 3.0]))
+
+
+def test_a_group_of_one_has_no_baseline():
+    single = torch.tensor([0.7])
+    assert torch.allclose(group_normalized(single, torch.tensor([0]), divide_by_std=True), single)
+    assert torch.allclose(leave_one_out(single, torch.tensor([0])), single)
+
+
+def test_masked_whiten_uses_masked_entries_and_unbiased_variance():
+    values = torch.tensor([[1.0, 2.0, 99.0], [3.0, 99.0, 99.0]])
+    mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 0.0, 0.0]])
+    # entries 1, 2, 3: mean 2, var (1 + 0 + 1) / 2 = 1
+    assert torch.allclose(masked_whiten(values, mask), torch.tensor([[-1.0, 0.0, 0.0], [1.0, 0.0, 0.0]]), atol=1e-6)
+    with pytest.raises(ValueError, match="whiten"):
+        masked_whiten(values, torch.tensor([[1.0, 0, 0], [0, 0, 0]]))
+
+
+def test_discounted_returns_skip_tool_tokens():
+    rewards = torch.tensor([[0.0, 5.0, 1.0]])  # the 5 sits on a masked (tool) token: ignored
+    mask = torch.tensor([[1.0, 0.0, 1.0]])
+    # G2 = 1; the tool token is not a time step; G0 = 0 + 0.5 * 1
+    assert torch.allclose(discounted_returns(rewards, mask, 0.5), torch.tensor([[0.5, 0.0, 1.0]]))
+
+
+def test_reinforce_plus_plus_kl_in_reward_discount_and_batch_whitening():
+    rewards = torch.tensor([1.0, 0.0])
+    kl = torch.tensor([[0.1, 0.2, 0.3], [0.2, 0.0, 7.0]])
+    mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])
+    # token rewards (kl_coef 0.5): seq0 -0.05, -0.1, -0.15 + 1 = 0.85; seq1 -0.1, 0 (reward 0 on its last token)
+    # gamma 0.5 returns: seq0 G2 = 0.85, G1 = -0.1 + 0.425 = 0.325, G0 = -0.05 + 0.1625 = 0.1125
+    #                    seq1 G1 = 0, G0 = -0.1
+    returns = [0.1125, 0.325, 0.85, -0.1, 0.0]
+    mean = sum(returns) / 5
+    std = math.sqrt(sum((r - mean) ** 2 for r in returns) / 4 + 1e-8)
+    w = [(r - mean) / std for r in returns]
+    expected = torch.tensor([[w[0], w[1], w[2]], [w[3], w[4], 0.0]])
+    advantages, _ = compute_advantages("reinforce_plus_plus", rewards, torch.tensor([0, 1]), mask, kl=kl,
+                                       kl_coef=0.5, gamma=0.5)
+    assert torch.allclose(advantages, expected, atol=1e-5)
+
+
+def test_reinforce_plus_plus_baseline_centres_on_the_group_then_whitens():
+    rewards = torch.tensor([1.0, 0.0])
+    kl = torch.tensor([[0.2, 0.4], [0.0, 0.2]])
+    mask = torch.ones(2, 2)
+    # group mean 0.5: 0.5 and -0.5 per token, minus 0.5 * kl -> 0.4, 0.3, -0.5, -0.6
+    raw = [0.4, 0.3, -0.5, -0.6]
+    mean = sum(raw) / 4
+    std = math.sqrt(sum((r - mean) ** 2 for r in raw) / 3 + 1e-8)
+    expected = torch.tensor([[(r - mean) / std for r in raw[:2]], [(r - mean) / std for r in raw[2:]]])
+    advantages, _ = compute_advantages("reinforce_plus_plus_baseline", rewards, torch.tensor([4, 4]), mask, kl=kl,
+                                       kl_coef=0.5)
+    assert torch.allclose(advantages, expected, atol=1e-5)
+
+
+def test_gae_by_hand():
+    values = torch.tensor([[0.5, 0.2, 0.1]])
+    rewards = torch.tensor([[0.0, 0.0, 1.0]])
+    # gamma 1, lambda 0.5: delta2 = 1 - 0.1 = 0.9 -> A2 0.9; delta1 = 0.1 - 0.2 -> A1 = -0.1 + 0.45 = 0.35;
+    # delta0 = 0.2 - 0.5 -> A0 = -0.3 + 0.175 = -0.125; returns = A + V
+    advantages, returns = gae(rewards, values, torch.ones(1, 3), gamma=1.0, lam=0.5)
+    assert torch.allclose(advantages, torch.tensor([[-0.125, 0.35, 0.9]]))
+    assert torch.allclose(returns, torch.tensor([[0.375, 0.55, 1.0]]))
+    # a tool token in the middle is skipped: V_next of step 0 is step 2's value
+    advantages, _ = gae(rewards, torch.tensor([[0.5, 9.0, 0.1]]), torch.tensor([[1.0, 0.0, 1.0]]), 1.0, 0.5)
+    assert torch.allclose(advantages, torch.tensor([[-0.4 + 0.45, 0.0, 0.9]]))
+
+
+def test_ppo_puts_the_reward_on_the_last_policy_token_with_kl_penalty():
+    values = torch.zeros(1, 3)
+    kl = torch.tensor([[0.2, 0.2, 0.0]])
+    mask = torch.tensor([[1.0, 1.0, 0.0]])
+    # token rewards: -0.1, -0.1 + 1 = 0.9 (last masked token); gamma = lambda = 1, V = 0 -> A = suffix sums
+    advantages, returns = compute_advantages("ppo", torch.tensor([1.0]), torch.tensor([0]), mask, kl=kl, kl_coef=0.5,
+                                             values=values)
+    assert torch.allclose(advantages, torch.tensor([[0.8, 0.9, 0.0]]))
+    assert torch.allclose(returns, advantages)
+
+
+def test_normalize_advantages_whitens_and_kl_coef_is_refused_for_group_estimators():
+    advantages, _ = compute_advantages("dr_grpo", REWARDS, GROUPS, MASK, normalize=True)
+    trained = advantages[MASK > 0]
+    assert abs(float(trained.mean())) < 1e-6 and abs(float(trained.std()) - 1) < 1e-4
+    with pytest.raises(ValueError, match="--kl-loss-coef"):
+        compute_advantages("grpo", REWARDS, GROUPS, MASK, kl=torch.zeros_like(MASK), kl_coef=0.1)
+    with pytest.raises(ValueError, match="critic values"):
+        compute_advantages("ppo", REWARDS, GROUPS, MASK)

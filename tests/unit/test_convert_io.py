@@ -1,0 +1,123 @@
+"""The converters' streaming I/O on plain tensors: the safetensors writer produces files the
+safetensors library reads back exactly; the reader matches safe_open and checks headers against file
+sizes; the dist-checkpoint writer produces each chunk lazily, cuts files at its byte budget, and the
+reader reassembles any region from the stored chunks; dist keys follow Megatron's naming."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from lean_rl.backends.megatron.config import MegatronConfig, ParallelConfig
+from lean_rl.backends.megatron.hf_config import arch_from_hf_config
+from lean_rl.backends.megatron.hf_weights.dist_keys import dist_entries, extra_state_keys
+from lean_rl.backends.megatron.hf_weights.families import geometry, weight_rules
+from lean_rl.backends.megatron.hf_weights.layouts import hf_shapes, to_hf_tensors
+from lean_rl.convert.dcp_io import ChunkSpec, DistCheckpointReader, save_dist_checkpoint
+from lean_rl.convert.safetensors_io import (
+    CheckpointError,
+    PlannedTensor,
+    SafetensorsFile,
+    StreamingSafetensorsWriter,
+    parse_size,
+    plan_shards,
+)
+
+
+def test_streaming_writer_round_trips_through_the_safetensors_library(tmp_path):
+    tensors = {"a": torch.randn(3, 5), "b": torch.randn(7).bfloat16(), "c": torch.arange(6, dtype=torch.int64),
+               "empty": torch.zeros(0, 4)}
+    writer = StreamingSafetensorsWriter(tmp_path / "x.safetensors",
+                                        [PlannedTensor(n, t.dtype, tuple(t.shape)) for n, t in tensors.items()])
+    for name, tensor in tensors.items():
+        writer.write(name, tensor)
+    writer.close()
+    back = load_file(str(tmp_path / "x.safetensors"))
+    assert sorted(back) == sorted(tensors)
+    assert all(torch.equal(back[n], t) and back[n].dtype == t.dtype for n, t in tensors.items())
+    ours = SafetensorsFile(tmp_path / "x.safetensors")
+    assert all(torch.equal(ours.read(n), t) for n, t in tensors.items())
+
+
+def test_streaming_writer_refuses_what_was_not_planned(tmp_path):
+    writer = StreamingSafetensorsWriter(tmp_path / "x.safetensors", [PlannedTensor("a", torch.float32, (2,))])
+    with pytest.raises(RuntimeError, match="wrote b, expected a"):
+        writer.write("b", torch.zeros(2))
+    with pytest.raises(RuntimeError, match=r"a is torch.float16 \[2\], planned torch.float32 \[2\]"):
+        writer.write("a", torch.zeros(2, dtype=torch.float16))
+    with pytest.raises(RuntimeError, match="1 planned tensors were not written"):
+        writer.close()
+
+
+def test_reader_checks_headers_against_the_file(tmp_path):
+    path = tmp_path / "m.safetensors"
+    save_file({"w": torch.randn(100, 10)}, str(path))
+    path.write_bytes(path.read_bytes()[:-8])
+    with pytest.raises(CheckpointError, match=r"truncated: tensor w ends at byte \d+, the file has \d+ bytes"):
+        SafetensorsFile(path)
+    path.write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{not json}......")
+    with pytest.raises(CheckpointError, match="corrupt safetensors header"):
+        SafetensorsFile(path)
+    path.write_bytes(b"\x00\x01")
+    with pytest.raises(CheckpointError, match="no header"):
+        SafetensorsFile(path)
+
+
+def test_plan_shards_keeps_groups_whole_and_in_order():
+    assert plan_shards([40, 40, 40, 100, 10], 100) == [[0, 1], [2], [3], [4]]
+    assert plan_shards([5, 5], 1000) == [[0, 1]]
+    assert parse_size("5GB") == 5 * 10**9 and parse_size("2GiB") == 2 * 2**30 and parse_size("1000") == 1000
+    with pytest.raises(ValueError, match="expected a positive number"):
+        parse_size("lots")
+
+
+def test_dist_writer_is_lazy_budgeted_and_reader_reassembles_regions(tmp_path):
+    full = torch.arange(4 * 6 * 3, dtype=torch.float32).reshape(4, 6, 3)
+    chunks = [ChunkSpec("w", (4, 6, 3), (layer, 0, 0), (1, 6, 3), torch.float32) for layer in range(4)]
+    chunks.append(ChunkSpec("v", (5,), (0,), (5,), torch.bfloat16))
+    produced = []
+
+    def produce(spec: ChunkSpec) -> torch.Tensor:
+        produced.append(spec.key)
+        if spec.key == "v":
+            return torch.ones(5, dtype=torch.bfloat16)
+        return full[spec.offsets[0]:spec.offsets[0] + 1].clone()
+
+    (tmp_path / "ck").mkdir()
+    save_dist_checkpoint(tmp_path / "ck", chunks, produce, {"obj/shard_0_1": [None]}, max_file_bytes=2 * 6 * 3 * 4)
+    assert produced == ["w", "w", "w", "w", "v"]  # each chunk built once, when written
+    assert len(list((tmp_path / "ck").glob("*.distcp"))) == 3  # 2 layers per file, then the rest
+    assert json.loads((tmp_path / "ck" / "metadata.json").read_text())["sharded_backend"] == "torch_dist"
+    reader = DistCheckpointReader(tmp_path / "ck")
+    assert torch.equal(reader.read("w", (1, 2, 0), (2, 3, 3)), full[1:3, 2:5])  # spans two stored chunks
+    assert torch.equal(reader.read("w", (0, 0, 0), (4, 6, 3)), full)
+    assert reader.read("v", (0,), (5,)).dtype == torch.bfloat16 and reader.objects() == ["obj/shard_0_1"]
+
+
+def test_dist_keys_follow_megatron_naming(tiny_model_factory):
+    arch = arch_from_hf_config(tiny_model_factory("qwen3_moe"))
+    rules = weight_rules("qwen3_moe", arch)
+    by_key = {key: entry for entry in dist_entries(rules, arch, 512) for key in entry.keys}
+    assert by_key["decoder.layers.self_attention.linear_qkv.layer_norm_weight"].global_shape(arch) == (2, 64)
+    assert by_key["decoder.layers.mlp.experts.experts.linear_fc1.weight"].global_shape(arch) == (2, 4, 256, 64)
+    assert by_key["decoder.layers.mlp.experts.experts.linear_fc1.weight"].chunk_offsets({"layer": 1, "expert": 3}) \
+        == (1, 3, 0, 0)
+    # the MoE pre-MLP norm under both specs' names, one entry
+    assert by_key["decoder.layers.pre_mlp_layernorm.weight"] is by_key["decoder.layers.mlp.linear_fc1.layer_norm_weight"]
+    objects = extra_state_keys(rules, arch)
+    assert len(objects) == 2 * (2 + 4 * 2)  # per layer: qkv, proj, and fc1 / fc2 of 4 experts
+    assert "decoder.layers.mlp.experts.experts.linear_fc2._extra_state/shard_1.3_2.4" in objects
+    assert "decoder.layers.self_attention.linear_qkv._extra_state/shard_0_2" in objects
+
+
+@pytest.mark.parametrize("family", ["qwen2", "llama", "qwen3", "qwen3_moe"])
+def test_hf_shapes_are_the_shapes_to_hf_tensors_makes(family, tiny_model_factory):
+    arch = arch_from_hf_config(tiny_model_factory(family), make_vocab_size_divisible_by=96)
+    config = MegatronConfig(arch, ParallelConfig())
+    geo = geometry(config)
+    for entry in dist_entries(weight_rules(family, arch), arch, config.padded_vocab_size):
+        made = to_hf_tensors(entry.rule.layout, [torch.zeros(entry.param_shape)], geo)
+        assert hf_shapes(entry.rule.layout, entry.param_shape, geo) == [tuple(t.shape) for t in made], entry.keys

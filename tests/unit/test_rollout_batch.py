@@ -1,0 +1,45 @@
+"""Sample groups -> training tensors: FAILED samples stay in group statistics with zero loss weight."""
+
+import pytest
+import torch
+
+from lean_rl.algorithms.advantages import compute_advantages
+from lean_rl.backends.megatron.rollout_batch import pad, rollout_batch, rollout_metrics, unpad
+from lean_rl.sample import NOT_GENERATED, Sample, Status
+
+
+def _sample(index, group, reward, status=Status.COMPLETED, version=0, tool=False):
+    s = Sample(index=index, group_index=group, prompt="p", tokens=[5, 6])
+    s.append_response([7, 8], log_probs=[-1.0, -2.0], weight_versions=version)
+    if tool:
+        s.append_response([9], trainable=False)
+    s.status, s.reward = status, reward
+    return s
+
+
+def test_failed_samples_count_in_the_group_but_train_nothing():
+    groups = [[_sample(0, 0, 1.0), _sample(1, 0, None, Status.FAILED)], [_sample(2, 1, 1.0, tool=True)]]
+    batch = rollout_batch(groups)
+    assert batch.rewards.tolist() == [1.0, 0.0, 1.0]  # the failed reward counts as 0
+    assert [m.tolist() for m in batch.masks] == [[1, 1], [0, 0], [1, 1, 0]]
+    advantages, _ = compute_advantages("dr_grpo", batch.rewards, batch.group_ids, pad(batch.masks))
+    assert advantages[0].tolist() == [0.5, 0.5, 0.0]  # mean over both members, failed one included
+    assert advantages[1].abs().sum() == 0
+    assert [s.response_length for s in batch.sequences] == [2, 2, 3]
+    assert batch.weight_versions[2].tolist() == [0, 0, NOT_GENERATED]
+
+
+def test_unscored_sample_is_an_error_and_metrics_count_stale_tokens():
+    with pytest.raises(ValueError, match="sample 0 .* has no reward"):
+        rollout_batch([[_sample(0, 0, None)]])
+    batch = rollout_batch([[_sample(0, 0, 1.0, version=3), _sample(1, 0, float("nan"), version=5)]])
+    metrics = rollout_metrics(batch, policy_version=5)
+    assert metrics["rollout/stale_token_frac"] == 0.5 and metrics["rollout/max_staleness"] == 2
+    assert metrics["rollout/nonfinite_rewards"] == 1
+
+
+def test_pad_and_unpad_round_trip():
+    values = [torch.tensor([1.0, 2.0]), torch.tensor([3.0])]
+    padded = pad(values)
+    assert padded.tolist() == [[1.0, 2.0], [3.0, 0.0]]
+    assert [v.tolist() for v in unpad(padded, [2, 1])] == [[1.0, 2.0], [3.0]]

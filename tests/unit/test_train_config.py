@@ -1,0 +1,86 @@
+"""Trainer and algorithm flags: defaults a slime user expects, errors that name the flag."""
+
+import argparse
+
+import pytest
+
+from lean_rl.algorithms.config import AlgorithmConfig, add_algorithm_args, algorithm_config_from_args
+from lean_rl.backends.megatron.config import ConfigError
+from lean_rl.backends.megatron.train_config import (BatchConfig, OptimizerConfig, PlacementConfig, TrainConfig,
+                                                    add_train_args, train_config_from_args)
+
+
+def _parse(*argv, rollout_max_response_len=None):
+    parser = argparse.ArgumentParser()
+    add_train_args(add_algorithm_args(parser))
+    args = parser.parse_args(list(argv))
+    if rollout_max_response_len is not None:
+        args.rollout_max_response_len = rollout_max_response_len
+    return train_config_from_args(args), algorithm_config_from_args(args)
+
+
+def test_flags_build_the_configs():
+    train, algo = _parse("--lr", "2e-6", "--lr-decay-style", "cosine", "--lr-decay-iters", "100", "--clip-grad", "0.5",
+                         "--micro-batch-size", "2", "--global-batch-size", "8", "--balance-data", "--save", "/x",
+                         "--save-interval", "5", "--use-distributed-optimizer", "--advantage-estimator", "rloo",
+                         "--eps-clip", "0.2", "--eps-clip-high", "0.28", "--kl-loss-coef", "0.01",
+                         "--kl-loss-type", "low_var_kl", "--use-tis", "--actor-num-procs-per-node", "2")
+    assert train.optimizer.lr == 2e-6 and train.optimizer.scheduler_decay_iters == 100
+    assert train.optimizer.use_distributed_optimizer and train.batch.balance_data
+    assert train.placement.world_size("cpu") == 2 and train.placement.world_size("cuda") == 1
+    assert algo.eps_clip_high == 0.28 and algo.aggregation == "token-mean" and algo.policy_loss == "ppo"
+    assert algo.needs_reference and algo.needs_rollout_log_probs and not algo.needs_critic
+
+
+def test_derived_defaults_per_estimator():
+    _, algo = _parse("--advantage-estimator", "dr_grpo", rollout_max_response_len=256)
+    assert algo.aggregation == "seq-mean-token-sum-norm" and algo.loss_norm_length == 256
+    _, algo = _parse("--advantage-estimator", "gspo")
+    assert algo.aggregation == "seq-mean-token-mean" and algo.policy_loss == "gspo"
+    _, algo = _parse()
+    assert algo.eps_clip_high == algo.eps_clip == 0.2
+
+
+@pytest.mark.parametrize("kwargs, flag", [
+    (dict(eps_clip=1.5), "--eps-clip"),
+    (dict(eps_clip_c=0.9), "--eps-clip-c"),
+    (dict(kl_coef=0.1), "--kl-coef"),  # grpo takes KL as a loss term
+    (dict(use_tis=True, decoupled_ppo=True), "--use-tis and --decoupled-ppo"),
+    (dict(decoupled_ppo=True, use_rollout_logprobs=True), "--decoupled-ppo"),
+    (dict(behav_imp_weight_cap=2.0), "--behav-imp-weight-cap needs --decoupled-ppo"),
+    (dict(advantage_estimator="dr_grpo"), "--loss-norm-length"),
+    (dict(tis_clip_low=3.0), "--tis-clip-low"),
+    (dict(advantage_estimator="a2c"), "--advantage-estimator"),
+])
+def test_algorithm_errors_name_the_flag(kwargs, flag):
+    with pytest.raises(ConfigError, match=flag):
+        AlgorithmConfig(**kwargs)
+
+
+@pytest.mark.parametrize("build, flag", [
+    (lambda: OptimizerConfig(lr=0), "--lr"),
+    (lambda: OptimizerConfig(lr_decay_style="cosine"), "--lr-decay-iters"),
+    (lambda: OptimizerConfig(min_lr=1.0), "--min-lr"),
+    (lambda: BatchConfig(use_dynamic_batch_size=True), "--max-tokens-per-gpu"),
+    (lambda: BatchConfig(max_tokens_per_gpu=100), "--use-dynamic-batch-size"),
+    (lambda: PlacementConfig(actor_num_nodes=0), "--actor-num-nodes"),
+    (lambda: PlacementConfig(actor_num_nodes=2), "--actor-num-nodes 2: the trainer runs on one node"),
+    (lambda: TrainConfig(max_consecutive_skipped_steps=0), "--max-consecutive-skipped-steps"),
+])
+def test_trainer_errors_name_the_flag(build, flag):
+    with pytest.raises(ConfigError, match=flag):
+        build()
+
+
+def test_steps_per_rollout_from_either_flag():
+    assert BatchConfig(global_batch_size=8, micro_batch_size=2).steps_for(16, 2) == 2
+    assert BatchConfig(num_steps_per_rollout=4).steps_for(16, 2) == 4
+    assert BatchConfig().steps_for(6, 2) == 1
+    with pytest.raises(ConfigError, match="not a multiple of --global-batch-size 8"):
+        BatchConfig(global_batch_size=8).steps_for(12, 1)
+    with pytest.raises(ConfigError, match="--num-steps-per-rollout 3 disagrees"):
+        BatchConfig(global_batch_size=8, num_steps_per_rollout=3).steps_for(16, 1)
+    with pytest.raises(ConfigError, match="--micro-batch-size 2 x data-parallel size 2"):
+        BatchConfig(micro_batch_size=2, num_steps_per_rollout=2).steps_for(12, 2)
+    with pytest.raises(ConfigError, match="--global-batch-size 6 must be a multiple"):
+        BatchConfig(global_batch_size=6, micro_batch_size=2).check_data_parallel(2)
