@@ -38,13 +38,15 @@ class DataBuffer:
         self.counters: collections.Counter = collections.Counter()
 
     # ------------------------------------------------------------ rollout side
-    def get_prompt_groups(self, num_groups: int) -> list[Group]:
-        """Up to `num_groups` groups to generate: resumable/requeued ones first, then new prompts.
-        Fewer (possibly none) only when the data is used up."""
+    def get_prompt_groups(self, num_groups: int, max_new: int | None = None) -> list[Group]:
+        """Up to `num_groups` groups to generate: resumable/requeued ones first, then at most `max_new`
+        new prompts (None: no limit; fully async training admits new prompts by staleness). Fewer
+        (possibly none) when the data is used up or the limit is reached."""
         groups = []
         while len(groups) < num_groups and self.pending:
             groups.append(self.pending.popleft())
-        while len(groups) < num_groups:
+        new_limit = num_groups if max_new is None else min(num_groups, len(groups) + max(max_new, 0))
+        while len(groups) < new_limit:
             group = self._new_group()
             if group is None:
                 break

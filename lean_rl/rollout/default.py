@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import statistics
 import time
 
 from lean_rl.backends.sglang.client import EngineConnectionError, EngineHTTPError, EngineTimeoutError
@@ -74,57 +75,40 @@ def _token_versions(result) -> list[int]:
     return versions
 
 
-class _Rollout:
-    """State of one rollout call: the tasks in flight, what was kept, counters."""
+class GroupRunner:
+    """Runs prompt groups to the end: generate every sample, score, filter, and hand the result to the
+    buffer (finished, dropped, or back as partial). Shared by the per-step rollout below and by the
+    continuous generator of fully async training (rollout/continuous.py)."""
 
-    def __init__(self, cfg, rollout_id: int, buffer, extensions):
-        self.cfg, self.rollout_id, self.buffer, self.ext = cfg, rollout_id, buffer, extensions
+    def __init__(self, cfg, buffer, extensions, keep_partial_tokens: bool):
+        self.cfg, self.buffer, self.ext = cfg, buffer, extensions
+        self.keep_partial_tokens = keep_partial_tokens
         self.generate_fn = extensions.generate or generate
         self.semaphore = asyncio.Semaphore(cfg.rollout.max_concurrency)
         self.sampling_params = cfg.rollout.sampling.to_sglang()
-        self.kept: list[list[Sample]] = []
         self.counters: collections.Counter = collections.Counter()
-        self.stopping = False  # set once enough groups are kept: the rest is surplus
+        self.stopping = False  # set when what is still running is surplus: nothing new starts
 
-    async def run(self) -> RolloutOutput:
-        started = time.monotonic()
-        target, launch_size = self.cfg.rollout.rollout_batch_size, self.cfg.rollout.over_sampling_batch_size
-        tasks: set[asyncio.Task] = set()
-        exhausted = False
-        while len(self.kept) < target:
-            # kept + in flight only falls below the target when the filter dropped groups: top up then
-            if not exhausted and len(self.kept) + len(tasks) < target:
-                groups = self.buffer.get_prompt_groups(launch_size)
-                exhausted = len(groups) < launch_size
-                tasks.update(asyncio.create_task(self._run_group(g)) for g in groups)
-            if not tasks:
-                break  # data used up: return what was kept
-            done, tasks = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
-            for task in done:
-                task.result()  # a bug in our code must not pass silently
-        if tasks:
-            self.stopping = True
-            await self._abort_in_flight()
-            await asyncio.gather(*tasks)
-        return RolloutOutput(metrics=self._metrics(time.monotonic() - started))
-
-    async def _run_group(self, group: list[Sample]) -> None:
+    async def run_group(self, group: list[Sample], is_wanted=lambda: True) -> list[Sample] | None:
+        """The group's samples if it was kept (now in the buffer as finished), else None.
+        `is_wanted()` is asked once the group is scored and passed the filter; it claims a place in the
+        batch (False: no place left, the group goes back to the buffer as surplus)."""
         results = await asyncio.gather(*(self._run_sample(s) for s in group))
         samples = [s for r in results for s in (r if isinstance(r, list) else [r])]
         if any(s.status in (Status.ABORTED, Status.PENDING) for s in samples):
             self._return_partial(group, samples)
-            return
+            return None
         if self.ext.reward is not None:
             await score_group(self.cfg, samples, self.ext.reward, self.ext.group_reward, self.counters)
-        if len(self.kept) >= self.cfg.rollout.rollout_batch_size:
-            self._return_partial(group, samples)  # finished after the batch filled: surplus
-            return
         if self.ext.dynamic_filter is not None and not self.ext.dynamic_filter(self.cfg, samples):
             self.buffer.drop_groups([samples], "filtered")
             self.counters["groups_filtered"] += 1
-            return
+            return None
+        if not is_wanted():
+            self._return_partial(group, samples)  # finished after the batch filled: surplus
+            return None
         self.buffer.put_finished_groups([samples])
-        self.kept.append(samples)
+        return samples
 
     async def _run_sample(self, sample: Sample):
         async with self.semaphore:
@@ -139,47 +123,85 @@ class _Rollout:
                 return sample
 
     def _return_partial(self, group: list[Sample], samples: list[Sample]) -> None:
-        """Back to the buffer, to be handed out again first. Under --partial-rollout samples keep what
+        """Back to the buffer, to be handed out again first. With keep_partial_tokens samples keep what
         they generated (finished ones stay finished); otherwise, or when a custom generate turned one
         sample into several, the group starts over."""
         expanded = len(samples) != len(group)
         back = group if expanded else samples
         for s in back:
-            if expanded or not self.cfg.rollout.partial_rollout or s.status == Status.FAILED:
+            if expanded or not self.keep_partial_tokens or s.status == Status.FAILED:
                 s.reset_response()
             elif s.status == Status.ABORTED:
                 s.status = Status.PENDING
         self.buffer.put_partial_groups([back])
         self.counters["groups_returned_partial"] += 1
 
-    async def _abort_in_flight(self) -> None:
-        # The router does not forward /abort_request: abort on every engine directly. Only this
-        # rollout's requests are running on the engines in the modes that over-sample (sync).
+    async def abort_all(self) -> None:
+        # The router does not forward /abort_request: abort on every engine directly.
         clients = [engine_client(url, self.cfg.engines.request_timeout_s) for url in self.cfg.engines.engine_urls]
         await asyncio.gather(*(c.abort_request(abort_all=True) for c in clients))
 
-    def _metrics(self, seconds: float) -> dict[str, float]:
-        samples = [s for g in self.kept for s in g]
-        statuses = collections.Counter(s.status.value for s in samples)
-        n = max(len(samples), 1)
-        response_tokens = sum(s.response_length for s in samples)
-        rewards = [s.reward for s in samples if s.reward is not None]
-        metrics = {
-            "rollout/groups": len(self.kept),
-            "rollout/samples": len(samples),
-            "rollout/seconds": seconds,
-            "rollout/response_len_mean": response_tokens / n,
-            "rollout/response_tokens_per_s": response_tokens / max(seconds, 1e-9),
-            "rollout/truncated_frac": statuses["truncated"] / n,
-            **{f"rollout/{k}": float(v) for k, v in self.counters.items()},
-        }
-        if rewards:
-            metrics["rollout/reward_mean"] = sum(rewards) / len(rewards)
-        return metrics
+
+def rollout_metrics(groups: list[list[Sample]], seconds: float, counters: collections.Counter) -> dict[str, float]:
+    samples = [s for g in groups for s in g]
+    statuses = collections.Counter(s.status.value for s in samples)
+    n = max(len(samples), 1)
+    response_tokens = sum(s.response_length for s in samples)
+    rewards = [s.reward for s in samples if s.reward is not None]
+    metrics = {
+        "rollout/groups": len(groups),
+        "rollout/samples": len(samples),
+        "rollout/seconds": seconds,
+        "rollout/response_len_mean": response_tokens / n,
+        "rollout/response_tokens": response_tokens,
+        "rollout/response_tokens_per_s": response_tokens / max(seconds, 1e-9),
+        "rollout/truncated_frac": statuses["truncated"] / n,
+        **{f"rollout/{k}": float(v) for k, v in counters.items()},
+    }
+    if rewards:
+        metrics["rollout/reward_mean"] = sum(rewards) / len(rewards)
+        metrics["rollout/reward_std"] = float(statistics.pstdev(rewards))
+    return metrics
+
+
+async def _collect_batch(cfg, buffer, extensions) -> RolloutOutput:
+    """One rollout: launch --over-sampling-batch-size groups, top up while the filter drops some, stop
+    at --rollout-batch-size kept groups and send the surplus back to the buffer."""
+    started = time.monotonic()
+    runner = GroupRunner(cfg, buffer, extensions, keep_partial_tokens=cfg.rollout.partial_rollout)
+    target, launch_size = cfg.rollout.rollout_batch_size, cfg.rollout.over_sampling_batch_size
+    kept: list[list[Sample]] = []
+    places = [target]  # claimed synchronously by each kept group, so the batch never overfills
+
+    def claim_place() -> bool:
+        if places[0] == 0:
+            return False
+        places[0] -= 1
+        return True
+
+    tasks: set[asyncio.Task] = set()
+    exhausted = False
+    while len(kept) < target:
+        # kept + in flight only falls below the target when the filter dropped groups: top up then
+        if not exhausted and len(kept) + len(tasks) < target:
+            groups = buffer.get_prompt_groups(launch_size)
+            exhausted = len(groups) < launch_size
+            tasks.update(asyncio.create_task(runner.run_group(g, claim_place)) for g in groups)
+        if not tasks:
+            break  # data used up: return what was kept
+        done, tasks = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+        for task in done:
+            if (samples := task.result()) is not None:  # .result(): a bug in our code must not pass silently
+                kept.append(samples)
+    if tasks:
+        runner.stopping = True
+        await runner.abort_all()  # only this rollout's requests run on the engines in the per-step modes
+        await asyncio.gather(*tasks)
+    return RolloutOutput(metrics=rollout_metrics(kept, time.monotonic() - started, runner.counters))
 
 
 async def generate_rollout(cfg, rollout_id: int, buffer, evaluation: bool = False) -> RolloutOutput:
     extensions = load_extensions(cfg)
     if evaluation:
         return await run_evaluation(cfg, rollout_id, extensions, generate)
-    return await _Rollout(cfg, rollout_id, buffer, extensions).run()
+    return await _collect_batch(cfg, buffer, extensions)

@@ -7,6 +7,7 @@ Every reward function has the signature `async def reward(cfg, sample) -> float`
 from __future__ import annotations
 
 import asyncio
+import atexit
 import collections
 import concurrent.futures
 import multiprocessing
@@ -80,6 +81,7 @@ def _math_pool() -> concurrent.futures.ProcessPoolExecutor:
     if _MATH_POOL is None:
         # spawn, not fork: the driver holds threads (Ray, httpx) that a fork would copy mid-state.
         _MATH_POOL = concurrent.futures.ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"))
+        atexit.register(_MATH_POOL.shutdown, wait=False, cancel_futures=True)
     return _MATH_POOL
 
 

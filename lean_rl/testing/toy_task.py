@@ -1,10 +1,12 @@
 """A task a randomly initialised tiny model can learn by RL in minutes on 2 CPU cores.
 
-"Answer in digits": the reward is the fraction of the response's tokens that are digits (the tiny
-tokenizer has 47 digit tokens of 512, so a random policy scores about 0.1, and the ceiling is 1.0).
-Every prompt asks for it, so the policy must shift its output distribution, not solve anything
-hard: enough to show that rewards, advantages, the loss, the optimizer, weight sync and the engines'
-sampling all connect, which is what the main job and the e2e tests are for.
+"Answer in digits" / "answer in letters": the reward is the fraction of the response's tokens of the
+kind the prompt asks for (the tiny tokenizer has 47 digit tokens and 52 single-letter tokens of 512,
+so a random policy scores about 0.1, and the ceiling is 1.0). Half the prompts ask for each kind, so
+the policy must read its prompt, not just collapse onto one kind of output. Hard enough to need
+real credit assignment, easy enough for a 190k-parameter model: it shows that rewards, advantages,
+the loss, the optimizer, weight sync and the engines' sampling all connect, which is what the main
+job and the e2e tests are for.
 
     python -m lean_rl.testing.toy_task --out DIR     # writes DIR/train.jsonl and DIR/eval.jsonl
 """
@@ -20,7 +22,7 @@ from pathlib import Path
 from lean_rl.rollout.base import load_tokenizer
 
 _WORDS = "the a cat dog sat on mat ran fast slow big small red blue green hello world".split()
-_DIGITS = re.compile(r"\s*\d+\s*")
+KINDS = {"digits": re.compile(r"\s*\d+\s*"), "letters": re.compile(r"\s?[a-z]")}
 
 
 def write_dataset(path: str | Path, num_prompts: int, seed: int) -> Path:
@@ -28,24 +30,28 @@ def write_dataset(path: str | Path, num_prompts: int, seed: int) -> Path:
     rows = []
     for i in range(num_prompts):
         words = " ".join(rng.choice(_WORDS) for _ in range(rng.randint(2, 5)))
-        rows.append({"prompt": f"answer in digits: {words}", "label": "digits", "metadata": {"id": i}})
+        kind = sorted(KINDS)[i % len(KINDS)]
+        rows.append({"prompt": f"answer in {kind}: {words}", "label": kind, "metadata": {"id": i}})
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return path
 
 
-def digit_fraction(token_texts: list[str]) -> float:
+def kind_fraction(token_texts: list[str], kind: str) -> float:
+    """Fraction of the tokens (as decoded one by one) that are of `kind`."""
+    if kind not in KINDS:
+        raise ValueError(f"label {kind!r}: expected one of {sorted(KINDS)}")
     if not token_texts:
         return 0.0
-    return sum(bool(_DIGITS.fullmatch(t)) for t in token_texts) / len(token_texts)
+    return sum(bool(KINDS[kind].fullmatch(t)) for t in token_texts) / len(token_texts)
 
 
-async def digit_fraction_reward(cfg, sample) -> float:
-    """--custom-rm-path lean_rl.testing.toy_task.digit_fraction_reward"""
+async def kind_fraction_reward(cfg, sample) -> float:
+    """--custom-rm-path lean_rl.testing.toy_task.kind_fraction_reward"""
     tokenizer = load_tokenizer(cfg.engines.model_path)
     tokens = [t for t in sample.response_tokens if t not in tokenizer.all_special_ids]
-    return digit_fraction([tokenizer.decode([t]) for t in tokens])
+    return kind_fraction([tokenizer.decode([t]) for t in tokens], sample.label)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -14,11 +14,12 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Iterator
 
-# What the console shows each step (everything goes to the files).
+# What the console shows each step, as (metric, label, format); everything goes to the files.
 CONSOLE_KEYS = (
-    ("step", "{:d}"), ("rollout/reward_mean", "{:.3f}"), ("rollout/response_len_mean", "{:.1f}"),
-    ("train/loss", "{:+.4f}"), ("train/kl", "{:.4f}"), ("train/entropy", "{:.3f}"),
-    ("time/step", "{:.1f}s"), ("time/generate", "{:.1f}s"), ("time/train", "{:.1f}s"), ("time/sync", "{:.2f}s"),
+    ("step", "step", "{:d}"), ("rollout/reward_mean", "reward", "{:.3f}"), ("eval/toy/reward_mean", "eval", "{:.3f}"),
+    ("rollout/response_len_mean", "len", "{:.1f}"), ("train/loss", "loss", "{:+.4f}"), ("train/kl_loss", "kl", "{:.4f}"),
+    ("train/entropy", "entropy", "{:.3f}"), ("train/staleness_max", "stale", "{:.0f}"), ("time/step", "step_s", "{:.1f}"),
+    ("time/generate", "gen_s", "{:.1f}"), ("time/train", "train_s", "{:.2f}"), ("time/sync", "sync_s", "{:.2f}"),
 )
 
 
@@ -57,7 +58,7 @@ class MetricsLogger:
         if console:
             from rich.console import Console
 
-            self._console = Console(highlight=False)
+            self._console = Console(highlight=False, soft_wrap=True)
         self._tb = None
         if tensorboard:
             from torch.utils.tensorboard import SummaryWriter
@@ -88,8 +89,8 @@ class MetricsLogger:
         if self._wandb is not None:
             self._wandb.log(row, step=step)
         if self._console is not None:
-            parts = [f"{key.split('/')[-1]} {fmt.format(int(row[key]) if fmt == '{:d}' else row[key])}"
-                     for key, fmt in CONSOLE_KEYS if key in row]
+            parts = [f"{label} {fmt.format(int(row[key]) if fmt == '{:d}' else row[key])}"
+                     for key, label, fmt in CONSOLE_KEYS if key in row]
             self._console.print(" | ".join(parts))
 
     def close(self) -> None:

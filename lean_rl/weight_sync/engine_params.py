@@ -25,7 +25,8 @@ _VOCAB_TENSORS = ("model.embed_tokens.weight", "lm_head.weight")
 
 _FUSED = (  # (HF name pattern, engine name template, parts in the order SGLang concatenates them)
     (re.compile(r"(?P<p>.*\.)(?P<part>q|k|v)_proj\.(?P<kind>weight|bias)$"), "{p}qkv_proj.{kind}", ("q", "k", "v")),
-    (re.compile(r"(?P<p>.*\.mlp\.experts\.)(?P<e>\d+)\.(?P<part>gate|up)_proj\.weight$"), "{p}w13_weight", ("gate", "up")),
+    (re.compile(r"(?P<p>.*\.mlp\.experts\.)(?P<e>\d+)\.(?P<part>gate|up)_proj\.weight$"), "{p}w13_weight",
+     ("gate", "up")),
     (re.compile(r"(?P<p>.*\.mlp\.experts\.)(?P<e>\d+)\.down_proj\.weight$"), "{p}w2_weight", None),
     (re.compile(r"(?P<p>.*\.)(?P<part>gate|up)_proj\.weight$"), "{p}gate_up_proj.weight", ("gate", "up")),
 )

@@ -111,10 +111,12 @@ def raise_on_failure(result: ProbeResult, clients: Sequence, engine_tp_sizes: Se
     diff = compare_checksums(expected, engine)
     if diff.differing:
         listed = ", ".join(_describe(name, sources) for name in diff.differing[:MAX_LISTED_TENSORS])
-        more = f" and {len(diff.differing) - MAX_LISTED_TENSORS} more" if len(diff.differing) > MAX_LISTED_TENSORS else ""
+        extra = len(diff.differing) - MAX_LISTED_TENSORS
+        more = f" and {extra} more" if extra > 0 else ""
         detail = f"tensors whose bytes differ from the trainer's: {listed}{more}"
     elif diff.missing_on_engine:
-        detail = f"the engine lacks parameters the trainer sends: {', '.join(diff.missing_on_engine[:MAX_LISTED_TENSORS])}"
+        missing = ", ".join(diff.missing_on_engine[:MAX_LISTED_TENSORS])
+        detail = f"the engine lacks parameters the trainer sends: {missing}"
     else:
         detail = (f"all {diff.compared} parameters match the trainer's bytes: the weights arrived and the gap "
                   "comes from the forward pass (raise --weight-sync-probe-tol if it is expected)")

@@ -42,14 +42,16 @@ def join_as_rank_zero(store: dist.Store, world_size: int, group_name: str, backe
     return pg
 
 
-def broadcast_to_engines(pg: dist.ProcessGroup, tensor: torch.Tensor, calls: Sequence[tuple[str, Future]],
-                         timeout_s: float, what: str) -> None:
-    """Broadcast `tensor` from rank 0 while the engines' HTTP calls (which make them receive it) are in
-    flight. Fails fast when one of those calls fails (the engine will never join the broadcast) or
-    when the deadline passes. After a failure the group is unusable: its broadcast stays pending."""
+def broadcast_to_engines(pg: dist.ProcessGroup, tensors: Sequence[torch.Tensor],
+                         calls: Sequence[tuple[str, Future]], timeout_s: float, what: str) -> None:
+    """Broadcast `tensors` from rank 0, in order, while the engines' HTTP calls (which make them
+    receive them) are in flight. All broadcasts are queued at once (the backend runs them in order),
+    so there is no round trip between tensors. Fails fast when one of those calls fails (the engine
+    will never join the broadcast) or when the deadline passes; after a failure the group is unusable
+    (its broadcasts stay pending)."""
     deadline = time.monotonic() + timeout_s
-    work = dist.broadcast(tensor, group=pg, group_src=0, async_op=True)
-    while not work.is_completed():
+    works = [dist.broadcast(t, group=pg, group_src=0, async_op=True) for t in tensors]
+    while not works[-1].is_completed():
         for url, future in calls:
             if future.done() and future.exception() is not None:
                 raise WeightSyncError(f"{what}: {url} failed before receiving the broadcast: "
@@ -58,4 +60,5 @@ def broadcast_to_engines(pg: dist.ProcessGroup, tensor: torch.Tensor, calls: Seq
             raise WeightSyncError(f"{what}: broadcast not received by every engine within {timeout_s:.0f}s "
                                   f"(engines: {', '.join(url for url, _ in calls)})")
         time.sleep(_POLL_S)
-    work.wait()  # raises the backend's error, if any
+    for work in works:
+        work.wait()  # raises the backend's error, if any

@@ -51,6 +51,7 @@ class SyncReport:
     bytes: int  # HF tensor bytes sent to each engine
     buckets: int
     tensors: int
+    export_seconds: float  # of `seconds`: gathering HF tensors on the stage leads (summed over stages)
     probe: ProbeResult
     probe_seconds: float
 
@@ -99,8 +100,9 @@ class WeightSync:
                                   "actor group first (MegatronActorGroup.from_hf_checkpoint / load_hf_checkpoint)")
         timeout = self.cfg.timeout_s
         self.clients = [BlockingEngineClient(url, timeout_s=timeout) for url in self.engine_urls]
-        self.engines = tuple(self._engine_info(url, server, model) for url, server, model in zip(
-            self.engine_urls, call_all(self.clients, timeout, "server_info"), call_all(self.clients, timeout, "model_info")))
+        servers = call_all(self.clients, timeout, "server_info")
+        models = call_all(self.clients, timeout, "model_info")
+        self.engines = tuple(self._engine_info(*info) for info in zip(self.engine_urls, servers, models))
         devices = {e.device for e in self.engines}
         if len(devices) != 1:
             raise WeightSyncError(f"engines on different devices: {[(e.url, e.device) for e in self.engines]}")
@@ -156,7 +158,8 @@ class WeightSync:
         probe = self.probe(version)
         return SyncReport(version=version, transport=self.cfg.transport, seconds=seconds,
                           bytes=sum(s.bytes for s in sent), buckets=sum(s.buckets for s in sent),
-                          tensors=sum(s.tensors for s in sent), probe=probe,
+                          tensors=sum(s.tensors for s in sent), export_seconds=sum(s.export_seconds for s in sent),
+                          probe=probe,
                           probe_seconds=time.perf_counter() - probe_started)
 
     def probe(self, version: int | str) -> ProbeResult:
@@ -208,8 +211,8 @@ class WeightSync:
     def _per_stage(self, method: str, args_for_stage) -> list[StageSent]:
         sent = []
         for stage in range(self.num_stages):
-            results = [r for r in self.actor_group.weight_sync_call(method, self.plan.group_prefix, *args_for_stage(stage))
-                       if r is not None]
+            per_rank = self.actor_group.weight_sync_call(method, self.plan.group_prefix, *args_for_stage(stage))
+            results = [r for r in per_rank if r is not None]
             if len(results) != 1:
                 raise WeightSyncError(f"{method}: stage {stage} reported from {len(results)} lead ranks, expected 1")
             sent.append(results[0])

@@ -128,3 +128,24 @@ def test_model_only_checkpoint_starts_a_fresh_optimizer_and_serves_as_reference(
     with MegatronActorGroup.from_hf_checkpoint(tiny_qwen2, ParallelConfig(), world_size=2) as group:
         group.initialize_for_training(train, ALGO)
         assert group.train(make_groups(seed=33), policy_version=0)["train/kl_loss"] == pytest.approx(0.0, abs=1e-6)
+
+
+@pytest.mark.parametrize("arch, parallel", [
+    pytest.param("qwen3_moe", ParallelConfig(expert_model_parallel_size=2), id="moe-ep2"),  # chained optimizer
+    pytest.param("qwen2", ParallelConfig(pipeline_model_parallel_size=2), id="pp2", marks=pytest.mark.slow),
+    pytest.param("qwen2", ParallelConfig(tensor_model_parallel_size=2), id="tp2", marks=pytest.mark.slow),
+])
+def test_resume_reproduces_the_next_step_at(arch, parallel, ray_cluster, tiny_model_factory, tmp_path):
+    checkpoint, root = tiny_model_factory(arch), tmp_path / "ckpt"
+    batches = [make_groups(seed=s) for s in (40, 41)]
+    group, _ = _group(checkpoint, parallel, load=root)
+    with group:
+        group.train(batches[0], policy_version=0)
+        group.save_checkpoint(root, 1, {"at": 1})
+        uninterrupted = group.train(batches[1], policy_version=1)
+    group, start = _group(checkpoint, parallel, load=root)
+    with group:
+        assert start == (1, {"at": 1})
+        resumed = group.train(batches[1], policy_version=1)
+    for name in ("train/loss", "train/grad_norm", "train/kl_loss"):
+        assert resumed[name] == uninterrupted[name], name

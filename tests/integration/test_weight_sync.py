@@ -93,31 +93,6 @@ def send_inline(client, named: dict[str, torch.Tensor], version: str) -> None:
     client.update_weights_from_tensor([payload], weight_version=version)
 
 
-@pytest.mark.parametrize("trainer", ["tp2", "pp2", pytest.param("tp2pp2", marks=pytest.mark.slow)], indirect=True)
-def test_every_transport_delivers_the_trainers_weights(trainer, engines, engine_group, tiny_qwen2,
-                                                       tiny_model_factory, check_sequence):
-    seed1 = load_file(str(tiny_model_factory("qwen2", seed=1) / "model.safetensors"))
-    for step, transport in enumerate(["distributed", "tensor", "disk"], start=1):
-        restore(engines, tiny_qwen2)
-        assert all(max_diff_to_transformers(c, check_sequence) > 1.0 for c in engines)  # seed 0 serves now
-        cfg = WeightSyncConfig(transport=transport, buffer_size_bytes=SMALL_BUCKETS)
-        listening_before = listeners(trainer.actor_pids()[0])
-        with WeightSync.create(cfg, trainer, engine_group.engine_urls) as sync:
-            with pytest.raises(WeightSyncProbeError, match="disagrees with the trainer"):
-                sync.probe(step)  # the probe has teeth: before the sync it fails
-            opened = listeners(trainer.actor_pids()[0]) - listening_before
-            if transport == "distributed":  # the group's store (and gloo pairs) on loopback only
-                assert opened and {ip for ip, _ in opened} == {"127.0.0.1"}, opened
-            report = sync.update(step * 10)
-        assert report.transport == transport
-        assert report.tensors == len(seed1) and report.bytes == sum(t.numel() * 4 for t in seed1.values())
-        assert report.buckets > 1 and report.seconds > 0
-        assert report.probe.max_abs_diff <= 1e-3 and report.probe.version == str(step * 10)
-        assert [c.weight_version() for c in engines] == [str(step * 10)] * len(engines)
-        for client in engines:  # and independently of the probe: the engines now compute the seed-1 model
-            assert max_diff_to_transformers(client, check_sequence) < 1e-4, (transport, client.base_url)
-
-
 @pytest.mark.parametrize("trainer", ["tp2"], indirect=True)
 def test_probe_names_the_engine_and_the_tensor(trainer, engines, engine_group, tiny_model_factory):
     seed1 = load_file(str(tiny_model_factory("qwen2", seed=1) / "model.safetensors"))
@@ -168,12 +143,43 @@ def test_a_refused_update_names_the_engine_and_closes_the_other_sessions(trainer
         assert sync.update(12).probe.max_abs_diff <= 1e-3  # and the group still works
 
 
+# after the tp2-only tests, so that the tp2 group is started once
+@pytest.mark.parametrize("trainer", ["tp2", "pp2", pytest.param("tp2pp2", marks=pytest.mark.slow)],
+                         indirect=True)
+def test_every_transport_delivers_the_trainers_weights(trainer, engines, engine_group, tiny_qwen2,
+                                                       tiny_model_factory, check_sequence):
+    seed1 = load_file(str(tiny_model_factory("qwen2", seed=1) / "model.safetensors"))
+    for step, transport in enumerate(["distributed", "tensor", "disk"], start=1):
+        restore(engines, tiny_qwen2)
+        assert all(max_diff_to_transformers(c, check_sequence) > 1.0 for c in engines)  # seed 0 serves now
+        cfg = WeightSyncConfig(transport=transport, buffer_size_bytes=SMALL_BUCKETS)
+        listening_before = listeners(trainer.actor_pids()[0])
+        with WeightSync.create(cfg, trainer, engine_group.engine_urls) as sync:
+            with pytest.raises(WeightSyncProbeError, match="disagrees with the trainer"):
+                sync.probe(step)  # the probe has teeth: before the sync it fails
+            opened = listeners(trainer.actor_pids()[0]) - listening_before
+            if transport == "distributed":  # the group's store (and gloo pairs) on loopback only
+                assert opened and {ip for ip, _ in opened} == {"127.0.0.1"}, opened
+            report = sync.update(step * 10)
+        assert report.transport == transport
+        assert report.tensors == len(seed1) and report.bytes == sum(t.numel() * 4 for t in seed1.values())
+        assert report.buckets > 1 and report.seconds > 0
+        assert report.probe.max_abs_diff <= 1e-3 and report.probe.version == str(step * 10)
+        assert [c.weight_version() for c in engines] == [str(step * 10)] * len(engines)
+        for client in engines:  # and independently of the probe: the engines now compute the seed-1 model
+            assert max_diff_to_transformers(client, check_sequence) < 1e-4, (transport, client.base_url)
+
+
 @pytest.mark.slow
-def test_expert_parallel_moe_to_its_own_engine(ray_cluster, tiny_model_factory, tmp_path):
+def test_expert_parallel_moe_to_its_own_engine(ray_cluster, trainer_cache, tiny_model_factory, tmp_path):
     """EP=2 (tiny qwen3_moe, 4 experts): expert shards gathered over EP reach SGLang's fused
     experts.w13_weight / w2_weight, by every transport. Needs its own engine (another model)."""
     from lean_rl.backends.sglang.engines import EngineGroup
     from lean_rl.testing.sglang_engines import engine_config_for_tests
+
+    for group in trainer_cache.values():  # Ray's CPUs go to this test's own group
+        group.shutdown()
+    trainer_cache.clear()
 
     served, trained = tiny_model_factory("qwen3_moe", seed=0), tiny_model_factory("qwen3_moe", seed=1)
     config = engine_config_for_tests(served, "--rollout-num-engines", "1")

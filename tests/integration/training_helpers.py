@@ -9,9 +9,10 @@ from lean_rl.testing.sample_groups import make_groups, set_rollout_log_probs  # 
 
 
 def train_config(hf_checkpoint=None, *, lr: float = 1e-3, micro_batch_size: int = 2, load=None,
-                 distributed_optimizer: bool = False, max_skipped: int = 5, **batch) -> TrainConfig:
+                 distributed_optimizer: bool = False, max_skipped: int = 5, optimizer: dict | None = None,
+                 **batch) -> TrainConfig:
     return TrainConfig(
-        optimizer=OptimizerConfig(lr=lr, use_distributed_optimizer=distributed_optimizer),
+        optimizer=OptimizerConfig(lr=lr, use_distributed_optimizer=distributed_optimizer, **(optimizer or {})),
         batch=BatchConfig(micro_batch_size=micro_batch_size, **batch),
         checkpoint=CheckpointConfig(hf_checkpoint=None if hf_checkpoint is None else str(hf_checkpoint),
                                     load=None if load is None else str(load)),

@@ -106,3 +106,13 @@ def test_no_staleness_bound_keeps_everything():
     (g,) = buf.get_prompt_groups(1)
     buf.put_finished_groups([_generate(g, 0)])
     assert len(buf.get_train_groups(1, policy_version=100)) == 1
+
+
+def test_max_new_limits_only_new_prompts_not_pending_ones():
+    buf = _buffer(n_prompts=10, n_samples=1)
+    first = buf.get_prompt_groups(3)
+    buf.put_partial_groups(first[:2])
+    got = buf.get_prompt_groups(5, max_new=1)
+    assert [g[0].group_index for g in got[:2]] == [g[0].group_index for g in first[:2]]  # pending first
+    assert len(got) == 3 and buf.get_counters()["prompts_issued"] == 4
+    assert buf.get_prompt_groups(5, max_new=0) == []

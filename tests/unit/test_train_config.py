@@ -84,3 +84,31 @@ def test_steps_per_rollout_from_either_flag():
         BatchConfig(micro_batch_size=2, num_steps_per_rollout=2).steps_for(12, 2)
     with pytest.raises(ConfigError, match="--global-batch-size 6 must be a multiple"):
         BatchConfig(global_batch_size=6, micro_batch_size=2).check_data_parallel(2)
+
+
+def test_save_schedule():
+    from lean_rl.backends.megatron.train_config import CheckpointConfig
+
+    ckpt = CheckpointConfig(save="/x", save_interval=3)
+    assert [ckpt.should_save(step) for step in range(1, 7)] == [False, False, True, False, False, True]
+    assert ckpt.should_save(4, last=True) and not CheckpointConfig().should_save(3, last=True)
+    with pytest.raises(ConfigError, match="--save-interval needs --save"):
+        CheckpointConfig(save_interval=2)
+
+
+def test_trainer_flags_live_beside_every_other_group_and_read_the_rollout_ones():
+    from lean_rl.backends.megatron.config import add_megatron_args
+    from lean_rl.backends.sglang.config import add_engine_args
+    from lean_rl.rollout.config import add_rollout_args
+    from lean_rl.weight_sync.config import add_weight_sync_args
+
+    parser = argparse.ArgumentParser(allow_abbrev=False)
+    for add in (add_engine_args, add_rollout_args, add_megatron_args, add_weight_sync_args, add_algorithm_args,
+                add_train_args):
+        add(parser)  # argparse raises on any clash of option strings
+    args = parser.parse_args(["--rollout-temperature", "0.7", "--seed", "7", "--rollout-max-response-len", "64",
+                              "--advantage-estimator", "dr_grpo"])
+    train, algo = train_config_from_args(args), algorithm_config_from_args(args)
+    assert train.temperature == 0.7 and train.seed == 7 and algo.loss_norm_length == 64
+    args = parser.parse_args(["--rollout-temperature", "0"])  # greedy rollouts are scored at T = 1
+    assert train_config_from_args(args).temperature == 1.0

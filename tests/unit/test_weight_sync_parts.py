@@ -100,7 +100,8 @@ def test_standalone_drops_the_base_storage():
 def test_engine_slots_follow_sglang_fusion():
     k = engine_slot("model.layers.3.self_attn.k_proj.weight", None)
     assert (k.engine_name, k.position, k.num_parts) == ("model.layers.3.self_attn.qkv_proj.weight", 1, 3)
-    assert engine_slot("model.layers.0.self_attn.v_proj.bias", None).engine_name == "model.layers.0.self_attn.qkv_proj.bias"
+    v_bias = engine_slot("model.layers.0.self_attn.v_proj.bias", None)
+    assert v_bias.engine_name == "model.layers.0.self_attn.qkv_proj.bias"
     up = engine_slot("model.layers.0.mlp.up_proj.weight", None)
     assert (up.engine_name, up.position, up.num_parts) == ("model.layers.0.mlp.gate_up_proj.weight", 1, 2)
     w13 = engine_slot("model.layers.1.mlp.experts.2.up_proj.weight", 4)

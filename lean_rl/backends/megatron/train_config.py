@@ -127,6 +127,13 @@ class CheckpointConfig:
                  f"--save-interval must be >= 1, got {self.save_interval}")
         _require(self.save_interval is None or self.save is not None, "--save-interval needs --save")
 
+    def should_save(self, step: int, last: bool = False) -> bool:
+        """Whether the driver saves after rollout `step` (1-based): every --save-interval rollouts,
+        and after the last one whenever --save is set."""
+        if self.save is None:
+            return False
+        return last or (self.save_interval is not None and step % self.save_interval == 0)
+
 
 @dataclass(frozen=True)
 class PlacementConfig:
@@ -195,7 +202,8 @@ def add_train_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     ckpt.add_argument("--save-interval", type=int, default=None, help="rollouts between checkpoints")
     ckpt.add_argument("--load", default=None, help="resume from the latest checkpoint here, if any")
     ckpt.add_argument("--ref-load", default=None, help="torch_dist checkpoint of the reference model")
-    ckpt.add_argument("--hf-checkpoint", default=None, help="HF weights to start from when --load has none")
+    if "--hf-checkpoint" not in parser._option_string_actions:  # one flag for engines and trainer, as in slime
+        ckpt.add_argument("--hf-checkpoint", default=None, help="HF weights to start from when --load has none")
     ckpt.add_argument("--critic-load", default=None)
     ckpt.add_argument("--critic-save", default=None)
     ckpt.add_argument("--no-load-optim", action="store_true")

@@ -117,8 +117,9 @@ def train_on_rollout(actor: "MegatronActorGroup", groups: list[list[Sample]], po
                      critic: "MegatronActorGroup | None" = None) -> dict[str, float]:
     algo: AlgorithmConfig = actor.algorithm_config
     train: TrainConfig = actor.train_config
-    if algo.needs_critic and critic is None:
-        raise ValueError("--advantage-estimator ppo needs a critic group: train(..., critic=...)")
+    if algo.needs_critic and (critic is None or critic.role != "critic"):
+        raise ValueError("--advantage-estimator ppo needs a critic group (set up with role='critic'): "
+                         "train(..., critic=...)")
     started = time.perf_counter()
     batch = rollout_batch(groups)
     num_steps = train.batch.steps_for(len(batch), actor.data_parallel_size)

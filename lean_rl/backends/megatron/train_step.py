@@ -24,11 +24,6 @@ from lean_rl.algorithms.losses import policy_loss, value_loss
 from lean_rl.backends.megatron.logprobs import _vocab_parallel_entropy, vocab_parallel_log_probs
 from lean_rl.backends.megatron.optimizer_setup import OptimizerBundle, current_lr, grads_are_finite
 
-ACTOR_FIELDS = ("mask", "weights", "metric_weights", "advantages", "old_log_probs", "ref_log_probs",
-                "rollout_log_probs")
-CRITIC_FIELDS = ("mask", "weights", "metric_weights", "returns", "old_values")
-
-
 @dataclass(frozen=True)
 class StepContext:
     role: str  # "actor" | "critic"

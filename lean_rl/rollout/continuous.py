@@ -1,0 +1,122 @@
+"""Generation that never waits for training (fully async mode, `--async-mode full`).
+
+Groups are kept in flight continuously and land in the buffer as they finish. Staleness is bounded
+by admission control, as in AReaL: at policy version v, at most (v - v0 + max_staleness + 1) x
+rollout_batch_size new prompt groups may have been started since the generator started at version v0,
+so nothing generated can be more than --max-staleness versions behind the policy that trains on it
+(the buffer's staleness check catches what admission could not, e.g. a partial group that waited
+long). A weight update pauses the engines (`pause`), and interrupted samples keep their tokens and
+per-token versions and resume under the new weights (`resume`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from lean_rl.rollout.base import engine_client
+from lean_rl.rollout.default import GroupRunner
+
+
+class ContinuousGenerator:
+    def __init__(self, cfg, buffer, extensions, start_version: int, pause_mode: str = "abort"):
+        if cfg.rollout.max_staleness is None:
+            raise ValueError("continuous generation needs --max-staleness")
+        self.cfg, self.buffer = cfg, buffer
+        self.runner = GroupRunner(cfg, buffer, extensions, keep_partial_tokens=True)
+        self.pause_mode = pause_mode
+        self.version = self.start_version = start_version
+        self.max_in_flight = cfg.rollout.over_sampling_batch_size  # prompt groups generating at once
+        self._issued_at_start = buffer.get_counters().get("prompts_issued", 0)
+        self._open = asyncio.Event()
+        self._open.set()
+        self._changed = asyncio.Event()  # version bumped or gate reopened: look for work again
+        self._tasks: set[asyncio.Task] = set()
+        self._stopping = False
+        self._loop_task: asyncio.Task | None = None
+        self.idle_s = 0.0  # time with no group in flight (the engines had nothing of ours to do)
+        self.data_exhausted = False
+
+    # ------------------------------------------------------------ control (from the training loop)
+    def start(self) -> None:
+        self._loop_task = asyncio.create_task(self._run(), name="lean_rl-continuous-generation")
+
+    def check_alive(self) -> None:
+        """Raise the generator's error, if it died (call while waiting on it)."""
+        if self._loop_task is not None and self._loop_task.done():
+            self._loop_task.result()
+            if not self._stopping:
+                raise RuntimeError("the continuous generator stopped unexpectedly")
+
+    async def pause(self) -> None:
+        """Start nothing new and pause the engines (before a weight update)."""
+        self._open.clear()
+        clients = self._engine_clients()
+        await asyncio.gather(*(c.pause_generation(self.pause_mode) for c in clients))
+        if self.pause_mode == "abort":
+            # aborted requests return at once; let their groups land back in the buffer
+            await self._settle(timeout_s=self.cfg.engines.request_timeout_s)
+
+    async def resume(self, version: int) -> None:
+        """The engines now serve `version`: continue generating, admitting by the new version."""
+        self.version = version
+        await asyncio.gather(*(c.continue_generation() for c in self._engine_clients()))
+        self._open.set()
+        self._changed.set()
+
+    async def stop(self) -> None:
+        self._stopping = True
+        self._open.set()
+        self._changed.set()
+        if self._tasks:
+            self.runner.stopping = True
+            await self.runner.abort_all()
+            await asyncio.wait_for(asyncio.gather(*self._tasks, return_exceptions=True),
+                                   self.cfg.engines.request_timeout_s)
+        if self._loop_task is not None:
+            await asyncio.wait_for(self._loop_task, 30)
+
+    @property
+    def counters(self):
+        return self.runner.counters
+
+    # ------------------------------------------------------------ the loop
+    def admissible_new_groups(self) -> int:
+        allowed = (self.version - self.start_version + self.cfg.rollout.max_staleness + 1) * self.cfg.rollout.rollout_batch_size
+        issued = self.buffer.get_counters().get("prompts_issued", 0) - self._issued_at_start
+        return max(allowed - issued, 0)
+
+    async def _run(self) -> None:
+        while not self._stopping:
+            await self._open.wait()
+            if self._stopping:
+                break
+            room = self.max_in_flight - len(self._tasks)
+            if room > 0:
+                groups = self.buffer.get_prompt_groups(room, max_new=self.admissible_new_groups())
+                for group in groups:
+                    task = asyncio.create_task(self.runner.run_group(group))
+                    self._tasks.add(task)
+                if not groups and not self._tasks and self.admissible_new_groups() > 0:
+                    self.data_exhausted = True  # allowed to start more, but the data is used up
+            self._changed.clear()
+            idle_since = time.monotonic() if not self._tasks else None
+            waiters = [asyncio.create_task(self._changed.wait())]
+            done, _ = await asyncio.wait([*self._tasks, *waiters], timeout=1.0, return_when=asyncio.FIRST_COMPLETED)
+            for waiter in waiters:
+                waiter.cancel()
+            if idle_since is not None:
+                self.idle_s += time.monotonic() - idle_since
+            for task in [t for t in done if t in self._tasks]:
+                self._tasks.discard(task)
+                task.result()  # a bug in our code must not pass silently
+
+    async def _settle(self, timeout_s: float) -> None:
+        if self._tasks:
+            done, _ = await asyncio.wait(self._tasks, timeout=timeout_s)
+            for task in done:
+                self._tasks.discard(task)
+                task.result()
+
+    def _engine_clients(self):
+        return [engine_client(url, self.cfg.engines.request_timeout_s) for url in self.cfg.engines.engine_urls]

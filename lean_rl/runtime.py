@@ -1,0 +1,199 @@
+"""Everything a training loop holds, built in one place and in the order that fails fastest.
+
+Both loops (train.py, train_async.py) use the same Runtime; they differ only in the order in which
+they call generate / train / sync. Start-up order: config errors and user extensions were already
+checked by parse_config / load_extensions; then Ray (an unreachable --ray-address fails here), the
+buffer (a bad dataset fails here), the trainer (weights, optimizer, resume), the engines (plus their
+health monitor), and weight sync, whose first update puts the trainer's weights on the engines and
+proves it with the probe before any rollout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import json
+import logging
+from pathlib import Path
+
+from lean_rl.buffer.data_buffer import DataBuffer, create_data_buffer
+from lean_rl.config import Config
+from lean_rl.rollout.base import RolloutOutput, load_extensions
+from lean_rl.sample import Sample
+from lean_rl.utils.metrics import MetricsLogger, Timers, dump_samples
+
+logger = logging.getLogger(__name__)
+
+
+class Runtime:
+    def __init__(self, cfg: Config):
+        self.cfg = cfg
+        self.extensions = load_extensions(cfg)
+        self.timers = Timers()
+        self.output_dir = Path(cfg.run.output_dir)
+        self.buffer: DataBuffer | None = None
+        self.trainer = None
+        self.engines = None
+        self.monitor = None
+        self.weight_sync = None
+        self.logger: MetricsLogger | None = None
+        self.start_step = 0
+        self.resume_state: dict | None = None  # extra state of the checkpoint resumed from
+        self._ray_started = False
+
+    # ------------------------------------------------------------ start / stop
+    def start(self) -> Runtime:
+        try:
+            self._start()
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def _start(self) -> None:
+        from lean_rl.utils.ray_utils import init_ray
+
+        cfg = self.cfg
+        self._ray_started = init_ray(cfg.run.ray_address)
+        self.buffer = create_data_buffer(cfg) if cfg.data.prompt_data else None
+        if not cfg.run.debug_rollout_only:
+            self.trainer = self._start_trainer()
+        if self.buffer is not None and self.resume_state:
+            self.buffer.load_state_dict(self.resume_state["buffer"])
+        self.logger = MetricsLogger(self.output_dir, resume_step=self.start_step, tensorboard=cfg.run.tensorboard,
+                                    wandb_project=cfg.run.wandb_project if cfg.run.use_wandb else None,
+                                    wandb_run_name=cfg.run.wandb_run_name)
+        if not cfg.run.debug_train_only:
+            self._start_engines()
+        if self.trainer is not None and self.engines is not None:
+            from lean_rl.weight_sync import WeightSync
+
+            self.weight_sync = WeightSync.create(cfg.weight_sync, self.trainer, cfg.engines.engine_urls,
+                                                 tokenizer_path=cfg.engines.model_path)
+            report = self.sync_weights(self.start_step)
+            logger.info("engines serve the trainer's weights (version %d): probe max |Δ log p| %.2e",
+                        self.start_step, report.probe.max_abs_diff)
+
+    def _start_trainer(self):
+        from lean_rl.backends.megatron.group import MegatronActorGroup
+
+        cfg = self.cfg
+        trainer = MegatronActorGroup(cfg.megatron, world_size=cfg.trainer_world_size, seed=cfg.train.seed)
+        try:
+            self.start_step, state = trainer.initialize_for_training(cfg.train, cfg.algorithm)
+        except BaseException:
+            trainer.shutdown()
+            raise
+        self.resume_state = state
+        if self.start_step:
+            logger.info("resumed from %s at step %d", cfg.train.checkpoint.load, self.start_step)
+        return trainer
+
+    def _start_engines(self) -> None:
+        from lean_rl.backends.sglang.engines import EngineGroup
+        from lean_rl.backends.sglang.health import EngineMonitor
+
+        self.engines = EngineGroup(self.cfg.engines, self.output_dir / "engines").start()
+        self.monitor = EngineMonitor(self.engines).start()
+
+    def close(self) -> None:
+        for closer in (
+            lambda: self.weight_sync and self.weight_sync.close(),
+            lambda: self.monitor and self.monitor.stop(),
+            lambda: self.engines and self.engines.stop(),
+            lambda: self.trainer and self.trainer.shutdown(),
+            lambda: self.logger and self.logger.close(),
+        ):
+            try:
+                closer()
+            except Exception:  # noqa: BLE001 - close everything, report each failure
+                logger.exception("error while shutting down")
+        if self._ray_started:
+            import ray
+
+            ray.shutdown()
+
+    # ------------------------------------------------------------ the steps of the algorithm
+    async def rollout(self, step: int) -> RolloutOutput:
+        """One rollout by the (possibly user-supplied) rollout function; finished groups land in the buffer."""
+        if self.cfg.run.load_debug_rollout_data:
+            return RolloutOutput()  # take_train_groups reads the saved rollout
+        fn = self.extensions.rollout
+        if inspect.iscoroutinefunction(fn):
+            return await fn(self.cfg, step, self.buffer, False)
+        return await asyncio.to_thread(fn, self.cfg, step, self.buffer, False)
+
+    def take_train_groups(self, step: int) -> list[list[Sample]]:
+        if self.cfg.run.load_debug_rollout_data:
+            return self._load_debug_rollout(step)
+        groups = self.buffer.get_train_groups(self.cfg.rollout.rollout_batch_size, policy_version=step)
+        if self.cfg.run.save_debug_rollout_data:
+            path = Path(self.cfg.run.save_debug_rollout_data.format(rollout_id=step))
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text("".join(json.dumps([s.to_dict() for s in g]) + "\n" for g in groups))
+        if self.cfg.run.dump_samples_interval and step % self.cfg.run.dump_samples_interval == 0:
+            dump_samples(self.output_dir, step, groups)
+        return groups
+
+    def train(self, groups: list[list[Sample]], step: int) -> dict[str, float]:
+        if not groups:
+            raise RuntimeError(f"step {step}: no training data (the prompt data is used up?)")
+        return self.trainer.train(groups, policy_version=step)
+
+    def sync_weights(self, version: int):
+        report = self.weight_sync.update(version)
+        self.timers.add("sync_probe", report.probe_seconds)
+        return report
+
+    def maybe_save(self, step: int) -> None:
+        ckpt = self.cfg.train.checkpoint
+        if self.trainer is None or not ckpt.save or not ckpt.save_interval or step % ckpt.save_interval:
+            return
+        with self.timers("save"):
+            state = {"buffer": self.buffer.state_dict()} if self.buffer is not None else {}
+            self.trainer.save_checkpoint(ckpt.save, step, state)
+
+    async def maybe_evaluate(self, step: int) -> dict[str, float]:
+        ev = self.cfg.eval
+        if not ev.datasets or not ev.interval or step % ev.interval or self.engines is None:
+            return {}
+        with self.timers("eval"):
+            fn = self.extensions.rollout
+            out = await fn(self.cfg, step, None, True) if inspect.iscoroutinefunction(fn) else \
+                await asyncio.to_thread(fn, self.cfg, step, None, True)
+        return out.metrics
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        metrics = dict(metrics)
+        if self.buffer is not None:
+            metrics.update({f"buffer/{k}": v for k, v in self.buffer.get_counters().items()})
+        if self.monitor is not None:
+            metrics["engines/restarts"] = self.monitor.total_restarts
+        self.logger.log(step, metrics)
+
+    def _load_debug_rollout(self, step: int) -> list[list[Sample]]:
+        path = Path(self.cfg.run.load_debug_rollout_data.format(rollout_id=step))
+        if not path.is_file():
+            raise FileNotFoundError(f"--load-debug-rollout-data: {path} does not exist (rollout {step})")
+        return [[Sample.from_dict(d) for d in json.loads(line)] for line in path.read_text().splitlines() if line]
+
+
+# The phases a loop times; whatever else a step spends is framework overhead (data conversion in the
+# driver, bookkeeping, logging).
+PHASES = ("generate", "wait_for_data", "train", "sync", "save", "eval")
+
+
+def step_metrics(step_seconds: float, timers: dict[str, float], rollout: RolloutOutput, train: dict[str, float],
+                 extra: dict[str, float] | None = None, generate_active_s: float = 0.0) -> dict[str, float]:
+    """One step's metrics. Idle time per side: the trainer is idle whenever it is not training, the
+    engines whenever they are not generating (`generate_active_s` within this step)."""
+    in_phases = sum(timers.get(f"time/{phase}", 0.0) for phase in PHASES)
+    train_s = timers.get("time/train", 0.0)
+    metrics = {**rollout.metrics, **train, **timers, **(extra or {}), "time/step": step_seconds,
+               "time/trainer_idle": max(step_seconds - train_s, 0.0),
+               "time/engine_idle": max(step_seconds - generate_active_s, 0.0),
+               "perf/overhead_frac": max(step_seconds - in_phases, 0.0) / max(step_seconds, 1e-9)}
+    tokens = rollout.metrics.get("rollout/response_tokens")
+    if tokens and step_seconds:
+        metrics["perf/tokens_per_s"] = tokens / step_seconds
+    return metrics

@@ -1,0 +1,69 @@
+"""Synchronous RL training: generate -> train -> sync weights, one rollout at a time.
+
+    python -m lean_rl.train --hf-checkpoint DIR --prompt-data FILE [Megatron / rollout / algorithm flags]
+
+With --colocate the engines and the trainer take turns on the same devices (on GPU the engines
+release their memory while the trainer trains, and the trainer offloads while they generate); without
+it they live on separate devices and still take turns. For overlapped modes see train_async.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import time
+
+from lean_rl.config import parse_config
+from lean_rl.rollout.base import RolloutOutput
+from lean_rl.runtime import Runtime, step_metrics
+
+
+async def train(rt: Runtime) -> None:
+    cfg = rt.cfg
+    for step in range(rt.start_step, cfg.run.num_rollout):
+        step_started = time.perf_counter()
+
+        # 1. generate: the rollout function pulls prompts, generates, scores, and fills the buffer
+        if cfg.run.colocate and rt.trainer is not None:
+            rt.trainer.offload()  # no-op on CPU
+        with rt.timers("generate"):
+            rollout = await rt.rollout(step) if not cfg.run.debug_train_only else None
+        groups = rt.take_train_groups(step)
+
+        # 2. train on the groups (policy version `step` -> `step + 1`)
+        train_metrics = {}
+        if rt.trainer is not None:
+            if cfg.run.colocate:
+                rt.weight_sync and rt.weight_sync.release_engine_memory()  # no-op on CPU
+                rt.trainer.onload()
+            with rt.timers("train"):
+                train_metrics = await asyncio.to_thread(rt.train, groups, step)
+
+        # 3. sync: the engines serve version step + 1, proven by the probe
+        if rt.weight_sync is not None:
+            with rt.timers("sync"):
+                report = await asyncio.to_thread(rt.sync_weights, step + 1)
+            train_metrics["sync/probe_max_abs_diff"] = report.probe.max_abs_diff
+            train_metrics["sync/bytes"] = report.bytes
+
+        # 4. checkpoint, evaluate, log
+        rt.maybe_save(step + 1)
+        eval_metrics = await rt.maybe_evaluate(step + 1)
+        timers = rt.timers.pop()
+        rt.log(step, step_metrics(time.perf_counter() - step_started, timers, rollout or RolloutOutput(),
+                                  train_metrics, eval_metrics, generate_active_s=timers.get("time/generate", 0.0)))
+
+
+def main(argv: list[str] | None = None) -> None:
+    cfg = parse_config(sys.argv[1:] if argv is None else argv)
+    if cfg.run.async_mode != "off":
+        raise SystemExit(f"--async-mode {cfg.run.async_mode}: run python -m lean_rl.train_async")
+    rt = Runtime(cfg).start()
+    try:
+        asyncio.run(train(rt))
+    finally:
+        rt.close()
+
+
+if __name__ == "__main__":  # the guard matters: checkpointing spawns processes that re-import __main__
+    main()

@@ -1,0 +1,147 @@
+"""Asynchronous RL training: generation overlaps training.
+
+    python -m lean_rl.train_async --async-mode one-step ...   # rollout k+1 generates while step k trains
+    python -m lean_rl.train_async --async-mode full --max-staleness 2 ...   # generation never stops
+
+one-step: rollout k+1 runs on the weights of version k while the trainer trains on rollout k; the
+weights are synced once both are done (so an update never lands mid-rollout), and rollout k+1 is one
+version old when trained on.
+full: a continuous generator keeps groups in flight; the trainer takes a batch as soon as the buffer
+has one; each weight update pauses the engines, syncs, and resumes, and samples interrupted by it keep
+their tokens and per-token versions. Admission control keeps every sample within --max-staleness
+versions of the policy that trains on it.
+Both use the same Runtime (buffer, trainer, engines, weight sync, checkpoints, logging) as train.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import time
+
+from lean_rl.config import parse_config
+from lean_rl.rollout.base import RolloutOutput
+from lean_rl.rollout.continuous import ContinuousGenerator
+from lean_rl.rollout.default import rollout_metrics
+from lean_rl.runtime import Runtime, step_metrics
+
+
+async def train_one_step_off(rt: Runtime) -> None:
+    cfg = rt.cfg
+    next_rollout = asyncio.create_task(_timed_rollout(rt, rt.start_step))
+    for step in range(rt.start_step, cfg.run.num_rollout):
+        step_started = time.perf_counter()
+
+        # 1. the rollout that generated while the previous step trained (on weights one version old)
+        with rt.timers("wait_for_data"):
+            rollout, _ = await next_rollout
+        groups = rt.take_train_groups(step)
+
+        # 2. start the next rollout on the current weights, and train meanwhile
+        next_rollout = asyncio.create_task(_timed_rollout(rt, step + 1)) if step + 1 < cfg.run.num_rollout else None
+        with rt.timers("train"):
+            train_metrics = await asyncio.to_thread(rt.train, groups, step)
+
+        # 3. let that rollout finish, then sync (an update never lands mid-rollout)
+        generate_s = 0.0
+        if next_rollout is not None:
+            with rt.timers("wait_for_data"):
+                generate_s = (await asyncio.shield(next_rollout))[1]
+        with rt.timers("sync"):
+            report = await asyncio.to_thread(rt.sync_weights, step + 1)
+        train_metrics.update(_staleness(groups, step))
+        train_metrics["sync/probe_max_abs_diff"] = report.probe.max_abs_diff
+
+        # 4. checkpoint, evaluate, log
+        rt.maybe_save(step + 1)
+        eval_metrics = await rt.maybe_evaluate(step + 1)
+        rt.log(step, step_metrics(time.perf_counter() - step_started, rt.timers.pop(), rollout, train_metrics,
+                                  eval_metrics, generate_active_s=generate_s))
+
+
+async def _timed_rollout(rt: Runtime, step: int) -> tuple[RolloutOutput, float]:
+    started = time.perf_counter()
+    out = await rt.rollout(step)
+    return out, time.perf_counter() - started
+
+
+async def train_fully_async(rt: Runtime) -> None:
+    cfg = rt.cfg
+    generator = ContinuousGenerator(cfg, rt.buffer, rt.extensions, start_version=rt.start_step,
+                                    pause_mode=cfg.run.pause_mode)
+    generator.start()
+    try:
+        for step in range(rt.start_step, cfg.run.num_rollout):
+            step_started = time.perf_counter()
+            idle_before = generator.idle_s
+
+            # 1. wait until the buffer holds a batch that is fresh enough for policy version `step`
+            with rt.timers("wait_for_data"):
+                groups = await _next_batch(rt, generator, step)
+            batch_counters = dict(generator.counters)
+            generator.counters.clear()
+
+            # 2. train while generation goes on
+            with rt.timers("train"):
+                train_metrics = await asyncio.to_thread(rt.train, groups, step)
+
+            # 3. pause the engines, sync weights (version step + 1), resume
+            with rt.timers("sync"):
+                await generator.pause()
+                report = await asyncio.to_thread(rt.sync_weights, step + 1)
+                await generator.resume(step + 1)
+            train_metrics.update(_staleness(groups, step))
+            train_metrics["sync/probe_max_abs_diff"] = report.probe.max_abs_diff
+
+            # 4. checkpoint, evaluate, log
+            rt.maybe_save(step + 1)
+            eval_metrics = await rt.maybe_evaluate(step + 1)
+            timers = rt.timers.pop()
+            step_s = time.perf_counter() - step_started
+            rollout = RolloutOutput(metrics=rollout_metrics(groups, step_s, batch_counters))
+            engine_busy = step_s - (generator.idle_s - idle_before) - timers.get("time/sync", 0.0)
+            rt.log(step, step_metrics(step_s, timers, rollout, train_metrics, eval_metrics,
+                                      generate_active_s=max(engine_busy, 0.0)))
+    finally:
+        await generator.stop()
+
+
+async def _next_batch(rt: Runtime, generator: ContinuousGenerator, step: int) -> list:
+    """Groups for `step`, waiting (bounded) for the generator; stale groups are requeued by the buffer."""
+    need = rt.cfg.rollout.rollout_batch_size
+    deadline = time.monotonic() + rt.cfg.engines.request_timeout_s * 2
+    groups: list = []
+    while len(groups) < need:
+        generator.check_alive()
+        groups += rt.buffer.get_train_groups(need - len(groups), policy_version=step)
+        if len(groups) >= need:
+            break
+        if generator.data_exhausted and rt.buffer.num_ready() == 0 and rt.buffer.num_in_flight() == 0:
+            raise RuntimeError(f"step {step}: the prompt data is used up ({len(groups)} of {need} groups)")
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"step {step}: no batch of {need} groups within "
+                               f"{rt.cfg.engines.request_timeout_s * 2:.0f} s (have {len(groups)})")
+        await asyncio.sleep(0.05)
+    return groups
+
+
+def _staleness(groups: list, step: int) -> dict[str, float]:
+    """How many versions behind the trained policy the oldest token of each sample was."""
+    ages = [step - s.oldest_version for g in groups for s in g if s.oldest_version is not None]
+    return {"train/staleness_max": float(max(ages, default=0)),
+            "train/staleness_mean": sum(ages) / len(ages) if ages else 0.0}
+
+
+def main(argv: list[str] | None = None) -> None:
+    cfg = parse_config(sys.argv[1:] if argv is None else argv)
+    if cfg.run.async_mode == "off":
+        raise SystemExit("--async-mode off: run python -m lean_rl.train (or pass --async-mode one-step|full)")
+    rt = Runtime(cfg).start()
+    try:
+        asyncio.run(train_fully_async(rt) if cfg.run.async_mode == "full" else train_one_step_off(rt))
+    finally:
+        rt.close()
+
+
+if __name__ == "__main__":  # the guard matters: checkpointing spawns processes that re-import __main__
+    main()
