@@ -14,6 +14,7 @@ bytes (the HF state dict in the sync dtype), in the same run:
 - tensor (CPU): the inline payload's own cost, pickle + base64 of every bucket and back (on GPU the
   transport sends CUDA IPC handles instead; not measured here).
 Rounds alternate ours and floor so that drift of a shared machine hits both; medians are compared.
+`export` is the part of ours spent gathering HF tensors from the Megatron shards.
 """
 
 from __future__ import annotations
@@ -40,17 +41,17 @@ ENGINES = {"tiny": 2, "small": 2, "base100m": 1}
 # ------------------------------------------------------------------ floors
 def _receiver(port: int, rank: int, world_size: int, nbytes: int, rounds: int) -> None:
     import torch.distributed as dist
-    from torch.distributed.distributed_c10d import Backend, PrefixStore, _new_process_group_helper
+
+    from lean_rl.weight_sync.process_group import join_group
 
     torch.set_num_threads(1)
-    timeout = datetime.timedelta(seconds=300)
-    store = dist.TCPStore("127.0.0.1", port, world_size, is_master=False, timeout=timeout)
-    pg, _ = _new_process_group_helper(world_size, rank, [], Backend("gloo"), PrefixStore("floor", store),
-                                      group_name="floor", timeout=timeout)
+    store = dist.TCPStore("127.0.0.1", port, world_size, is_master=False, timeout=datetime.timedelta(seconds=300))
+    pg = join_group(store, world_size, rank, "floor", "gloo", 300)
     buffer = torch.empty(nbytes, dtype=torch.uint8)
     for _ in range(rounds):
         dist.broadcast(buffer, group=pg, group_src=0)
         dist.barrier(group=pg)
+    dist.destroy_process_group(pg)  # gloo's threads must be joined before the interpreter exits
 
 
 class BroadcastFloor:
@@ -151,6 +152,7 @@ def run_preset(preset: str, args, work: Path) -> list[dict]:
             rows.append(dict(preset=preset, transport=transport, engines=engines_n, mbytes=last.bytes / 1e6,
                              buckets=last.buckets, ours=statistics.median(ours), floor=statistics.median(floors),
                              probe=statistics.median(r.probe_seconds for r in reports),
+                             export=statistics.median(r.export_seconds for r in reports),
                              max_diff=max(r.probe.max_abs_diff for r in reports)))
             assert last.bytes == nbytes, (last.bytes, nbytes)
             print(f"  {preset} {transport}: ours {rows[-1]['ours']:.3f} s, floor {rows[-1]['floor']:.3f} s", flush=True)
@@ -178,13 +180,13 @@ def main(argv: list[str] | None = None) -> int:
     for preset in args.presets:
         rows += run_preset(preset, args, work)
     print(f"\nweight sync, buffer {args.buffer_size / 2**20:.0f} MiB, median of {args.rounds} rounds (CPU, gloo)")
-    header = f"{'model':9} {'transport':11} {'eng':>3} {'MB':>7} {'bkts':>4} {'ours s':>8} {'floor s':>8} " \
-             f"{'ratio':>6}  {'probe s':>7}  floor"
+    header = f"{'model':9} {'transport':11} {'eng':>3} {'MB':>7} {'bkts':>4} {'ours s':>8} {'export':>7} " \
+             f"{'floor s':>8} {'ratio':>6}  {'probe s':>7}  floor"
     print(header)
     print("-" * len(header))
     for r in rows:
         print(f"{r['preset']:9} {r['transport']:11} {r['engines']:>3} {r['mbytes']:7.1f} {r['buckets']:>4} "
-              f"{r['ours']:8.3f} {r['floor']:8.3f} {r['ours'] / r['floor']:5.1f}x  {r['probe']:7.3f}  "
+              f"{r['ours']:8.3f} {r['export']:7.3f} {r['floor']:8.3f} {r['ours'] / r['floor']:5.1f}x  {r['probe']:7.3f}  "
               f"{FLOOR_NAMES[r['transport']]}")
     return 0
 

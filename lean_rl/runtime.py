@@ -14,6 +14,7 @@ import asyncio
 import inspect
 import json
 import logging
+import time
 from pathlib import Path
 
 from lean_rl.buffer.data_buffer import DataBuffer, create_data_buffer
@@ -140,10 +141,18 @@ class Runtime:
             raise RuntimeError(f"step {step}: no training data (the prompt data is used up?)")
         return self.trainer.train(groups, policy_version=step)
 
-    def sync_weights(self, version: int):
-        report = self.weight_sync.update(version)
-        self.timers.add("sync_probe", report.probe_seconds)
+    def sync_weights(self, version: int, probe: bool = True):
+        """probe=False while the engines are paused (the probe generates): call probe_weights after resuming."""
+        report = self.weight_sync.update(version, probe=probe)
+        if probe:
+            self.timers.add("sync_probe", report.probe_seconds)
         return report
+
+    def probe_weights(self, version: int):
+        started = time.perf_counter()
+        result = self.weight_sync.probe(version)
+        self.timers.add("sync_probe", time.perf_counter() - started)
+        return result
 
     def maybe_save(self, step: int) -> None:
         ckpt = self.cfg.train.checkpoint

@@ -16,6 +16,7 @@ import time
 from lean_rl.config import parse_config
 from lean_rl.rollout.base import RolloutOutput
 from lean_rl.runtime import Runtime, step_metrics
+from lean_rl.utils.metrics import setup_logging
 
 
 async def train(rt: Runtime) -> None:
@@ -55,6 +56,7 @@ async def train(rt: Runtime) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
+    setup_logging()
     cfg = parse_config(sys.argv[1:] if argv is None else argv)
     if cfg.run.async_mode != "off":
         raise SystemExit(f"--async-mode {cfg.run.async_mode}: run python -m lean_rl.train_async")

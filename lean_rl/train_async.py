@@ -24,6 +24,7 @@ from lean_rl.rollout.base import RolloutOutput
 from lean_rl.rollout.continuous import ContinuousGenerator
 from lean_rl.rollout.default import rollout_metrics
 from lean_rl.runtime import Runtime, step_metrics
+from lean_rl.utils.metrics import setup_logging
 
 
 async def train_one_step_off(rt: Runtime) -> None:
@@ -86,12 +87,14 @@ async def train_fully_async(rt: Runtime) -> None:
                 train_metrics = await asyncio.to_thread(rt.train, groups, step)
 
             # 3. pause the engines, sync weights (version step + 1), resume
-            with rt.timers("sync"):
+            with rt.timers("sync"), rt.monitor.hold_health_checks():
                 await generator.pause()
-                report = await asyncio.to_thread(rt.sync_weights, step + 1)
+                # the probe generates, so it cannot run on paused engines: it follows the resume
+                await asyncio.to_thread(rt.sync_weights, step + 1, False)
                 await generator.resume(step + 1)
+                probe = await asyncio.to_thread(rt.probe_weights, step + 1)
             train_metrics.update(_staleness(groups, step))
-            train_metrics["sync/probe_max_abs_diff"] = report.probe.max_abs_diff
+            train_metrics["sync/probe_max_abs_diff"] = probe.max_abs_diff
 
             # 4. checkpoint, evaluate, log
             rt.maybe_save(step + 1)
@@ -133,6 +136,7 @@ def _staleness(groups: list, step: int) -> dict[str, float]:
 
 
 def main(argv: list[str] | None = None) -> None:
+    setup_logging()
     cfg = parse_config(sys.argv[1:] if argv is None else argv)
     if cfg.run.async_mode == "off":
         raise SystemExit("--async-mode off: run python -m lean_rl.train (or pass --async-mode one-step|full)")

@@ -49,18 +49,19 @@ class ContinuousGenerator:
                 raise RuntimeError("the continuous generator stopped unexpectedly")
 
     async def pause(self) -> None:
-        """Start nothing new and pause the engines (before a weight update)."""
+        """Send nothing new and pause the engines (before a weight update). Requests the pause
+        interrupts come back with their tokens and land in the buffer as partial groups while the
+        weights change; one that slipped in after the pause waits in the engine and runs on the new
+        weights after resume (its tokens then carry the new version)."""
         self._open.clear()
-        clients = self._engine_clients()
-        await asyncio.gather(*(c.pause_generation(self.pause_mode) for c in clients))
-        if self.pause_mode == "abort":
-            # aborted requests return at once; let their groups land back in the buffer
-            await self._settle(timeout_s=self.cfg.engines.request_timeout_s)
+        self.runner.stopping = True
+        await asyncio.gather(*(c.pause_generation(self.pause_mode) for c in self._engine_clients()))
 
     async def resume(self, version: int) -> None:
         """The engines now serve `version`: continue generating, admitting by the new version."""
         self.version = version
         await asyncio.gather(*(c.continue_generation() for c in self._engine_clients()))
+        self.runner.stopping = False
         self._open.set()
         self._changed.set()
 
@@ -110,13 +111,6 @@ class ContinuousGenerator:
             for task in [t for t in done if t in self._tasks]:
                 self._tasks.discard(task)
                 task.result()  # a bug in our code must not pass silently
-
-    async def _settle(self, timeout_s: float) -> None:
-        if self._tasks:
-            done, _ = await asyncio.wait(self._tasks, timeout=timeout_s)
-            for task in done:
-                self._tasks.discard(task)
-                task.result()
 
     def _engine_clients(self):
         return [engine_client(url, self.cfg.engines.request_timeout_s) for url in self.cfg.engines.engine_urls]

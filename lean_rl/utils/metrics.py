@@ -16,7 +16,7 @@ from typing import Iterator
 
 # What the console shows each step, as (metric, label, format); everything goes to the files.
 CONSOLE_KEYS = (
-    ("step", "step", "{:d}"), ("rollout/reward_mean", "reward", "{:.3f}"), ("eval/toy/reward_mean", "eval", "{:.3f}"),
+    ("step", "step", "{:d}"), ("rollout/reward_mean", "reward", "{:.3f}"),
     ("rollout/response_len_mean", "len", "{:.1f}"), ("train/loss", "loss", "{:+.4f}"), ("train/kl_loss", "kl", "{:.4f}"),
     ("train/entropy", "entropy", "{:.3f}"), ("train/staleness_max", "stale", "{:.0f}"), ("time/step", "step_s", "{:.1f}"),
     ("time/generate", "gen_s", "{:.1f}"), ("time/train", "train_s", "{:.2f}"), ("time/sync", "sync_s", "{:.2f}"),
@@ -91,6 +91,8 @@ class MetricsLogger:
         if self._console is not None:
             parts = [f"{label} {fmt.format(int(row[key]) if fmt == '{:d}' else row[key])}"
                      for key, label, fmt in CONSOLE_KEYS if key in row]
+            parts[2:2] = [f"eval:{key.split('/')[1]} {row[key]:.3f}" for key in row
+                          if key.startswith("eval/") and key.endswith("/reward_mean")]
             self._console.print(" | ".join(parts))
 
     def close(self) -> None:
@@ -118,3 +120,15 @@ def dump_samples(run_dir: str | Path, step: int, groups: list) -> Path:
             for sample in group:
                 f.write(json.dumps(sample.to_dict()) + "\n")
     return path
+
+
+def setup_logging() -> None:
+    """lean_rl's own INFO messages (start-up, resume, engine restarts) on stderr, once per process."""
+    import logging
+
+    handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter("[%(asctime)s] %(name)s: %(message)s", "%H:%M:%S"))
+    root = logging.getLogger("lean_rl")
+    if not root.handlers:
+        root.addHandler(handler)
+        root.setLevel(logging.INFO)

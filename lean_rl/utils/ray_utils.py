@@ -11,6 +11,7 @@ def init_ray(address: str | None = None, num_cpus: int | None = None) -> bool:
     if ray.is_initialized():
         return False
     if address:
+        check_ray_address_reachable(address)
         try:
             ray.init(address=address, log_to_driver=True, configure_logging=False)
         except (ConnectionError, RuntimeError, ValueError) as err:
@@ -19,3 +20,22 @@ def init_ray(address: str | None = None, num_cpus: int | None = None) -> bool:
     ray.init(num_cpus=num_cpus, include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=True,
              configure_logging=False)
     return True
+
+
+def check_ray_address_reachable(address: str, timeout_s: float = 10.0) -> None:
+    """Fail fast on an unreachable --ray-address: ray.init itself retries for minutes (seen: > 5 min
+    on Ray 2.60) before giving up. 'auto' and 'local' are Ray's own keywords and pass through."""
+    import socket
+
+    if address in ("auto", "local"):
+        return
+    host_port = address.removeprefix("ray://").rsplit("/", 1)[0]
+    host, _, port = host_port.rpartition(":")
+    if not host or not port.isdigit():
+        raise ValueError(f"--ray-address {address!r}: expected HOST:PORT (or ray://HOST:PORT, auto, local)")
+    try:
+        with socket.create_connection((host, int(port)), timeout=timeout_s):
+            pass
+    except OSError as err:
+        raise ConnectionError(f"--ray-address {address}: nothing answers at {host}:{port} ({err}); "
+                              "is the Ray head running (`ray start --head`)?") from None

@@ -34,8 +34,14 @@ def open_group_store(world_size: int, timeout_s: float) -> tuple[dist.TCPStore, 
 def join_as_rank_zero(store: dist.Store, world_size: int, group_name: str, backend: str,
                       timeout_s: float) -> dist.ProcessGroup:
     """Build the group as rank 0; blocks until every engine rank has joined (or the timeout)."""
+    return join_group(store, world_size, 0, group_name, backend, timeout_s)
+
+
+def join_group(store: dist.Store, world_size: int, rank: int, group_name: str, backend: str,
+               timeout_s: float) -> dist.ProcessGroup:
+    """Any member's side of the recipe (rank 0 is the trainer; the bench's floor uses the others)."""
     timeout = datetime.timedelta(seconds=timeout_s)
-    pg, _ = _new_process_group_helper(world_size, 0, [], Backend(backend), PrefixStore(group_name, store),
+    pg, _ = _new_process_group_helper(world_size, rank, [], Backend(backend), PrefixStore(group_name, store),
                                       group_name=group_name, timeout=timeout)
     # as SGLang does: group ranks are their own global ranks, so src=0 means the trainer
     _world.pg_group_ranks[pg] = {i: i for i in range(world_size)}
@@ -45,13 +51,18 @@ def join_as_rank_zero(store: dist.Store, world_size: int, group_name: str, backe
 def broadcast_to_engines(pg: dist.ProcessGroup, tensors: Sequence[torch.Tensor],
                          calls: Sequence[tuple[str, Future]], timeout_s: float, what: str) -> None:
     """Broadcast `tensors` from rank 0, in order, while the engines' HTTP calls (which make them
-    receive them) are in flight. All broadcasts are queued at once (the backend runs them in order),
+    receive them) are in flight. All broadcasts are queued at once (both sides issue them in order),
     so there is no round trip between tensors. Fails fast when one of those calls fails (the engine
     will never join the broadcast) or when the deadline passes; after a failure the group is unusable
     (its broadcasts stay pending)."""
     deadline = time.monotonic() + timeout_s
     works = [dist.broadcast(t, group=pg, group_src=0, async_op=True) for t in tensors]
-    while not works[-1].is_completed():
+    done = 0  # gloo may run queued collectives on several threads: watch each, not just the last
+    while True:
+        while done < len(works) and works[done].is_completed():
+            done += 1
+        if done == len(works):
+            break
         for url, future in calls:
             if future.done() and future.exception() is not None:
                 raise WeightSyncError(f"{what}: {url} failed before receiving the broadcast: "

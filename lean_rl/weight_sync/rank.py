@@ -8,7 +8,7 @@ export.iter_stage_hf_tensors. Nothing crosses stages, so no rank ever holds more
 tensors plus one bucket, and with PP no bytes travel twice (through a first-stage rank) on their way
 to the engines. Stages send one after another: an SGLang scheduler handles one weight call at a time,
 so two stages sending at once could each wait for engines busy with the other stage's call.
-With --transport distributed each stage lead is rank 0 of its own process group with the engines
+With --weight-sync-transport distributed each stage lead is rank 0 of its own process group with the engines
 (per-stage groups, as slime does).
 """
 

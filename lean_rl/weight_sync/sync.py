@@ -52,7 +52,7 @@ class SyncReport:
     buckets: int
     tensors: int
     export_seconds: float  # of `seconds`: gathering HF tensors on the stage leads (summed over stages)
-    probe: ProbeResult
+    probe: ProbeResult | None  # None: update(probe=False); the caller probes after resuming generation
     probe_seconds: float
 
 
@@ -118,10 +118,11 @@ class WeightSync:
             timeout_s=timeout, family=self.actor_group.family, group_prefix=f"lean_rl_ws_{uuid.uuid4().hex[:8]}",
             backend="nccl" if self.actor_group.device == "cuda" else "gloo")
         ranks = self.actor_group.weight_sync_call("setup", self.plan)
+        # tensors travel in the trainer's own dtypes (buckets split where they change); the probe's
+        # default tolerance follows the least precise of them
         dtypes = {d for r in ranks for d in r["dtypes"]}
-        if len(dtypes) != 1:
-            raise WeightSyncError(f"the trainer's parameters have mixed dtypes {sorted(dtypes)}")
-        self.dtype = dtypes.pop()
+        sixteen_bit = sorted(dtypes & {"bfloat16", "float16"})
+        self.dtype = sixteen_bit[0] if sixteen_bit else "/".join(sorted(dtypes))  # "float32" when uniform
         self.tolerance = self.cfg.probe_tolerance(self.dtype)
         if self.cfg.transport == "distributed":
             for stage in range(self.num_stages):  # one stage at a time: an engine joins one group at a time
@@ -143,9 +144,12 @@ class WeightSync:
                           model_path=str(model["model_path"]), tokenizer_path=model.get("tokenizer_path"))
 
     # ------------------------------------------------------------------ sync
-    def update(self, version: int | str) -> SyncReport:
+    def update(self, version: int | str, *, probe: bool = True) -> SyncReport:
         """Send the trainer's current weights to every engine as weight version str(version), then probe.
-        Raises WeightSyncError (WeightSyncProbeError when an engine does not serve them)."""
+        Raises WeightSyncError (WeightSyncProbeError when an engine does not serve them).
+        The probe generates, so it cannot run while the engines are paused (/pause_generation): a
+        caller that syncs between pause and continue passes probe=False and calls probe(version)
+        after continue_generation."""
         if self.plan is None:
             raise WeightSyncError("WeightSync.update() before connect()")
         version = str(version)
@@ -155,15 +159,15 @@ class WeightSync:
         seconds = time.perf_counter() - started
         self.memory.resume(KV_CACHE_AND_GRAPHS)
         probe_started = time.perf_counter()
-        probe = self.probe(version)
+        result = self.probe(version) if probe else None
         return SyncReport(version=version, transport=self.cfg.transport, seconds=seconds,
                           bytes=sum(s.bytes for s in sent), buckets=sum(s.buckets for s in sent),
                           tensors=sum(s.tensors for s in sent), export_seconds=sum(s.export_seconds for s in sent),
-                          probe=probe,
-                          probe_seconds=time.perf_counter() - probe_started)
+                          probe=result, probe_seconds=time.perf_counter() - probe_started if probe else 0.0)
 
     def probe(self, version: int | str) -> ProbeResult:
-        """Every engine serves the trainer's weights as `version`, or WeightSyncProbeError."""
+        """Every engine serves the trainer's weights as `version`, or WeightSyncProbeError. The engines
+        must be generating (not paused): the probe is one /generate call per engine."""
         result = run_probe(self.actor_group, self.clients, self._probe_ids, str(version), self.tolerance,
                            self.cfg.timeout_s)
         raise_on_failure(result, self.clients, self.plan.engine_tp_sizes, self._trainer_checksums, self.cfg.timeout_s)

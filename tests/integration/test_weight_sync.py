@@ -143,6 +143,21 @@ def test_a_refused_update_names_the_engine_and_closes_the_other_sessions(trainer
         assert sync.update(12).probe.max_abs_diff <= 1e-3  # and the group still works
 
 
+@pytest.mark.parametrize("trainer", ["tp2"], indirect=True)
+def test_sync_while_paused_then_probe_after_resuming(trainer, engines, engine_group):
+    """The fully async loop's order: pause, sync without the probe (it generates), continue, probe."""
+    with WeightSync.create(WeightSyncConfig(transport="distributed"), trainer, engine_group.engine_urls) as sync:
+        for client in engines:
+            client.pause_generation("in_place")
+        try:
+            report = sync.update(21, probe=False)
+        finally:
+            for client in engines:
+                client.continue_generation()
+        assert report.probe is None and [c.weight_version() for c in engines] == ["21", "21"]
+        assert sync.probe(21).max_abs_diff <= 1e-3
+
+
 # after the tp2-only tests, so that the tp2 group is started once
 @pytest.mark.parametrize("trainer", ["tp2", "pp2", pytest.param("tp2pp2", marks=pytest.mark.slow)],
                          indirect=True)

@@ -9,10 +9,12 @@ thread must outlive them: stop the monitor only when the group stops.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
 from dataclasses import dataclass, field
+from typing import Iterator
 
 import httpx
 
@@ -40,6 +42,7 @@ class EngineMonitor:
         self.failures_before_restart, self.max_restarts = failures_before_restart, max_restarts
         self.health = [EngineHealth() for _ in group.engine_urls]
         self._stop = threading.Event()
+        self._held = threading.Event()
         self._thread: threading.Thread | None = None
         self._http = httpx.Client(timeout=health_timeout_s, trust_env=False)
 
@@ -62,6 +65,18 @@ class EngineMonitor:
     def __exit__(self, *exc_info) -> None:
         self.stop()
 
+    @contextlib.contextmanager
+    def hold_health_checks(self) -> Iterator[None]:
+        """While engines are paused on purpose (a weight update in fully async training), SGLang's
+        /health fails (it needs a generation to go through): check only that the processes live."""
+        self._held.set()
+        try:
+            yield
+        finally:
+            for state in self.health:
+                state.consecutive_failures = 0
+            self._held.clear()
+
     @property
     def total_restarts(self) -> int:
         return sum(h.restarts for h in self.health)
@@ -72,6 +87,8 @@ class EngineMonitor:
                 continue
             if not self.group.engine_alive(index):
                 self._restart(index, state, "its process exited")
+            elif self._held.is_set():
+                continue
             elif not self._healthy(index):
                 state.consecutive_failures += 1
                 if state.consecutive_failures >= self.failures_before_restart:

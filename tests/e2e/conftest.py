@@ -1,0 +1,51 @@
+"""The whole loop as a user runs it: `python -m lean_rl.train[_async] ...` in a subprocess, on the tiny
+model and the toy task, with real SGLang, router, Megatron and Ray started by the run itself."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from lean_rl.testing.toy_task import write_dataset
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="session")
+def toy_data(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("toy_data")
+    write_dataset(root / "train.jsonl", 256, seed=0)
+    write_dataset(root / "eval.jsonl", 16, seed=1)
+    return root
+
+
+def run_flags(model: Path, data: Path, out: Path, *extra: str) -> list[str]:
+    """The flags of scripts/run-tiny-cpu.sh, smaller: what the e2e runs share."""
+    return [
+        "--hf-checkpoint", str(model), "--output-dir", str(out / "run"), "--no-tensorboard",
+        "--prompt-data", str(data / "train.jsonl"), "--rollout-shuffle",
+        "--custom-rm-path", "lean_rl.testing.toy_task.kind_fraction_reward",
+        "--rollout-batch-size", "8", "--n-samples-per-prompt", "8", "--rollout-max-response-len", "12",
+        "--advantage-estimator", "grpo", "--lr", "1e-3", "--lr-warmup-iters", "2", "--micro-batch-size", "16",
+        "--rollout-num-engines", "1", "--sglang-max-total-tokens", "8192", *extra,
+    ]
+
+
+def run_lean_rl(module: str, flags: list[str], timeout_s: float = 600, **popen) -> subprocess.CompletedProcess:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    return subprocess.run([sys.executable, "-m", module, *flags], cwd=REPO, env=env, capture_output=True,
+                          text=True, timeout=timeout_s, **popen)
+
+
+def read_metrics(out: Path) -> list[dict]:
+    path = out / "run" / "metrics.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines() if line]
+
+
+def reward_gain(rows: list[dict]) -> tuple[float, float]:
+    """(mean reward of the first 2 steps, of the last 2)."""
+    rewards = [r["rollout/reward_mean"] for r in rows]
+    return sum(rewards[:2]) / 2, sum(rewards[-2:]) / 2
