@@ -16,7 +16,7 @@ import time
 from lean_rl.config import parse_config
 from lean_rl.rollout.base import RolloutOutput
 from lean_rl.runtime import Runtime, step_metrics
-from lean_rl.utils.metrics import setup_logging
+from lean_rl.utils.metrics import print_run_summary, setup_logging
 
 
 async def train(rt: Runtime) -> None:
@@ -65,6 +65,7 @@ def main(argv: list[str] | None = None) -> None:
         asyncio.run(train(rt))
     finally:
         rt.close()
+    print_run_summary(cfg.run.output_dir)
 
 
 if __name__ == "__main__":  # the guard matters: checkpointing spawns processes that re-import __main__

@@ -24,7 +24,7 @@ from lean_rl.rollout.base import RolloutOutput
 from lean_rl.rollout.continuous import ContinuousGenerator
 from lean_rl.rollout.default import rollout_metrics
 from lean_rl.runtime import Runtime, step_metrics
-from lean_rl.utils.metrics import setup_logging
+from lean_rl.utils.metrics import print_run_summary, setup_logging
 
 
 async def train_one_step_off(rt: Runtime) -> None:
@@ -145,6 +145,7 @@ def main(argv: list[str] | None = None) -> None:
         asyncio.run(train_fully_async(rt) if cfg.run.async_mode == "full" else train_one_step_off(rt))
     finally:
         rt.close()
+    print_run_summary(cfg.run.output_dir)
 
 
 if __name__ == "__main__":  # the guard matters: checkpointing spawns processes that re-import __main__

@@ -69,3 +69,14 @@ def main(argv: list[str] | None = None) -> None:
 
 if __name__ == "__main__":
     main()
+
+
+async def long_tail_generate(cfg, sample, sampling_params):
+    """--custom-generate-function-path for benchmarks: the default generate with a long-tailed
+    response length (Pareto, alpha 1.2, from 8 tokens up to --rollout-max-response-len) fixed per
+    sample index, and ignore_eos, so that sync and async runs see the same workload."""
+    from lean_rl.rollout.default import generate
+
+    rng = random.Random(sample.index)
+    length = min(int(8 * rng.paretovariate(1.2)), cfg.rollout.sampling.max_response_len)
+    return await generate(cfg, sample, {**sampling_params, "max_new_tokens": length, "ignore_eos": True})

@@ -132,3 +132,15 @@ def setup_logging() -> None:
     if not root.handlers:
         root.addHandler(handler)
         root.setLevel(logging.INFO)
+
+
+def print_run_summary(run_dir: str | Path) -> None:
+    """The reward curve of the run in one glance, and where the metrics are."""
+    rows = [r for r in read_metrics(run_dir) if "rollout/reward_mean" in r]
+    if not rows:
+        return
+    rewards = [r["rollout/reward_mean"] for r in rows]
+    every = max(len(rewards) // 10, 1)
+    curve = " ".join(f"{r:.2f}" for r in rewards[::every])
+    print(f"reward over {len(rewards)} steps (every {every}): {curve} -> last {rewards[-1]:.3f}\n"
+          f"metrics: {Path(run_dir) / 'metrics.jsonl'} (tensorboard: {Path(run_dir) / 'tensorboard'})", flush=True)

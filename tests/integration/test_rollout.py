@@ -134,7 +134,7 @@ def test_over_sampling_with_filter_returns_the_surplus_to_the_buffer(engine_grou
 
 def test_partial_rollout_resumes_and_keeps_per_token_versions(engine_group, prompts_file):
     cfg = make_cfg(engine_group, prompts_file, "--rollout-batch-size", "2", "--n-samples-per-prompt", "2",
-                   "--rollout-max-response-len", "400", "--partial-rollout", "--rm-type", "exact")
+                   "--rollout-max-response-len", "1500", "--rollout-ignore-eos", "--partial-rollout", "--rm-type", "exact")
     buffer = create_data_buffer(cfg)
     groups = buffer.get_prompt_groups(2)
     clients = [BlockingEngineClient(url) for url in engine_group.engine_urls]
@@ -142,7 +142,7 @@ def test_partial_rollout_resumes_and_keeps_per_token_versions(engine_group, prom
     async def generate_then_abort():
         params = cfg.rollout.sampling.to_sglang()
         tasks = [asyncio.create_task(generate(cfg, s, dict(params))) for g in groups for s in g]
-        await asyncio.sleep(1.5)
+        await asyncio.sleep(1.0)  # 1500 tokens take several seconds: the abort lands mid-generation
         for c in clients:
             c.abort_request(abort_all=True)
         await asyncio.gather(*tasks)

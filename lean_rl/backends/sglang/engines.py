@@ -13,6 +13,7 @@ Children die with this process (see processes.py), so a crashed driver leaves no
 from __future__ import annotations
 
 import atexit
+import concurrent.futures
 import logging
 import os
 import shutil
@@ -59,6 +60,7 @@ class EngineGroup:
         self._router: ChildProcess | None = None
         self._server_tmp_dirs: dict[int, str] = {}
         self._started = False
+        self._spawner: concurrent.futures.ThreadPoolExecutor | None = None
 
     # ------------------------------------------------------------------ addresses
     @property
@@ -140,6 +142,9 @@ class EngineGroup:
         finally:
             for index in list(self._server_tmp_dirs):
                 self._remove_tmp_dir(index)
+            if self._spawner is not None:  # only after the children are gone: they die with its thread
+                self._spawner.shutdown(wait=True)
+                self._spawner = None
         if children:
             logger.info("engine group stopped in %.1f s", time.monotonic() - t0)
 
@@ -201,7 +206,7 @@ class EngineGroup:
         tmp_dir = tempfile.mkdtemp(prefix=f"lean_rl_sglang{index}_", dir=base)
         self._server_tmp_dirs[index] = tmp_dir
         env = {**self._child_env(), "TMPDIR": tmp_dir}
-        return ChildProcess(f"engine-{index}", cmd, self.engine_log_path(index), env=env)
+        return self._start_child(f"engine-{index}", cmd, self.engine_log_path(index), env)
 
     def _remove_tmp_dir(self, index: int) -> None:
         tmp_dir = self._server_tmp_dirs.pop(index, None)
@@ -211,7 +216,15 @@ class EngineGroup:
     def _spawn_router(self) -> ChildProcess:
         flags = self.config.router_flags(self.router_port, self._prometheus_port)
         cmd = [sys.executable, "-m", "sglang_router.launch_router", *flags]
-        return ChildProcess("router", cmd, self.run_dir / "router.log", env=self._child_env())
+        return self._start_child("router", cmd, self.run_dir / "router.log", self._child_env())
+
+    def _start_child(self, name: str, cmd: list[str], log_path: Path, env: dict[str, str]) -> ChildProcess:
+        # Children die with the *thread* that started them (PR_SET_PDEATHSIG, see processes.py), and
+        # restarts come from other threads (the health monitor's). So every child, first start or
+        # restart, is started by one thread that lives exactly as long as this group.
+        if self._spawner is None:
+            self._spawner = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="lean_rl-engines")
+        return self._spawner.submit(ChildProcess, name, cmd, log_path, env=env).result()
 
     def _wait_healthy(self, indices: list[int]) -> float:
         try:

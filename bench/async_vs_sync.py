@@ -1,0 +1,87 @@
+"""Sync vs one-step vs fully async training on the same long-tailed workload, in one run.
+
+    .venv/bin/python bench/async_vs_sync.py [--steps 12] [--preset tiny] [--max-response-len 256]
+
+Each mode runs the real command (python -m lean_rl.train / train_async) on the toy task with response
+lengths drawn from a Pareto tail per sample (lean_rl.testing.toy_task.long_tail_generate, identical
+across modes). Reported per mode, over the steps after the first: wall time, the fraction of it each
+side sat idle (trainer: not training; engines: not generating), and the framework overhead (step time
+outside generate / wait / train / sync / save / eval). Speedups are sync wall time / mode wall time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from lean_rl.testing.tiny_model import make_tiny_model
+from lean_rl.testing.toy_task import write_dataset
+
+REPO = Path(__file__).resolve().parents[1]
+MODES = {
+    "sync": ("lean_rl.train", []),
+    "one-step": ("lean_rl.train_async", ["--async-mode", "one-step"]),
+    "full": ("lean_rl.train_async", ["--async-mode", "full", "--max-staleness", "2"]),
+}
+
+
+def run_mode(name: str, work: Path, model: Path, data: Path, args) -> list[dict]:
+    module, extra = MODES[name]
+    out = work / name
+    flags = ["--hf-checkpoint", str(model), "--output-dir", str(out), "--no-tensorboard",
+             "--prompt-data", str(data), "--rollout-shuffle", "--num-rollout", str(args.steps),
+             "--custom-rm-path", "lean_rl.testing.toy_task.kind_fraction_reward",
+             "--custom-generate-function-path", "lean_rl.testing.toy_task.long_tail_generate",
+             "--rollout-batch-size", "8", "--n-samples-per-prompt", "8",
+             "--rollout-max-response-len", str(args.max_response_len), "--lr", "1e-4",
+             "--micro-batch-size", "16", "--rollout-num-engines", "1", *extra]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    result = subprocess.run([sys.executable, "-m", module, *flags], cwd=REPO, env=env, capture_output=True,
+                            text=True, timeout=args.timeout)
+    if result.returncode != 0:
+        raise RuntimeError(f"{name} failed:\n{result.stderr[-4000:]}")
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line]
+
+
+def summarize(rows: list[dict]) -> dict[str, float]:
+    rows = rows[1:]  # the first step pays one-time costs (first compile, first sync)
+    wall = sum(r["time/step"] for r in rows)
+    return {
+        "wall_s": wall,
+        "trainer_idle": sum(r["time/trainer_idle"] for r in rows) / wall,
+        "engine_idle": sum(r["time/engine_idle"] for r in rows) / wall,
+        "overhead": sum(r["perf/overhead_frac"] * r["time/step"] for r in rows) / wall,
+        "train_s": sum(r.get("time/train", 0.0) for r in rows),
+        "tokens": sum(r.get("rollout/response_tokens", 0.0) for r in rows),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--steps", type=int, default=12)
+    parser.add_argument("--preset", default="tiny")
+    parser.add_argument("--max-response-len", type=int, default=256)
+    parser.add_argument("--timeout", type=float, default=1800)
+    args = parser.parse_args(argv)
+    work = Path(tempfile.mkdtemp(prefix="lean_rl_bench_async_"))
+    model = make_tiny_model(work / "model", preset=args.preset)
+    data = write_dataset(work / "train.jsonl", 512, seed=0)
+    results = {name: summarize(run_mode(name, work, model, data, args)) for name in MODES}
+    base = results["sync"]["wall_s"]
+    print(f"\n{args.steps - 1} steps each (first excluded), {args.preset} model, Pareto response lengths <= "
+          f"{args.max_response_len} tokens, 8 prompts x 8 samples per step")
+    print(f"{'mode':10s} {'wall s':>8s} {'speedup':>8s} {'trainer idle':>13s} {'engine idle':>12s} "
+          f"{'overhead':>9s} {'train s':>8s} {'tokens':>8s}")
+    for name, r in results.items():
+        print(f"{name:10s} {r['wall_s']:8.1f} {base / r['wall_s']:7.2f}x {r['trainer_idle']:12.1%} "
+              f"{r['engine_idle']:11.1%} {r['overhead']:8.1%} {r['train_s']:8.1f} {r['tokens']:8.0f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
