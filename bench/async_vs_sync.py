@@ -79,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
           f"{'overhead':>9s} {'train s':>8s} {'tokens':>8s}")
     for name, r in results.items():
         print(f"{name:10s} {r['wall_s']:8.1f} {base / r['wall_s']:7.2f}x {r['trainer_idle']:12.1%} "
-              f"{r['engine_idle']:11.1%} {r['overhead']:8.1%} {r['train_s']:8.1f} {r['tokens']:8.0f}")
+              f"{r['engine_idle']:11.1%} {r['overhead']:8.2%} {r['train_s']:8.1f} {r['tokens']:8.0f}")
     return 0
 
 

@@ -50,9 +50,12 @@ def add_run_args(parser: argparse.ArgumentParser) -> None:
                      help="save each rollout's groups to PATH (use {rollout_id} in it)")
     run.add_argument("--load-debug-rollout-data", default=None, metavar="PATH",
                      help="train on rollouts saved by --save-debug-rollout-data instead of generating")
-    run.add_argument("--pause-generation-mode", default="abort", choices=("abort", "retract", "in_place"),
-                     help="full async: how engines pause for a weight update (abort: interrupted samples "
-                          "keep their tokens and resume as partial rollouts)")
+    run.add_argument("--pause-generation-mode", default="retract", choices=("abort", "retract", "in_place"),
+                     help="full async: how engines pause for a weight update. retract (default): running "
+                          "requests go back to the engine's queue and continue on the new weights, SGLang "
+                          "reporting which tokens each version made; abort: they return with their tokens "
+                          "and resume as partial rollouts (SGLang's abort pause waits ~1 s for them); "
+                          "in_place: they keep their KV cache from the old weights")
 
 
 def run_config_from_args(args: argparse.Namespace) -> RunConfig:

@@ -5,8 +5,10 @@ by admission control, as in AReaL: at policy version v, at most (v - v0 + max_st
 rollout_batch_size new prompt groups may have been started since the generator started at version v0,
 so nothing generated can be more than --max-staleness versions behind the policy that trains on it
 (the buffer's staleness check catches what admission could not, e.g. a partial group that waited
-long). A weight update pauses the engines (`pause`), and interrupted samples keep their tokens and
-per-token versions and resume under the new weights (`resume`).
+long). A weight update pauses the engines (`pause`) and generation continues on the new weights
+(`resume`): with the default pause mode (retract) running requests wait in the engine and finish on
+the new weights, SGLang reporting per-token version spans; with abort they return with their tokens
+and the samples resume as partial rollouts. Either way every token keeps the version that made it.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from lean_rl.rollout.default import GroupRunner
 
 
 class ContinuousGenerator:
-    def __init__(self, cfg, buffer, extensions, start_version: int, pause_mode: str = "abort"):
+    def __init__(self, cfg, buffer, extensions, start_version: int, pause_mode: str = "retract"):
         if cfg.rollout.max_staleness is None:
             raise ValueError("continuous generation needs --max-staleness")
         self.cfg, self.buffer = cfg, buffer
