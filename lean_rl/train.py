@@ -34,8 +34,9 @@ async def train(rt: Runtime) -> None:
         # 2. train on the groups (policy version `step` -> `step + 1`)
         train_metrics = {}
         if rt.trainer is not None:
-            if cfg.run.colocate:
-                rt.weight_sync and rt.weight_sync.release_engine_memory()  # no-op on CPU
+            if cfg.run.colocate:  # both no-ops on CPU
+                if rt.weight_sync is not None:
+                    rt.weight_sync.release_engine_memory()
                 rt.trainer.onload()
             with rt.timers("train"):
                 train_metrics = await asyncio.to_thread(rt.train, groups, step)

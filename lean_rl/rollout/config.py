@@ -7,6 +7,7 @@ derived from several flags are computed there and nowhere else.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -225,14 +226,10 @@ def rollout_configs_from_args(args: argparse.Namespace) -> tuple[DataConfig, Rol
         datasets=tuple((name, path) for name, path in args.eval_prompt_data),
         interval=args.eval_interval,
         n_samples_per_prompt=args.n_samples_per_eval_prompt,
-        sampling=SamplingConfig(
+        sampling=dataclasses.replace(
+            sampling,
             temperature=sampling.temperature if args.eval_temperature is None else args.eval_temperature,
-            top_p=sampling.top_p,
-            top_k=sampling.top_k,
             max_response_len=args.eval_max_response_len or sampling.max_response_len,
-            stop=sampling.stop,
-            stop_token_ids=sampling.stop_token_ids,
-            ignore_eos=sampling.ignore_eos,
         ),
     )
     return data, rollout, reward, evaluation
