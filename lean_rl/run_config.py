@@ -79,6 +79,11 @@ def run_config_from_args(args: argparse.Namespace) -> RunConfig:
         value = getattr(args, flag)
         if value and "{rollout_id}" not in value:
             fail(f"--{flag.replace('_', '-')} {value!r} must contain {{rollout_id}}")
+    if args.use_wandb:
+        import importlib.util
+
+        if importlib.util.find_spec("wandb") is None:
+            fail("--use-wandb needs the wandb package: .venv/bin/pip install wandb (it is not in the lock)")
     if args.dump_samples_interval is not None and args.dump_samples_interval <= 0:
         fail(f"--dump-samples-interval must be > 0, got {args.dump_samples_interval}")
     return RunConfig(

@@ -34,6 +34,7 @@ class Runtime:
         self.output_dir = Path(cfg.run.output_dir)
         self.buffer: DataBuffer | None = None
         self.trainer = None
+        self.critic = None  # PPO's value model: a second Megatron group of the same layout
         self.engines = None
         self.monitor = None
         self.weight_sync = None
@@ -59,6 +60,8 @@ class Runtime:
         self.buffer = create_data_buffer(cfg) if cfg.data.prompt_data else None
         if not cfg.run.debug_rollout_only:
             self.trainer = self._start_trainer()
+            if cfg.algorithm.needs_critic:
+                self.critic = self._start_critic()
         if self.buffer is not None and self.resume_state:
             self.buffer.load_state_dict(self.resume_state["buffer"])
         self.logger = MetricsLogger(self.output_dir, resume_step=self.start_step, tensorboard=cfg.run.tensorboard,
@@ -90,6 +93,20 @@ class Runtime:
             logger.info("resumed from %s at step %d", cfg.train.checkpoint.load, self.start_step)
         return trainer
 
+    def _start_critic(self):
+        from lean_rl.backends.megatron.group import MegatronActorGroup
+
+        cfg = self.cfg
+        critic = MegatronActorGroup(cfg.megatron, world_size=cfg.trainer_world_size, seed=cfg.train.seed)
+        try:
+            step, _ = critic.initialize_for_training(cfg.train, cfg.algorithm, role="critic", actor_step=self.start_step)
+        except BaseException:
+            critic.shutdown()
+            raise
+        if step:
+            logger.info("critic resumed from %s at step %d", cfg.train.checkpoint.critic_load_dir, step)
+        return critic
+
     def _start_engines(self) -> None:
         from lean_rl.backends.sglang.engines import EngineGroup
         from lean_rl.backends.sglang.health import EngineMonitor
@@ -103,6 +120,7 @@ class Runtime:
             lambda: self.monitor and self.monitor.stop(),
             lambda: self.engines and self.engines.stop(),
             lambda: self.trainer and self.trainer.shutdown(),
+            lambda: self.critic and self.critic.shutdown(),
             lambda: self.logger and self.logger.close(),
         ):
             try:
@@ -139,7 +157,7 @@ class Runtime:
     def train(self, groups: list[list[Sample]], step: int) -> dict[str, float]:
         if not groups:
             raise RuntimeError(f"step {step}: no training data (the prompt data is used up?)")
-        return self.trainer.train(groups, policy_version=step)
+        return self.trainer.train(groups, policy_version=step, critic=self.critic)
 
     def sync_weights(self, version: int, probe: bool = True):
         """probe=False while the engines are paused (the probe generates): call probe_weights after resuming."""
@@ -154,11 +172,26 @@ class Runtime:
         self.timers.add("sync_probe", time.perf_counter() - started)
         return result
 
+    def offload_trainers(self) -> None:
+        """Colocated: free the trainers' device memory while the engines generate (no-op on CPU)."""
+        for group in (self.trainer, self.critic):
+            if group is not None:
+                group.offload()
+
+    def onload_trainers(self) -> None:
+        for group in (self.trainer, self.critic):
+            if group is not None:
+                group.onload()
+
     def maybe_save(self, step: int) -> None:
+        """Every --save-interval rollouts and after the last. The critic first: the actor's checkpoint
+        (which holds the buffer state) is what a resume starts from, so its step must have a critic."""
         ckpt = self.cfg.train.checkpoint
-        if self.trainer is None or not ckpt.save or not ckpt.save_interval or step % ckpt.save_interval:
+        if self.trainer is None or not ckpt.should_save(step, last=step == self.cfg.run.num_rollout):
             return
         with self.timers("save"):
+            if self.critic is not None:
+                self.critic.save_checkpoint(ckpt.critic_save_dir, step)
             state = {"buffer": self.buffer.state_dict()} if self.buffer is not None else {}
             self.trainer.save_checkpoint(ckpt.save, step, state)
 

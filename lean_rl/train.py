@@ -25,8 +25,8 @@ async def train(rt: Runtime) -> None:
         step_started = time.perf_counter()
 
         # 1. generate: the rollout function pulls prompts, generates, scores, and fills the buffer
-        if cfg.run.colocate and rt.trainer is not None:
-            rt.trainer.offload()  # no-op on CPU
+        if cfg.run.colocate:
+            rt.offload_trainers()  # no-op on CPU
         with rt.timers("generate"):
             rollout = await rt.rollout(step) if not cfg.run.debug_train_only else None
         groups = rt.take_train_groups(step)
@@ -37,7 +37,7 @@ async def train(rt: Runtime) -> None:
             if cfg.run.colocate:  # both no-ops on CPU
                 if rt.weight_sync is not None:
                     rt.weight_sync.release_engine_memory()
-                rt.trainer.onload()
+                rt.onload_trainers()
             with rt.timers("train"):
                 train_metrics = await asyncio.to_thread(rt.train, groups, step)
 

@@ -99,7 +99,9 @@ class GroupRunner:
             self._return_partial(group, samples)
             return None
         if self.ext.reward is not None:
+            started = time.monotonic()
             await score_group(self.cfg, samples, self.ext.reward, self.ext.group_reward, self.counters)
+            self.counters["reward_seconds"] += time.monotonic() - started  # summed over groups, not wall
         if self.ext.dynamic_filter is not None and not self.ext.dynamic_filter(self.cfg, samples):
             self.buffer.drop_groups([samples], "filtered")
             self.counters["groups_filtered"] += 1

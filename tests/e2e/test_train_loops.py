@@ -29,7 +29,7 @@ def test_sync_colocated_learns(tiny_qwen2, toy_data, tmp_path):
 
 def test_one_step_async_learns(tiny_qwen2, toy_data, tmp_path):
     result = run_lean_rl("lean_rl.train_async", run_flags(tiny_qwen2, toy_data, tmp_path, "--async-mode", "one-step",
-                                                          "--num-rollout", str(STEPS)))
+                                                          "--use-tis", "--num-rollout", str(STEPS)))
     rows = _check_learned(result, tmp_path)
     # rollout k+1 was generated on the weights before step k trained: one version old, never more
     assert [r["train/staleness_max"] for r in rows[1:]] == [1.0] * (STEPS - 1)
@@ -37,7 +37,8 @@ def test_one_step_async_learns(tiny_qwen2, toy_data, tmp_path):
 
 def test_full_async_learns_within_the_staleness_bound(tiny_qwen2, toy_data, tmp_path):
     result = run_lean_rl("lean_rl.train_async", run_flags(tiny_qwen2, toy_data, tmp_path, "--async-mode", "full",
-                                                          "--max-staleness", "1", "--num-rollout", str(STEPS)))
+                                                          "--max-staleness", "1", "--decoupled-ppo",
+                                                          "--num-rollout", str(STEPS)))
     rows = _check_learned(result, tmp_path)
     assert max(r["train/staleness_max"] for r in rows) <= 1
     assert any(r["train/staleness_max"] == 1 for r in rows)  # it did overlap: some data was one version old

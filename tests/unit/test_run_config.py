@@ -24,6 +24,7 @@ def base(tiny_qwen2, tmp_path):
     (["--global-batch-size", "10", "--micro-batch-size", "4"], "--global-batch-size"),
     (["--tensor-model-parallel-size", "3"], "--tensor-model-parallel-size 3 must divide"),
     (["--num-rollout", "0"], "--num-rollout must be > 0"),
+    (["--use-wandb"], "--use-wandb needs the wandb package"),
     (["--debug-train-only"], "--debug-train-only needs --load-debug-rollout-data"),
     (["--save-debug-rollout-data", "/tmp/x.jsonl"], "must contain \\{rollout_id\\}"),
     (["--num-layers", "7"], "--num-layers gives num_layers=7 but the HF config \\(num_hidden_layers\\) gives 2"),

@@ -96,6 +96,16 @@ def test_save_schedule():
         CheckpointConfig(save_interval=2)
 
 
+def test_critic_checkpoints_default_to_a_folder_beside_the_actors():
+    from lean_rl.backends.megatron.train_config import CheckpointConfig
+
+    derived = CheckpointConfig(save="/run/ckpt", load="/run/ckpt")
+    assert (derived.critic_save_dir, derived.critic_load_dir) == ("/run/ckpt/critic", "/run/ckpt/critic")
+    given = CheckpointConfig(save="/a", load="/b", critic_save="/c", critic_load="/d")
+    assert (given.critic_save_dir, given.critic_load_dir) == ("/c", "/d")
+    assert (CheckpointConfig().critic_save_dir, CheckpointConfig().critic_load_dir) == (None, None)
+
+
 def test_trainer_flags_live_beside_every_other_group_and_read_the_rollout_ones():
     from lean_rl.backends.megatron.config import add_megatron_args
     from lean_rl.backends.sglang.config import add_engine_args

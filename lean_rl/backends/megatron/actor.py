@@ -160,8 +160,8 @@ class MegatronRankWorker:
         return self._require_trainer().save_checkpoint(root, step, extra_state)
 
     @_on_megatron_thread
-    def load_checkpoint(self, root: str, load_optimizer: bool, load_rng: bool) -> dict:
-        return self._require_trainer().load_checkpoint(root, load_optimizer, load_rng)
+    def load_checkpoint(self, root: str, load_optimizer: bool, load_rng: bool, step: int | None = None) -> dict:
+        return self._require_trainer().load_checkpoint(root, load_optimizer, load_rng, step)
 
     @_on_megatron_thread
     def offload(self) -> dict:

@@ -158,12 +158,14 @@ class MegatronActorGroup:
         self._call_all("setup_training", train_config, algorithm_config, role)
         self.train_config, self.algorithm_config, self.role = train_config, algorithm_config, role
 
-    def initialize_for_training(self, train_config, algorithm_config, role: str = "actor") -> tuple[int, dict | None]:
+    def initialize_for_training(self, train_config, algorithm_config, role: str = "actor",
+                                actor_step: int = 0) -> tuple[int, dict | None]:
         """Weights, reference and optimizer from the flags (--load / --hf-checkpoint / --ref-load, or
-        --critic-load for the critic); returns (step, extra_state) of a resumed checkpoint, else (0, None)."""
+        --critic-load for the critic, which resumes at `actor_step`, the step the actor resumed at);
+        returns (step, extra_state) of a resumed checkpoint, else (0, None)."""
         from lean_rl.backends.megatron.train_driver import initialize_for_training
 
-        return initialize_for_training(self, train_config, algorithm_config, role)
+        return initialize_for_training(self, train_config, algorithm_config, role, actor_step)
 
     def train(self, groups: list, policy_version: int, critic: "MegatronActorGroup | None" = None) -> dict[str, float]:
         """Train on one rollout (groups of Samples): old / reference log-probs and critic values as
@@ -188,17 +190,19 @@ class MegatronActorGroup:
         Path(root).mkdir(parents=True, exist_ok=True)
         return Path(self._call_all("save_checkpoint", str(Path(root).resolve()), int(step), extra_state)[0])
 
-    def load_checkpoint(self, root: str | Path) -> tuple[int, dict | None]:
-        """Restore the latest complete checkpoint under `root` (any layout; a model-only checkpoint
-        keeps a fresh optimizer). Returns (step, extra_state)."""
-        from lean_rl.backends.megatron.checkpoint_paths import latest_step
+    def load_checkpoint(self, root: str | Path, step: int | None = None) -> tuple[int, dict | None]:
+        """Restore the latest complete checkpoint under `root`, or that of `step` (any layout; a
+        model-only checkpoint keeps a fresh optimizer). Returns (step, extra_state)."""
+        from lean_rl.backends.megatron.checkpoint_paths import iteration_dir, latest_step
 
         self._require_training()
-        if latest_step(root) is None:
+        if step is None and latest_step(root) is None:
             raise FileNotFoundError(f"no complete checkpoint under {root}")
+        if step is not None and not iteration_dir(root, step).is_dir():
+            raise FileNotFoundError(f"{root} has no checkpoint of step {step} ({iteration_dir(root, step)} is missing)")
         ckpt = self.train_config.checkpoint
         results = self._call_all("load_checkpoint", str(Path(root).resolve()), not ckpt.no_load_optim,
-                                 not ckpt.no_load_rng)
+                                 not ckpt.no_load_rng, step)
         return results[0]["step"], results[0]["extra_state"]
 
     def offload(self) -> dict:

@@ -101,11 +101,11 @@ class RankTrainer:
                                           root, step, extra_state, self.device)
         return str(path)
 
-    def load_checkpoint(self, root: str, load_optimizer: bool, load_rng: bool) -> dict[str, Any]:
+    def load_checkpoint(self, root: str, load_optimizer: bool, load_rng: bool, step: int | None = None) -> dict[str, Any]:
         self._require_onloaded()
         result = checkpoint.load_checkpoint(self.model, self.bundle.optimizer, self.bundle.scheduler, root,
                                             self.device, vocab_size=self.ctx.vocab_size,
-                                            load_optimizer=load_optimizer, load_rng=load_rng)
+                                            load_optimizer=load_optimizer, load_rng=load_rng, step=step)
         if result["loaded_optimizer"]:
             self.counters.update({k: int(v) for k, v in result["trainer_state"].items() if k in self.counters})
         return result

@@ -6,6 +6,7 @@ Megatron."""
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 from dataclasses import dataclass, field
 
 from lean_rl.backends.megatron.config import ConfigError
@@ -127,6 +128,16 @@ class CheckpointConfig:
                  f"--save-interval must be >= 1, got {self.save_interval}")
         _require(self.save_interval is None or self.save is not None, "--save-interval needs --save")
 
+    # The critic's checkpoints sit next to the actor's unless given: a slime-style launch script
+    # that sets --save / --load resumes a PPO run without extra flags.
+    @property
+    def critic_save_dir(self) -> str | None:
+        return self.critic_save or (str(Path(self.save) / "critic") if self.save else None)
+
+    @property
+    def critic_load_dir(self) -> str | None:
+        return self.critic_load or (str(Path(self.load) / "critic") if self.load else None)
+
     def should_save(self, step: int, last: bool = False) -> bool:
         """Whether the driver saves after rollout `step` (1-based): every --save-interval rollouts,
         and after the last one whenever --save is set."""
@@ -204,8 +215,8 @@ def add_train_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     ckpt.add_argument("--ref-load", default=None, help="torch_dist checkpoint of the reference model")
     if "--hf-checkpoint" not in parser._option_string_actions:  # one flag for engines and trainer, as in slime
         ckpt.add_argument("--hf-checkpoint", default=None, help="HF weights to start from when --load has none")
-    ckpt.add_argument("--critic-load", default=None)
-    ckpt.add_argument("--critic-save", default=None)
+    ckpt.add_argument("--critic-load", default=None, help="PPO critic checkpoints; default LOAD/critic")
+    ckpt.add_argument("--critic-save", default=None, help="default SAVE/critic")
     ckpt.add_argument("--no-load-optim", action="store_true")
     ckpt.add_argument("--no-load-rng", action="store_true")
     place = parser.add_argument_group("trainer placement")

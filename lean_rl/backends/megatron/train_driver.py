@@ -165,19 +165,26 @@ def train_on_rollout(actor: "MegatronActorGroup", groups: list[list[Sample]], po
 
 
 def initialize_for_training(group: "MegatronActorGroup", train: TrainConfig, algo: AlgorithmConfig,
-                            role: str = "actor") -> tuple[int, dict | None]:
+                            role: str = "actor", actor_step: int = 0) -> tuple[int, dict | None]:
     """Where the weights come from, as a slime user expects:
-    - resume: --load (critic: --critic-load) holds a complete checkpoint -> load it (any layout);
+    - resume: --load (critic: --critic-load, default LOAD/critic) holds a complete checkpoint -> load
+      it (any layout). The critic of a resumed actor (actor_step > 0) loads its checkpoint of that
+      same step: the driver saves the critic before the actor, so the actor's step always has one;
     - else start from --hf-checkpoint;
     - reference (when a KL term needs it): --ref-load, else the --hf-checkpoint weights (the policy's
       starting point), loaded before any resume so a resumed run keeps the same reference."""
-    from lean_rl.backends.megatron.checkpoint_paths import latest_step
+    from lean_rl.backends.megatron.checkpoint_paths import iteration_dir, latest_step
     from lean_rl.backends.megatron.config import ConfigError
     from lean_rl.backends.megatron.hf_config import hf_family
 
     ckpt = train.checkpoint
-    load_root, load_flag = (ckpt.load, "--load") if role == "actor" else (ckpt.critic_load, "--critic-load")
+    load_root, load_flag = (ckpt.load, "--load") if role == "actor" else (ckpt.critic_load_dir, "--critic-load")
     resume = load_root is not None and latest_step(load_root) is not None
+    if role == "critic" and actor_step:
+        if load_root is None or not iteration_dir(load_root, actor_step).is_dir():
+            raise ConfigError(f"the actor resumed at step {actor_step}, but the critic has no checkpoint of that step "
+                              f"({load_flag} {load_root}); point --critic-load at the critic saved with it")
+        resume = True
     hf = ckpt.hf_checkpoint
     if not resume and hf is None:
         raise ConfigError(f"nothing to start the {role} from: {load_flag} {load_root} holds no checkpoint and "
@@ -196,5 +203,5 @@ def initialize_for_training(group: "MegatronActorGroup", train: TrainConfig, alg
         else:
             group._call_all("snapshot_reference")
     if resume:
-        return group.load_checkpoint(load_root)
+        return group.load_checkpoint(load_root, step=actor_step or None)
     return 0, None

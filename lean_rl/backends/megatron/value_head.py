@@ -23,6 +23,15 @@ class ValueHead(MegatronModule):
         self.weight = torch.nn.Parameter(torch.zeros(1, config.hidden_size, dtype=config.params_dtype))
         self.weight.sequence_parallel = config.sequence_parallel
 
+    def sharded_state_dict(self, prefix: str = "", sharded_offsets: tuple = (), metadata: dict | None = None) -> dict:
+        """Stored as `value_head.weight`, not under the output layer's name, which checkpoint loading
+        and conversion read as the vocabulary projection (a [1, hidden] one would fail their vocab
+        checks); the state-dict name stays, so load_state_dict finds the parameter."""
+        sharded = super().sharded_state_dict(prefix, sharded_offsets, metadata)
+        for item in sharded.values():
+            item.key = item.key.replace("output_layer.", "value_head.", 1)
+        return sharded
+
     def forward(self, hidden_states: torch.Tensor, weight=None, runtime_gather_output=None):
         """Called where GPTModel calls its output layer: [s(/tp), b, h] -> ([s, b, 1], None)."""
         values = torch.matmul(hidden_states, self.weight.t().to(hidden_states.dtype))
