@@ -43,6 +43,11 @@ class Runtime:
         self.resume_state: dict | None = None  # extra state of the checkpoint resumed from
         self._ray_started = False
 
+    @property
+    def finished(self) -> bool:
+        """Resumed from a checkpoint at or past --num-rollout."""
+        return self.start_step >= self.cfg.run.num_rollout
+
     # ------------------------------------------------------------ start / stop
     def start(self) -> Runtime:
         try:
@@ -60,6 +65,11 @@ class Runtime:
         self.buffer = create_data_buffer(cfg) if cfg.data.prompt_data else None
         if not cfg.run.debug_rollout_only:
             self.trainer = self._start_trainer()
+            if self.finished:  # rerun of a completed run: nothing to generate for, say so and stop here
+                logger.warning("the checkpoint in %s is at step %d, --num-rollout is %d: nothing left to train "
+                               "(raise --num-rollout to go on)", cfg.train.checkpoint.load, self.start_step,
+                               cfg.run.num_rollout)
+                return
             if cfg.algorithm.needs_critic:
                 self.critic = self._start_critic()
         if self.buffer is not None and self.resume_state:

@@ -63,7 +63,8 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(f"--async-mode {cfg.run.async_mode}: run python -m lean_rl.train_async")
     rt = Runtime(cfg).start()
     try:
-        asyncio.run(train(rt))
+        if not rt.finished:
+            asyncio.run(train(rt))
     finally:
         rt.close()
     print_run_summary(cfg.run.output_dir)

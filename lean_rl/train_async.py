@@ -142,7 +142,8 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit("--async-mode off: run python -m lean_rl.train (or pass --async-mode one-step|full)")
     rt = Runtime(cfg).start()
     try:
-        asyncio.run(train_fully_async(rt) if cfg.run.async_mode == "full" else train_one_step_off(rt))
+        if not rt.finished:
+            asyncio.run(train_fully_async(rt) if cfg.run.async_mode == "full" else train_one_step_off(rt))
     finally:
         rt.close()
     print_run_summary(cfg.run.output_dir)

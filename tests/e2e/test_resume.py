@@ -52,9 +52,9 @@ def test_kill_9_and_rerun_resumes_exactly(tiny_qwen2, toy_data, tmp_path):
     killed_at = len(read_metrics(tmp_path))
     assert SAVE_EVERY + 2 <= killed_at < STEPS
 
-    result = run_lean_rl("lean_rl.train", flags)  # the same command again
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
-    assert f"resumed from {ckpt} at step {SAVE_EVERY}" in result.stderr + result.stdout
+    resumed = run_lean_rl("lean_rl.train", flags)  # the same command again
+    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-5000:]
+    assert f"resumed from {ckpt} at step {SAVE_EVERY}" in resumed.stderr + resumed.stdout
     rows = read_metrics(tmp_path)
     assert [r["step"] for r in rows] == list(range(STEPS))  # the metrics continue, each step once
 
@@ -72,3 +72,12 @@ def test_kill_9_and_rerun_resumes_exactly(tiny_qwen2, toy_data, tmp_path):
     source = PromptSource(records, shuffle=True, seed=42)
     expected = {(0, source.next()[1].row) for _ in range(STEPS * BATCH)}
     assert set(trained) == expected  # none lost: exactly the first STEPS * BATCH prompts of the order
+
+    # once more: the run is complete, so it says so and starts no engine, and the metrics stay as they are
+    assert "engines serve the trainer's weights" in resumed.stderr + resumed.stdout
+    result = run_lean_rl("lean_rl.train", flags)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
+    log = result.stderr + result.stdout
+    assert f"is at step {STEPS}, --num-rollout is {STEPS}: nothing left to train" in log
+    assert "engines serve the trainer's weights" not in log
+    assert [r["step"] for r in read_metrics(tmp_path)] == list(range(STEPS))

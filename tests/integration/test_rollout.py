@@ -179,7 +179,10 @@ def test_kill_9_one_engine_mid_rollout_every_sample_arrives_once(engine_group, p
     with EngineMonitor(engine_group, interval_s=0.5) as monitor:
         async def rollout_and_kill():
             task = asyncio.create_task(generate_rollout(cfg, 0, buffer))
-            await asyncio.sleep(1.5)
+            started = time.monotonic()  # a loaded machine may take seconds to get the first groups out
+            while buffer.num_in_flight() == 0 and not task.done() and time.monotonic() - started < 60:
+                await asyncio.sleep(0.05)
+            await asyncio.sleep(0.5)  # let the engines get into the middle of their responses
             in_flight_at_kill.append(buffer.num_in_flight())
             os.kill(victim, signal.SIGKILL)
             return await task

@@ -4,6 +4,7 @@ Tests that change server state restore it in `finally`."""
 import asyncio
 import pickle
 import time
+from pathlib import Path
 from datetime import timedelta
 
 import pybase64
@@ -256,3 +257,10 @@ def test_restart_engine_brings_it_back_on_the_same_port(engine_group, prompts):
     assert engine_group.router.worker_urls() == set(engine_group.engine_urls)
     with BlockingEngineClient(engine_group.engine_urls[1]) as client:
         assert client.generate(prompts[0], GREEDY).completion_tokens == GREEDY["max_new_tokens"]
+
+
+def test_cpu_servers_run_with_their_share_of_the_cores(engine_group):
+    expected = f"OMP_NUM_THREADS={engine_group.config.threads_per_cpu_engine}".encode()
+    for index in range(engine_group.config.num_engines):
+        for pid in engine_group.pids()[f"engine-{index}"]:  # the server and its scheduler / detokenizer
+            assert expected in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0"), pid

@@ -143,3 +143,18 @@ def test_config_is_frozen():
 )
 def test_launcher_reads_the_device_from_argv(argv, device):
     assert device_from_argv(argv) == device
+
+
+def test_cpu_engines_share_the_cores_with_one_share_left_for_the_trainer(monkeypatch):
+    import os
+
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(16)))
+    assert EngineConfig(model_path="/m", num_engines=1, device="cpu").threads_per_cpu_engine == 8
+    assert EngineConfig(model_path="/m", num_engines=3, device="cpu").threads_per_cpu_engine == 4
+    assert EngineConfig(model_path="/m", num_engines=20, device="cpu").threads_per_cpu_engine == 1
+    assert EngineConfig(model_path="/m", num_engines=1, device="cpu").server_env() == {"OMP_NUM_THREADS": "8"}
+    assert EngineConfig(model_path="/m", num_engines=1, device="cuda", gpus_per_engine=1).server_env() == {}
+    config, _ = parse(["--hf-checkpoint", "/m", "--rollout-num-engines", "2", "--engine-cpu-threads", "6"])
+    assert config.threads_per_cpu_engine == 6
+    with pytest.raises(EngineConfigError, match="--engine-cpu-threads: must be >= 1, got 0"):
+        parse(["--hf-checkpoint", "/m", "--engine-cpu-threads", "0"])

@@ -27,7 +27,7 @@ from lean_rl.backends.sglang.config import EngineConfig, flags_to_dict
 from lean_rl.backends.sglang.model_check import ModelDirInfo, check_model_dir
 from lean_rl.backends.sglang.processes import ChildProcess, ChildStartError, stop_all, wait_until_healthy
 from lean_rl.backends.sglang.router import RouterAdmin
-from lean_rl.utils.net import require_free_port
+from lean_rl.utils.net import find_free_port, require_free_port
 
 logger = logging.getLogger(__name__)
 
@@ -53,7 +53,6 @@ class EngineGroup:
         self.stop_timeout_s = stop_timeout_s
         self.engine_ports: list[int] = []
         self.router_port: int | None = None
-        self._prometheus_port: int | None = None
         self.model_info: ModelDirInfo | None = None
         self.timings: dict[str, float] = {}  # seconds: servers_healthy, router_healthy, total
         self._servers: list[ChildProcess | None] = []
@@ -189,7 +188,6 @@ class EngineGroup:
         require_free_port(config.resolved_router_port, router_flag, host)
         self.engine_ports = list(config.engine_ports)
         self.router_port = config.resolved_router_port
-        self._prometheus_port = config.prometheus_port
 
     def _child_env(self) -> dict[str, str]:
         # Unbuffered, so the log tail shown on a failure has the last lines; no ANSI colours in logs.
@@ -205,7 +203,7 @@ class EngineGroup:
         base = self.run_dir if len(str(self.run_dir.resolve())) <= _MAX_TMP_BASE_LEN else None
         tmp_dir = tempfile.mkdtemp(prefix=f"lean_rl_sglang{index}_", dir=base)
         self._server_tmp_dirs[index] = tmp_dir
-        env = {**self._child_env(), "TMPDIR": tmp_dir}
+        env = {**self._child_env(), **self.config.server_env(), "TMPDIR": tmp_dir}
         return self._start_child(f"engine-{index}", cmd, self.engine_log_path(index), env)
 
     def _remove_tmp_dir(self, index: int) -> None:
@@ -214,7 +212,12 @@ class EngineGroup:
             shutil.rmtree(tmp_dir, ignore_errors=True)
 
     def _spawn_router(self) -> ChildProcess:
-        flags = self.config.router_flags(self.router_port, self._prometheus_port)
+        # Its metrics port is nobody else's business: chosen now, not in the config, so that it has
+        # no time to be taken (a router that cannot bind it panics at start).
+        metrics_port = find_free_port(self.config.host)
+        while metrics_port in (*self.engine_ports, self.router_port):
+            metrics_port = find_free_port(self.config.host)
+        flags = self.config.router_flags(self.router_port, metrics_port)
         cmd = [sys.executable, "-m", "sglang_router.launch_router", *flags]
         return self._start_child("router", cmd, self.run_dir / "router.log", self._child_env())
 
