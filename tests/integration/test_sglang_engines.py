@@ -262,5 +262,7 @@ def test_restart_engine_brings_it_back_on_the_same_port(engine_group, prompts):
 def test_cpu_servers_run_with_their_share_of_the_cores(engine_group):
     expected = f"OMP_NUM_THREADS={engine_group.config.threads_per_cpu_engine}".encode()
     for index in range(engine_group.config.num_engines):
-        for pid in engine_group.pids()[f"engine-{index}"]:  # the server and its scheduler / detokenizer
-            assert expected in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0"), pid
+        # the server process; its scheduler and detokenizer inherit its environment (and rename
+        # themselves with setproctitle, which overwrites their /proc/PID/environ)
+        server_pid = engine_group.pids()[f"engine-{index}"][0]
+        assert expected in Path(f"/proc/{server_pid}/environ").read_bytes().split(b"\0"), server_pid
