@@ -64,14 +64,14 @@ class Runtime:
         self._ray_started = init_ray(cfg.run.ray_address)
         self.buffer = create_data_buffer(cfg) if cfg.data.prompt_data else None
         if not cfg.run.debug_rollout_only:
-            self.trainer = self._start_trainer()
+            self.trainer = self._start_megatron_group("actor")
             if self.finished:  # rerun of a completed run: nothing to generate for, say so and stop here
                 logger.warning("the checkpoint in %s is at step %d, --num-rollout is %d: nothing left to train "
                                "(raise --num-rollout to go on)", cfg.train.checkpoint.load, self.start_step,
                                cfg.run.num_rollout)
                 return
             if cfg.algorithm.needs_critic:
-                self.critic = self._start_critic()
+                self.critic = self._start_megatron_group("critic")
         if self.buffer is not None and self.resume_state:
             self.buffer.load_state_dict(self.resume_state["buffer"])
         self.logger = MetricsLogger(self.output_dir, resume_step=self.start_step, tensorboard=cfg.run.tensorboard,
@@ -88,34 +88,24 @@ class Runtime:
             logger.info("engines serve the trainer's weights (version %d): probe max |Δ log p| %.2e",
                         self.start_step, report.probe.max_abs_diff)
 
-    def _start_trainer(self):
+    def _start_megatron_group(self, role: str):
+        """The actor (role "actor": sets start_step and resume_state) or PPO's critic (resumed at the
+        actor's step), each a Megatron group of the run's layout; shut down again if it cannot start."""
         from lean_rl.backends.megatron.group import MegatronActorGroup
 
         cfg = self.cfg
-        trainer = MegatronActorGroup(cfg.megatron, world_size=cfg.trainer_world_size, seed=cfg.train.seed)
+        group = MegatronActorGroup(cfg.megatron, world_size=cfg.trainer_world_size, seed=cfg.train.seed)
         try:
-            self.start_step, state = trainer.initialize_for_training(cfg.train, cfg.algorithm)
+            step, state = group.initialize_for_training(cfg.train, cfg.algorithm, role=role, actor_step=self.start_step)
         except BaseException:
-            trainer.shutdown()
+            group.shutdown()
             raise
-        self.resume_state = state
-        if self.start_step:
-            logger.info("resumed from %s at step %d", cfg.train.checkpoint.load, self.start_step)
-        return trainer
-
-    def _start_critic(self):
-        from lean_rl.backends.megatron.group import MegatronActorGroup
-
-        cfg = self.cfg
-        critic = MegatronActorGroup(cfg.megatron, world_size=cfg.trainer_world_size, seed=cfg.train.seed)
-        try:
-            step, _ = critic.initialize_for_training(cfg.train, cfg.algorithm, role="critic", actor_step=self.start_step)
-        except BaseException:
-            critic.shutdown()
-            raise
+        if role == "actor":
+            self.start_step, self.resume_state = step, state
         if step:
-            logger.info("critic resumed from %s at step %d", cfg.train.checkpoint.critic_load_dir, step)
-        return critic
+            load_dir = cfg.train.checkpoint.load if role == "actor" else cfg.train.checkpoint.critic_load_dir
+            logger.info("%sresumed from %s at step %d", "critic " if role == "critic" else "", load_dir, step)
+        return group
 
     def _start_engines(self) -> None:
         from lean_rl.backends.sglang.engines import EngineGroup

@@ -91,26 +91,12 @@ def save_checkpoint(model: torch.nn.Module, optimizer, scheduler, trainer_state:
     return checkpoint_paths.iteration_dir(root, step)
 
 
-def resolve(root: str | Path, step: int | None = None) -> tuple[int, Path]:
-    """(step, directory) of the latest complete checkpoint under `root`, or of `step` when given."""
-    if step is not None:
-        directory = checkpoint_paths.iteration_dir(root, step)
-        if not directory.is_dir():
-            raise FileNotFoundError(f"{root} has no complete checkpoint of step {step} ({directory} is missing)")
-        return step, directory
-    step = checkpoint_paths.latest_step(root)
-    if step is None:
-        raise FileNotFoundError(f"no complete checkpoint under {root} "
-                                f"(no {checkpoint_paths.TRACKER}; half-written iter_*.tmp directories are ignored)")
-    return step, checkpoint_paths.iteration_dir(root, step)
-
-
 def load_checkpoint(model: torch.nn.Module, optimizer, scheduler, root: str | Path, device: torch.device, *,
                     vocab_size: int, load_optimizer: bool = True, load_rng: bool = True,
                     step: int | None = None) -> dict[str, Any]:
     """Restore the latest checkpoint under `root` (that of `step` when given). Returns {"step",
     "extra_state", "trainer_state", "loaded_optimizer", "loaded_rng"}."""
-    step, directory = resolve(root, step)
+    step, directory = checkpoint_paths.find_checkpoint(root, step)
     common = dist_checkpointing.load_common_state_dict(str(directory))
     meta = common.get("lean_rl", {})
     with_optimizer = load_optimizer and optimizer is not None and has_optimizer_state(directory)

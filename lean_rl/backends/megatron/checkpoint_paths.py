@@ -81,3 +81,17 @@ def list_steps(root: str | Path) -> list[int]:
     if not root.is_dir():
         return []
     return sorted(int(m.group(1)) for p in root.iterdir() if (m := _ITER_RE.match(p.name)) and p.is_dir())
+
+
+def find_checkpoint(root: str | Path, step: int | None = None) -> tuple[int, Path]:
+    """(step, directory) of the latest complete checkpoint under ROOT, or of `step` when given."""
+    if step is not None:
+        directory = iteration_dir(root, step)
+        if not directory.is_dir():
+            raise FileNotFoundError(f"{root} has no complete checkpoint of step {step} ({directory} is missing)")
+        return step, directory
+    step = latest_step(root)
+    if step is None:
+        raise FileNotFoundError(f"no complete checkpoint under {root} "
+                                f"(no {TRACKER}; half-written iter_*.tmp directories are ignored)")
+    return step, iteration_dir(root, step)

@@ -193,13 +193,10 @@ class MegatronActorGroup:
     def load_checkpoint(self, root: str | Path, step: int | None = None) -> tuple[int, dict | None]:
         """Restore the latest complete checkpoint under `root`, or that of `step` (any layout; a
         model-only checkpoint keeps a fresh optimizer). Returns (step, extra_state)."""
-        from lean_rl.backends.megatron.checkpoint_paths import iteration_dir, latest_step
+        from lean_rl.backends.megatron.checkpoint_paths import find_checkpoint
 
         self._require_training()
-        if step is None and latest_step(root) is None:
-            raise FileNotFoundError(f"no complete checkpoint under {root}")
-        if step is not None and not iteration_dir(root, step).is_dir():
-            raise FileNotFoundError(f"{root} has no checkpoint of step {step} ({iteration_dir(root, step)} is missing)")
+        find_checkpoint(root, step)  # fail here, not on every rank (which would take the group down)
         ckpt = self.train_config.checkpoint
         results = self._call_all("load_checkpoint", str(Path(root).resolve()), not ckpt.no_load_optim,
                                  not ckpt.no_load_rng, step)
