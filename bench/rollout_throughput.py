@@ -27,7 +27,7 @@ import httpx
 from lean_rl.backends.sglang.engines import EngineGroup
 from lean_rl.buffer.data_buffer import create_data_buffer
 from lean_rl.config import parse_config
-from lean_rl.rollout.base import load_tokenizer
+from lean_rl.buffer.prompt_source import load_tokenizer
 from lean_rl.rollout.default import generate_rollout
 from lean_rl.testing.sglang_engines import engine_config_for_tests
 from lean_rl.testing.tiny_model import make_tiny_model

@@ -1,4 +1,4 @@
-"""Trainer step time per layout: MegatronActorGroup.train() as the driver sees it vs the floor, the
+"""Trainer step time per layout: train_driver.train_on_rollout() as the driver sees it vs the floor, the
 rank's own Megatron forward/backward/optimizer step (timed inside the rank), same run, same batch.
 
     .venv/bin/python bench/train_step.py [--layouts tp1,dp2,dp2-distopt,tp2,pp2,ep2] [--steps 10]
@@ -19,7 +19,8 @@ from pathlib import Path
 
 from lean_rl.algorithms.config import AlgorithmConfig
 from lean_rl.backends.megatron.config import ParallelConfig
-from lean_rl.backends.megatron.group import MegatronActorGroup
+from lean_rl.backends.megatron.group import MegatronGroup
+from lean_rl.backends.megatron.train_driver import initialize_for_training, train_on_rollout
 from lean_rl.backends.megatron.train_config import BatchConfig, CheckpointConfig, OptimizerConfig, TrainConfig
 from lean_rl.testing.sample_groups import make_groups, set_rollout_log_probs
 from lean_rl.testing.tiny_model import make_tiny_model
@@ -41,16 +42,16 @@ def run_layout(name: str, models: Path, args) -> dict:
     checkpoint = make_tiny_model(models / f"{arch}-{args.preset}", arch=arch, seed=0, preset=args.preset)
     train = TrainConfig(optimizer=OptimizerConfig(lr=1e-5, use_distributed_optimizer=distopt),
                         batch=BatchConfig(micro_batch_size=2), checkpoint=CheckpointConfig(hf_checkpoint=str(checkpoint)))
-    # no KL term: no reference forward pass, so train() is one optimizer step plus framework work
+    # no KL term: no reference forward pass, so train_on_rollout() is one optimizer step plus framework work
     algo = AlgorithmConfig(use_rollout_logprobs=True)
     groups = make_groups(seed=1, num_groups=args.groups, group_size=args.group_size)
-    with MegatronActorGroup.from_hf_checkpoint(checkpoint, parallel, world_size=world) as group:
-        group.initialize_for_training(train, algo)
+    with MegatronGroup.from_hf_checkpoint(checkpoint, parallel, world_size=world) as group:
+        initialize_for_training(group, train, algo)
         set_rollout_log_probs(group, groups)
         driver, rank, losses = [], [], []
         for _ in range(args.steps):
             start = time.perf_counter()
-            metrics = group.train(groups, policy_version=0)
+            metrics = train_on_rollout(group, groups, policy_version=0)
             driver.append(time.perf_counter() - start)
             rank.append(metrics["train/step_time_s"])
             losses.append(metrics["train/pg_loss"])

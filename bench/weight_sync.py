@@ -114,7 +114,7 @@ def run_preset(preset: str, args, work: Path) -> list[dict]:
     from safetensors.torch import load_file
 
     from lean_rl.backends.megatron.config import ParallelConfig
-    from lean_rl.backends.megatron.group import MegatronActorGroup
+    from lean_rl.backends.megatron.group import MegatronGroup
     from lean_rl.backends.sglang.engines import EngineGroup
     from lean_rl.testing.sglang_engines import engine_config_for_tests
     from lean_rl.testing.tiny_model import make_tiny_model
@@ -128,7 +128,7 @@ def run_preset(preset: str, args, work: Path) -> list[dict]:
     rows = []
     config = engine_config_for_tests(served, "--rollout-num-engines", str(engines_n))
     with EngineGroup(config, work / f"engines-{preset}") as engines, \
-            MegatronActorGroup.from_hf_checkpoint(trained, ParallelConfig(), call_timeout_s=1800) as trainer:
+            MegatronGroup.from_hf_checkpoint(trained, ParallelConfig(), call_timeout_s=1800) as trainer:
         for transport in args.transports:
             cfg = WeightSyncConfig(transport=transport, buffer_size_bytes=args.buffer_size,
                                    disk_dir=str(work / f"sync-{preset}"), timeout_s=1800)

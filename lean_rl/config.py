@@ -1,36 +1,38 @@
 """The one typed configuration of a run, built once from the command line.
 
     cfg = parse_config(sys.argv[1:])
-    cfg.engines.router_url, cfg.rollout.n_samples_per_prompt, cfg.train.optimizer.lr, ...
+    cfg.engines.router_url, cfg.rollout.n_samples_per_prompt, cfg.train.optimizer.lr, cfg.batch_plan, ...
 
-Each part owns its flag group and dataclass (engines: backends/sglang/config.py; rollout, data,
+Each part declares its flags once, as `option(...)` fields of its own dataclass (lean_rl/options.py):
+run: run_config.py; engines: backends/sglang/config.py; prompt data: buffer/config.py; rollout,
 reward, eval: rollout/config.py; model + parallelism: backends/megatron/config.py; optimizer,
 batches, checkpoints, placement: backends/megatron/train_config.py; algorithm: algorithms/config.py;
-weight sync: weight_sync/config.py; the run: run_config.py). This module assembles them and checks
-what only the whole can check (flags that contradict each other). `--sglang-<flag>` and
-`--router-<flag>` pass through to the servers; any other unknown flag is an error naming it.
-The model architecture comes from the --hf-checkpoint's config.json; Megatron model flags, when
-given (e.g. from scripts/models/*.sh), must agree with it.
+weight sync: weight_sync/config.py. This module assembles them, derives once what several parts
+need (the trainer layout: device, world and data-parallel size; the batch plan; ports; eval
+sampling) and checks what only the whole can check (flags that contradict each other).
+`--sglang-<flag>` and `--router-<flag>` pass through to the servers; any other unknown flag is an
+error naming it. The model architecture comes from the --hf-checkpoint's config.json; Megatron model
+flags, when given (e.g. from scripts/models/*.sh), must agree with it.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from dataclasses import dataclass
+from pathlib import Path
 
-from lean_rl.algorithms.config import AlgorithmConfig, add_algorithm_args, algorithm_config_from_args
-from lean_rl.backends.megatron.config import (MegatronConfig, ParallelConfig, add_megatron_args,
-                                              parallel_config_from_args)
-from lean_rl.backends.megatron.train_config import TrainConfig, add_train_args, train_config_from_args
-from lean_rl.backends.sglang.config import EngineConfig, add_engine_args, engine_config_from_args, split_passthrough
-from lean_rl.rollout.config import (DataConfig, EvalConfig, RewardConfig, RolloutConfig, add_rollout_args,
-                                    rollout_configs_from_args)
-from lean_rl.run_config import RunConfig, add_run_args, run_config_from_args
-from lean_rl.weight_sync.config import WeightSyncConfig, add_weight_sync_args, weight_sync_config_from_args
-
-
-class ConfigError(ValueError):
-    pass
+from lean_rl.algorithms.config import AlgorithmConfig
+from lean_rl.backends.megatron.config import MegatronConfig, ModelFlags, ParallelConfig
+from lean_rl.backends.megatron.train_config import (BatchPlan, CheckpointConfig, TrainConfig, TrainerLayout,
+                                                    training_temperature)
+from lean_rl.backends.sglang.config import EngineConfig, resolve_ports, split_passthrough
+from lean_rl.buffer.config import DataConfig
+from lean_rl.options import ConfigError, add_options, read_options
+from lean_rl.rollout.config import EvalConfig, RewardConfig, RolloutConfig
+from lean_rl.run_config import RunConfig
+from lean_rl.utils.device import detect_device
+from lean_rl.weight_sync.config import WeightSyncConfig
 
 
 @dataclass(frozen=True)
@@ -45,24 +47,33 @@ class Config:
     train: TrainConfig
     algorithm: AlgorithmConfig
     weight_sync: WeightSyncConfig
-    trainer_device: str  # "cpu" | "cuda", chosen at start-up
-    trainer_world_size: int
+    # Derived once, here, from the flags above: where the trainer runs (device, ranks, DP size) and how
+    # a rollout becomes optimizer steps and micro-batches.
+    layout: TrainerLayout
+    batch_plan: BatchPlan
 
-    @property
-    def data_parallel_size(self) -> int:
-        return self.megatron.parallel.data_parallel_size(self.trainer_world_size)
+
+def _check_run_against_rollout(run: RunConfig, rollout: RolloutConfig) -> None:
+    if run.async_mode == "full" and rollout.max_staleness is None:
+        raise ConfigError("--async-mode full needs --max-staleness (how many policy versions old a sample may be)")
+    if run.async_mode == "one-step" and rollout.max_staleness is not None and rollout.max_staleness < 1:
+        raise ConfigError("--async-mode one-step trains on samples one version old: --max-staleness must be >= 1")
 
 
 def build_parser() -> argparse.ArgumentParser:
     # allow_abbrev=False: an abbreviation would swallow a passthrough flag (--sglang-... / --router-...)
     parser = argparse.ArgumentParser(prog="lean_rl", allow_abbrev=False)
-    add_run_args(parser)
-    add_engine_args(parser)  # before add_train_args: --hf-checkpoint is one flag for both
-    add_rollout_args(parser)
-    add_megatron_args(parser)
-    add_train_args(parser)
-    add_algorithm_args(parser)
-    add_weight_sync_args(parser)
+    add_options(parser, RunConfig, "run")
+    add_options(parser, EngineConfig, "rollout engines (SGLang + sglang-router)")  # --hf-checkpoint: here only
+    add_options(parser, DataConfig, "prompt data")
+    add_options(parser, RolloutConfig, "rollout")
+    add_options(parser, RewardConfig, "reward")
+    add_options(parser, EvalConfig, "evaluation")
+    add_options(parser, ModelFlags, "megatron model")
+    add_options(parser, ParallelConfig, "megatron parallelism")
+    add_options(parser, TrainConfig, "optimizer")  # with "train batches", "checkpoints", "trainer placement"
+    add_options(parser, AlgorithmConfig, "rl algorithm")
+    add_options(parser, WeightSyncConfig, "weight sync (trainer -> SGLang engines)")
     return parser
 
 
@@ -73,7 +84,8 @@ def _megatron_config(argv: list[str], args: argparse.Namespace, parallel: Parall
 
     if not args.hf_checkpoint:
         raise ConfigError("--hf-checkpoint is required (the model the engines serve and the trainer starts from)")
-    hf_arch = arch_from_hf_config(args.hf_checkpoint, args.make_vocab_size_divisible_by, args.seq_length)
+    model = read_options(ModelFlags, args)
+    hf_arch = arch_from_hf_config(args.hf_checkpoint, model.make_vocab_size_divisible_by, model.seq_length)
     given, _ = given_model_flags_parser().parse_known_args(argv)
     given = {k: v for k, v in vars(given).items() if k not in ParallelConfig.__dataclass_fields__}
     arch = check_given_flags(given, hf_arch, args.hf_checkpoint) if given else hf_arch
@@ -81,38 +93,48 @@ def _megatron_config(argv: list[str], args: argparse.Namespace, parallel: Parall
 
 
 def parse_config(argv: list[str]) -> Config:
-    import torch
-
     parser = build_parser()
     args, unknown = parser.parse_known_args(argv)
     passthrough = split_passthrough(unknown)
     if passthrough.rest:
         raise ConfigError(f"unrecognized arguments: {' '.join(passthrough.rest)}")
-    run = run_config_from_args(args)
-    data, rollout, reward, evaluation = rollout_configs_from_args(args)
+    run = read_options(RunConfig, args)
+    data = read_options(DataConfig, args)
+    rollout = read_options(RolloutConfig, args)
+    reward = read_options(RewardConfig, args)
+    evaluation = read_options(EvalConfig, args, sampling=dataclasses.replace(
+        rollout.sampling,
+        temperature=rollout.sampling.temperature if args.eval_temperature is None else args.eval_temperature,
+        max_response_len=args.eval_max_response_len or rollout.sampling.max_response_len))
+    _check_run_against_rollout(run, rollout)
+    for flag, path in [("--prompt-data", data.prompt_data)] + [
+            (f"--eval-prompt-data {name}", p) for name, p in evaluation.datasets]:
+        if path is not None and not Path(path).is_file():
+            raise ConfigError(f"{flag}: file {path!r} does not exist")
     if not data.prompt_data and not run.debug_train_only:
         raise ConfigError("--prompt-data is required")
-    megatron = _megatron_config(argv, args, parallel_config_from_args(args))
-    train = train_config_from_args(args)
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    world_size = train.placement.world_size(device)
-    data_parallel = megatron.parallel.data_parallel_size(world_size)  # raises naming the flags
-    train.batch.check_data_parallel(data_parallel)
-    train.batch.steps_for(rollout.rollout_batch_size * rollout.n_samples_per_prompt, data_parallel)
+    megatron = _megatron_config(argv, args, read_options(ParallelConfig, args))
+    checkpoint = read_options(CheckpointConfig, args, hf_checkpoint=args.hf_checkpoint)
+    train = read_options(TrainConfig, args, checkpoint=checkpoint, seed=data.seed,
+                         temperature=training_temperature(rollout.sampling.temperature))
+    layout = train.placement.layout(megatron.parallel, detect_device())  # raises naming the flags
+    batch_plan = BatchPlan(train.batch, layout.data_parallel_size,
+                           samples_per_rollout=rollout.rollout_batch_size * rollout.n_samples_per_prompt)
     if run.async_mode == "full" and rollout.rollout_function_path != "lean_rl.rollout.default.generate_rollout":
         raise ConfigError("--async-mode full generates with the built-in continuous generator; "
                           "--rollout-function-path is not used there (use --custom-generate-function-path)")
     return Config(
         run=run,
-        engines=engine_config_from_args(args, passthrough),
+        engines=resolve_ports(read_options(EngineConfig, args, device=layout.device, server_passthrough=passthrough.server,
+                                           router_passthrough=passthrough.router)),
         data=data,
         rollout=rollout,
         reward=reward,
         eval=evaluation,
         megatron=megatron,
         train=train,
-        algorithm=algorithm_config_from_args(args),
-        weight_sync=weight_sync_config_from_args(args, colocate=run.colocate),
-        trainer_device=device,
-        trainer_world_size=world_size,
+        algorithm=read_options(AlgorithmConfig, args, max_response_len=rollout.sampling.max_response_len),
+        weight_sync=read_options(WeightSyncConfig, args, colocate=run.colocate),
+        layout=layout,
+        batch_plan=batch_plan,
     )

@@ -91,13 +91,13 @@ def transformers_log_probs(checkpoint: str | Path, sequences: list[SampledSequen
 def megatron_log_probs(checkpoint: str | Path, layout: str, sequences: list[SampledSequence]) -> tuple[list[torch.Tensor], float]:
     """Scores at one layout; returns (log-probs, seconds to start the group and load the weights)."""
     from lean_rl.backends.megatron.config import ParallelConfig
-    from lean_rl.backends.megatron.group import MegatronActorGroup
+    from lean_rl.backends.megatron.group import MegatronGroup
 
     tp, pp, ep = LAYOUTS[layout]
     parallel = ParallelConfig(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp,
                               expert_model_parallel_size=ep, sequence_parallel=tp > 1 and ep > 1)
     started = time.monotonic()
-    with MegatronActorGroup.from_hf_checkpoint(checkpoint, parallel) as group:
+    with MegatronGroup.from_hf_checkpoint(checkpoint, parallel) as group:
         start_s = time.monotonic() - started
         out = group.compute_log_probs([s.tokens for s in sequences], [len(s.prompt_ids) for s in sequences])
     return out.log_probs, start_s

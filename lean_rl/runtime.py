@@ -20,6 +20,7 @@ from pathlib import Path
 from lean_rl.buffer.data_buffer import DataBuffer, create_data_buffer
 from lean_rl.config import Config
 from lean_rl.rollout.base import RolloutOutput, load_extensions
+from lean_rl.rollout.default import rollout_metrics
 from lean_rl.sample import Sample
 from lean_rl.utils.metrics import MetricsLogger, Timers, dump_samples
 
@@ -34,7 +35,7 @@ class Runtime:
         self.output_dir = Path(cfg.run.output_dir)
         self.buffer: DataBuffer | None = None
         self.trainer = None
-        self.critic = None  # PPO's value model: a second Megatron group of the same layout
+        self.critic = None  # PPO's value model: a second MegatronGroup of the same layout
         self.engines = None
         self.monitor = None
         self.weight_sync = None
@@ -91,12 +92,14 @@ class Runtime:
     def _start_megatron_group(self, role: str):
         """The actor (role "actor": sets start_step and resume_state) or PPO's critic (resumed at the
         actor's step), each a Megatron group of the run's layout; shut down again if it cannot start."""
-        from lean_rl.backends.megatron.group import MegatronActorGroup
+        from lean_rl.backends.megatron.group import MegatronGroup
+        from lean_rl.backends.megatron.train_driver import initialize_for_training
 
         cfg = self.cfg
-        group = MegatronActorGroup(cfg.megatron, world_size=cfg.trainer_world_size, seed=cfg.train.seed)
+        group = MegatronGroup(cfg.megatron, layout=cfg.layout, seed=cfg.train.seed)
         try:
-            step, state = group.initialize_for_training(cfg.train, cfg.algorithm, role=role, actor_step=self.start_step)
+            step, state = initialize_for_training(group, cfg.train, cfg.algorithm, role=role,
+                                                  actor_step=self.start_step, batch_plan=cfg.batch_plan)
         except BaseException:
             group.shutdown()
             raise
@@ -134,9 +137,10 @@ class Runtime:
 
     # ------------------------------------------------------------ the steps of the algorithm
     async def rollout(self, step: int) -> RolloutOutput:
-        """One rollout by the (possibly user-supplied) rollout function; finished groups land in the buffer."""
+        """One rollout by the (possibly user-supplied) rollout function; finished groups land in the buffer.
+        With --load-debug-rollout-data: the saved rollout's metrics (take_train_groups reads its groups)."""
         if self.cfg.run.load_debug_rollout_data:
-            return RolloutOutput()  # take_train_groups reads the saved rollout
+            return RolloutOutput(metrics=rollout_metrics(self._load_debug_rollout(step)))
         fn = self.extensions.rollout
         if inspect.iscoroutinefunction(fn):
             return await fn(self.cfg, step, self.buffer, False)
@@ -155,9 +159,11 @@ class Runtime:
         return groups
 
     def train(self, groups: list[list[Sample]], step: int) -> dict[str, float]:
+        from lean_rl.backends.megatron.train_driver import train_on_rollout
+
         if not groups:
             raise RuntimeError(f"step {step}: no training data (the prompt data is used up?)")
-        return self.trainer.train(groups, policy_version=step, critic=self.critic)
+        return train_on_rollout(self.trainer, groups, policy_version=step, critic=self.critic)
 
     def sync_weights(self, version: int, probe: bool = True):
         """probe=False while the engines are paused (the probe generates): call probe_weights after resuming."""
@@ -229,6 +235,9 @@ def step_metrics(step_seconds: float, timers: dict[str, float], rollout: Rollout
                  extra: dict[str, float] | None = None, generate_active_s: float = 0.0) -> dict[str, float]:
     """One step's metrics. Idle time per side: the trainer is idle whenever it is not training, the
     engines whenever they are not generating (`generate_active_s` within this step)."""
+    clash = rollout.metrics.keys() & train.keys()
+    if clash:  # one key, one meaning: neither side may overwrite the other's
+        raise ValueError(f"metrics written by both the rollout and the trainer: {sorted(clash)}")
     in_phases = sum(timers.get(f"time/{phase}", 0.0) for phase in PHASES)
     train_s = timers.get("time/train", 0.0)
     metrics = {**rollout.metrics, **train, **timers, **(extra or {}), "time/step": step_seconds,
@@ -239,3 +248,10 @@ def step_metrics(step_seconds: float, timers: dict[str, float], rollout: Rollout
     if tokens and step_seconds:
         metrics["perf/tokens_per_s"] = tokens / step_seconds
     return metrics
+
+
+def staleness_metrics(groups: list[list[Sample]], step: int) -> dict[str, float]:
+    """How many versions behind the trained policy (`step`) the oldest token of each sample was."""
+    ages = [step - s.oldest_version for g in groups for s in g if s.oldest_version is not None]
+    return {"train/staleness_max": float(max(ages, default=0)),
+            "train/staleness_mean": sum(ages) / len(ages) if ages else 0.0}

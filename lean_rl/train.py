@@ -14,7 +14,6 @@ import sys
 import time
 
 from lean_rl.config import parse_config
-from lean_rl.rollout.base import RolloutOutput
 from lean_rl.runtime import Runtime, step_metrics
 from lean_rl.utils.metrics import print_run_summary, setup_logging
 
@@ -28,7 +27,7 @@ async def train(rt: Runtime) -> None:
         if cfg.run.colocate:
             rt.offload_trainers()  # no-op on CPU
         with rt.timers("generate"):
-            rollout = await rt.rollout(step) if not cfg.run.debug_train_only else None
+            rollout = await rt.rollout(step)  # --debug-train-only: replays the saved rollout
         groups = rt.take_train_groups(step)
 
         # 2. train on the groups (policy version `step` -> `step + 1`)
@@ -52,7 +51,7 @@ async def train(rt: Runtime) -> None:
         rt.maybe_save(step + 1)
         eval_metrics = await rt.maybe_evaluate(step + 1)
         timers = rt.timers.pop()
-        rt.log(step, step_metrics(time.perf_counter() - step_started, timers, rollout or RolloutOutput(),
+        rt.log(step, step_metrics(time.perf_counter() - step_started, timers, rollout,
                                   train_metrics, eval_metrics, generate_active_s=timers.get("time/generate", 0.0)))
 
 

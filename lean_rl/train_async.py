@@ -23,7 +23,7 @@ from lean_rl.config import parse_config
 from lean_rl.rollout.base import RolloutOutput
 from lean_rl.rollout.continuous import ContinuousGenerator
 from lean_rl.rollout.default import rollout_metrics
-from lean_rl.runtime import Runtime, step_metrics
+from lean_rl.runtime import Runtime, staleness_metrics, step_metrics
 from lean_rl.utils.metrics import print_run_summary, setup_logging
 
 
@@ -50,7 +50,7 @@ async def train_one_step_off(rt: Runtime) -> None:
                 generate_s = (await asyncio.shield(next_rollout))[1]
         with rt.timers("sync"):
             report = await asyncio.to_thread(rt.sync_weights, step + 1)
-        train_metrics.update(_staleness(groups, step))
+        train_metrics.update(staleness_metrics(groups, step))
         train_metrics["sync/probe_max_abs_diff"] = report.probe.max_abs_diff
 
         # 4. checkpoint, evaluate, log
@@ -78,9 +78,7 @@ async def train_fully_async(rt: Runtime) -> None:
 
             # 1. wait until the buffer holds a batch that is fresh enough for policy version `step`
             with rt.timers("wait_for_data"):
-                groups = await _next_batch(rt, generator, step)
-            batch_counters = dict(generator.counters)
-            generator.counters.clear()
+                groups, counters = await generator.next_batch(step)
 
             # 2. train while generation goes on
             with rt.timers("train"):
@@ -93,7 +91,7 @@ async def train_fully_async(rt: Runtime) -> None:
                 await asyncio.to_thread(rt.sync_weights, step + 1, False)
                 await generator.resume(step + 1)
                 probe = await asyncio.to_thread(rt.probe_weights, step + 1)
-            train_metrics.update(_staleness(groups, step))
+            train_metrics.update(staleness_metrics(groups, step))
             train_metrics["sync/probe_max_abs_diff"] = probe.max_abs_diff
 
             # 4. checkpoint, evaluate, log
@@ -101,38 +99,12 @@ async def train_fully_async(rt: Runtime) -> None:
             eval_metrics = await rt.maybe_evaluate(step + 1)
             timers = rt.timers.pop()
             step_s = time.perf_counter() - step_started
-            rollout = RolloutOutput(metrics=rollout_metrics(groups, step_s, batch_counters))
+            rollout = RolloutOutput(metrics=rollout_metrics(groups, step_s, counters))
             engine_busy = step_s - (generator.idle_s - idle_before) - timers.get("time/sync", 0.0)
             rt.log(step, step_metrics(step_s, timers, rollout, train_metrics, eval_metrics,
                                       generate_active_s=max(engine_busy, 0.0)))
     finally:
         await generator.stop()
-
-
-async def _next_batch(rt: Runtime, generator: ContinuousGenerator, step: int) -> list:
-    """Groups for `step`, waiting (bounded) for the generator; stale groups are requeued by the buffer."""
-    need = rt.cfg.rollout.rollout_batch_size
-    deadline = time.monotonic() + rt.cfg.engines.request_timeout_s * 2
-    groups: list = []
-    while len(groups) < need:
-        generator.check_alive()
-        groups += rt.buffer.get_train_groups(need - len(groups), policy_version=step)
-        if len(groups) >= need:
-            break
-        if generator.data_exhausted and rt.buffer.num_ready() == 0 and rt.buffer.num_in_flight() == 0:
-            raise RuntimeError(f"step {step}: the prompt data is used up ({len(groups)} of {need} groups)")
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"step {step}: no batch of {need} groups within "
-                               f"{rt.cfg.engines.request_timeout_s * 2:.0f} s (have {len(groups)})")
-        await asyncio.sleep(0.05)
-    return groups
-
-
-def _staleness(groups: list, step: int) -> dict[str, float]:
-    """How many versions behind the trained policy the oldest token of each sample was."""
-    ages = [step - s.oldest_version for g in groups for s in g if s.oldest_version is not None]
-    return {"train/staleness_max": float(max(ages, default=0)),
-            "train/staleness_mean": sum(ages) / len(ages) if ages else 0.0}
 
 
 def main(argv: list[str] | None = None) -> None:

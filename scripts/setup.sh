@@ -47,7 +47,12 @@ else
 fi
 quiet_pip install -q --no-deps --no-build-isolation -e .
 if [[ $flavour == cpu ]]; then
-  # CUDA-linked torchvision beside CPU torch: see lean_rl/backends/sglang/torchvision_fix.py
+  # CUDA-linked torchvision beside CPU torch: see lean_rl/backends/sglang/torchvision_fix.py.
+  # The one patch loaded implicitly (a .pth runs in every interpreter of this venv); every other fix
+  # is a function its caller applies. Kept because `import torchvision` happens behind entry points
+  # we do not own: `from transformers import AutoModelForCausalLM` (tests, fixtures, user scripts,
+  # subprocesses) and SGLang's config imports, in the driver, Ray workers and spawned children alike;
+  # an explicit import at each of our entry points would still miss those. CPU flavour only.
   site=$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
   echo "import lean_rl.backends.sglang.torchvision_fix" > "$site/lean_rl_torchvision_fix.pth"
 fi

@@ -1,16 +1,16 @@
 """Typed, frozen flags of the RL algorithm (advantage estimator, policy loss, KL, entropy, off-policy
-correction, aggregation). Built once by `algorithm_config_from_args`; derived values are computed in
+correction, aggregation). Each flag is an `option` on its field; built once by
+`read_options(AlgorithmConfig, args, max_response_len=...)`; derived values are computed in
 __post_init__ and nowhere else; invalid values raise ConfigError naming the flag."""
 
 from __future__ import annotations
 
-import argparse
-from dataclasses import dataclass, field
+from dataclasses import InitVar, dataclass, field
 
 from lean_rl.algorithms.advantages import ESTIMATORS, KL_IN_REWARD_ESTIMATORS
 from lean_rl.algorithms.kl import KL_TYPES
 from lean_rl.algorithms.losses import AGGREGATION_MODES
-from lean_rl.backends.megatron.config import ConfigError
+from lean_rl.options import ConfigError, option
 
 # What a user of each estimator expects when --loss-agg-mode is not given.
 DEFAULT_AGGREGATION = {"dr_grpo": "seq-mean-token-sum-norm", "gspo": "seq-mean-token-mean"}
@@ -23,31 +23,43 @@ def _require(condition: bool, message: str) -> None:
 
 @dataclass(frozen=True)
 class AlgorithmConfig:
-    advantage_estimator: str = "grpo"
-    eps_clip: float = 0.2
-    eps_clip_high: float | None = None  # None: same as eps_clip
-    eps_clip_c: float | None = None  # dual-clip bound (> 1) for negative advantages
-    kl_loss_coef: float = 0.0
-    kl_loss_type: str = "k1"
-    kl_coef: float = 0.0  # KL in the reward (REINFORCE++ variants, PPO); always the k1 estimate
-    entropy_coef: float = 0.0
-    use_tis: bool = False
-    tis_clip: float = 2.0
-    tis_clip_low: float = 0.0
-    decoupled_ppo: bool = False
-    behav_imp_weight_cap: float | None = None
-    use_rollout_logprobs: bool = False  # old policy = the engine's log-probs, no recompute
-    normalize_advantages: bool = False
-    loss_agg_mode: str | None = None  # None: DEFAULT_AGGREGATION, else token-mean
-    loss_norm_length: int | None = None  # the constant of seq-mean-token-sum-norm
-    gamma: float = 1.0
-    lambd: float = 1.0
-    value_clip: float | None = 0.2
+    advantage_estimator: str = option("grpo", choices=ESTIMATORS)
+    eps_clip: float = option(0.2, help="PPO clip range (lower side)")
+    eps_clip_high: float | None = option(None, help="upper clip range; default --eps-clip")  # None: eps_clip
+    eps_clip_c: float | None = option(None, help="dual-clip bound (> 1) for negative advantages")
+    kl_loss_coef: float = option(0.0, help="KL(policy || reference) loss weight")
+    kl_loss_type: str = option("k1", choices=KL_TYPES)
+    # KL in the reward (REINFORCE++ variants, PPO); always the k1 estimate
+    kl_coef: float = option(0.0, help="KL penalty in the reward (reinforce_plus_plus[_baseline], ppo)")
+    entropy_coef: float = option(0.0)
+    use_tis: bool = option(False, help="truncated importance sampling against the rollout log-probs")
+    tis_clip: float = option(2.0)
+    tis_clip_low: float = option(0.0)
+    decoupled_ppo: bool = option(False, help="AReaL decoupled PPO: clip against the recomputed (proximal) policy, "
+                                             "weight by exp(proximal - behaviour) for stale samples")
+    behav_imp_weight_cap: float | None = option(None, help="drop tokens whose behaviour weight exceeds this "
+                                                           "(decoupled PPO)")
+    use_rollout_logprobs: bool = option(  # old policy = the engine's log-probs, no recompute
+        False, help="use the engine's log-probs as the old policy instead of recomputing them")
+    normalize_advantages: bool = option(False, help="whiten advantages over the batch")
+    loss_agg_mode: str | None = option(  # None: DEFAULT_AGGREGATION, else token-mean
+        None, choices=AGGREGATION_MODES,
+        help="default: seq-mean-token-sum-norm for dr_grpo, seq-mean-token-mean for gspo, else token-mean")
+    loss_norm_length: int | None = option(  # the constant of seq-mean-token-sum-norm; None: max_response_len
+        None, help="constant of seq-mean-token-sum-norm; default --rollout-max-response-len")
+    gamma: float = option(1.0, help="discount (REINFORCE++, PPO)")
+    lambd: float = option(1.0, help="GAE lambda (PPO)")
+    value_clip: float | None = option(0.2, help="critic value clip (PPO); <= 0 disables",
+                                      convert=lambda clip: clip if clip is not None and clip > 0 else None)
+    # given by the caller (--rollout-max-response-len): the default of loss_norm_length
+    max_response_len: InitVar[int | None] = None
     # derived
     policy_loss: str = field(init=False)  # "ppo" | "gspo"
     aggregation: str = field(init=False)
 
-    def __post_init__(self) -> None:
+    def __post_init__(self, max_response_len: int | None) -> None:
+        if self.loss_norm_length is None:
+            object.__setattr__(self, "loss_norm_length", max_response_len)
         _require(self.advantage_estimator in ESTIMATORS,
                  f"--advantage-estimator {self.advantage_estimator!r}: choose one of {', '.join(ESTIMATORS)}")
         _require(0 < self.eps_clip < 1, f"--eps-clip must be in (0, 1), got {self.eps_clip}")
@@ -97,52 +109,3 @@ class AlgorithmConfig:
     @property
     def needs_rollout_log_probs(self) -> bool:
         return self.use_tis or self.decoupled_ppo or self.use_rollout_logprobs
-
-
-def add_algorithm_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    group = parser.add_argument_group("rl algorithm")
-    group.add_argument("--advantage-estimator", default="grpo", choices=ESTIMATORS)
-    group.add_argument("--eps-clip", type=float, default=0.2, help="PPO clip range (lower side)")
-    group.add_argument("--eps-clip-high", type=float, default=None, help="upper clip range; default --eps-clip")
-    group.add_argument("--eps-clip-c", type=float, default=None, help="dual-clip bound (> 1) for negative advantages")
-    group.add_argument("--kl-loss-coef", type=float, default=0.0, help="KL(policy || reference) loss weight")
-    group.add_argument("--kl-loss-type", default="k1", choices=KL_TYPES)
-    group.add_argument("--kl-coef", type=float, default=0.0,
-                       help="KL penalty in the reward (reinforce_plus_plus[_baseline], ppo)")
-    group.add_argument("--entropy-coef", type=float, default=0.0)
-    group.add_argument("--use-tis", action="store_true",
-                       help="truncated importance sampling against the rollout log-probs")
-    group.add_argument("--tis-clip", type=float, default=2.0)
-    group.add_argument("--tis-clip-low", type=float, default=0.0)
-    group.add_argument("--decoupled-ppo", action="store_true",
-                       help="AReaL decoupled PPO: clip against the recomputed (proximal) policy, weight by "
-                            "exp(proximal - behaviour) for stale samples")
-    group.add_argument("--behav-imp-weight-cap", type=float, default=None,
-                       help="drop tokens whose behaviour weight exceeds this (decoupled PPO)")
-    group.add_argument("--use-rollout-logprobs", action="store_true",
-                       help="use the engine's log-probs as the old policy instead of recomputing them")
-    group.add_argument("--normalize-advantages", action="store_true", help="whiten advantages over the batch")
-    group.add_argument("--loss-agg-mode", default=None, choices=AGGREGATION_MODES,
-                       help="default: seq-mean-token-sum-norm for dr_grpo, seq-mean-token-mean for gspo, "
-                            "else token-mean")
-    group.add_argument("--loss-norm-length", type=int, default=None,
-                       help="constant of seq-mean-token-sum-norm; default --rollout-max-response-len")
-    group.add_argument("--gamma", type=float, default=1.0, help="discount (REINFORCE++, PPO)")
-    group.add_argument("--lambd", type=float, default=1.0, help="GAE lambda (PPO)")
-    group.add_argument("--value-clip", type=float, default=0.2, help="critic value clip (PPO); <= 0 disables")
-    return parser
-
-
-def algorithm_config_from_args(args: argparse.Namespace) -> AlgorithmConfig:
-    norm_length = args.loss_norm_length
-    if norm_length is None:
-        norm_length = getattr(args, "rollout_max_response_len", None)
-    return AlgorithmConfig(
-        advantage_estimator=args.advantage_estimator, eps_clip=args.eps_clip, eps_clip_high=args.eps_clip_high,
-        eps_clip_c=args.eps_clip_c, kl_loss_coef=args.kl_loss_coef, kl_loss_type=args.kl_loss_type,
-        kl_coef=args.kl_coef, entropy_coef=args.entropy_coef, use_tis=args.use_tis, tis_clip=args.tis_clip,
-        tis_clip_low=args.tis_clip_low, decoupled_ppo=args.decoupled_ppo,
-        behav_imp_weight_cap=args.behav_imp_weight_cap, use_rollout_logprobs=args.use_rollout_logprobs,
-        normalize_advantages=args.normalize_advantages, loss_agg_mode=args.loss_agg_mode,
-        loss_norm_length=norm_length, gamma=args.gamma, lambd=args.lambd,
-        value_clip=args.value_clip if args.value_clip is not None and args.value_clip > 0 else None)

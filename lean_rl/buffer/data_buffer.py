@@ -172,8 +172,7 @@ def _reset(sample: Sample) -> Sample:
 
 def create_data_buffer(cfg) -> DataBuffer:
     """The run's buffer over --prompt-data, tokenized with the served checkpoint's tokenizer."""
-    from lean_rl.buffer.prompt_source import load_prompts
-    from lean_rl.rollout.base import load_tokenizer
+    from lean_rl.buffer.prompt_source import load_prompts, load_tokenizer
 
     if not cfg.data.prompt_data:
         raise ValueError("--prompt-data is required")

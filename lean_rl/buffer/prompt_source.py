@@ -3,13 +3,21 @@
 from __future__ import annotations
 
 import collections
+import functools
 import json
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
 
-from lean_rl.rollout.config import DataConfig
+from lean_rl.buffer.config import DataConfig
+
+
+@functools.lru_cache(maxsize=8)
+def load_tokenizer(path: str):
+    import transformers
+
+    return transformers.AutoTokenizer.from_pretrained(path)
 
 
 class BadRowError(ValueError):

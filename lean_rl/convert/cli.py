@@ -20,10 +20,11 @@ import time
 from pathlib import Path
 
 from lean_rl.backends.megatron.arch_flags import check_given_flags, given_model_flags_parser, model_args_script
-from lean_rl.backends.megatron.config import ConfigError, ParallelConfig
+from lean_rl.backends.megatron.config import ParallelConfig
 from lean_rl.backends.megatron.hf_config import arch_from_hf_config
 from lean_rl.convert.output_dir import OutputExistsError
 from lean_rl.convert.safetensors_io import CheckpointError, parse_size
+from lean_rl.options import ConfigError
 
 _PARALLEL_DESTS = ("tensor_model_parallel_size", "pipeline_model_parallel_size", "expert_model_parallel_size",
                    "sequence_parallel", "moe_token_dispatcher_type")

@@ -47,7 +47,7 @@ from torch.distributed.checkpoint.planner import (
 )
 from torch.distributed.checkpoint.planner_helpers import create_read_items_for_chunk_list
 
-from lean_rl.convert.safetensors_io import CheckpointError
+from lean_rl.backends.megatron.checkpoint_paths import DCP_METADATA, CheckpointError
 
 # Megatron's metadata.json for torch_dist (dist_checkpointing/core.py CheckpointingConfig) and its
 # common state file (strategies/common.py COMMON_STATE_FNAME).
@@ -55,7 +55,6 @@ MEGATRON_METADATA = {"sharded_backend": "torch_dist", "sharded_backend_version":
                      "common_backend": "torch", "common_backend_version": 1}
 METADATA_JSON = "metadata.json"
 COMMON_FILE = "common.pt"
-DCP_METADATA = ".metadata"
 
 
 @dataclass(frozen=True)

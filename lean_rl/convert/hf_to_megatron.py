@@ -21,17 +21,24 @@ from typing import Any, Mapping
 import torch
 
 from lean_rl.backends.megatron.arch_flags import check_given_flags
-from lean_rl.backends.megatron.checkpoint_paths import iteration_dir, prepare_temporary_dir, publish
-from lean_rl.backends.megatron.config import ConfigError, MegatronConfig, ModelArch, ParallelConfig
+from lean_rl.backends.megatron.checkpoint_paths import (
+    HF_CONFIG_DIR,
+    CheckpointError,
+    copy_side_files,
+    iteration_dir,
+    prepare_temporary_dir,
+    publish,
+)
+from lean_rl.backends.megatron.config import MegatronConfig, ModelArch, ParallelConfig
 from lean_rl.backends.megatron.hf_config import arch_from_hf_config, hf_family, load_hf_config
 from lean_rl.backends.megatron.hf_weights.dist_keys import DistEntry, dist_entries, extra_state_keys
 from lean_rl.backends.megatron.hf_weights.families import geometry, rule_instances, weight_rules
 from lean_rl.backends.megatron.hf_weights.layouts import Layout, hf_shapes, to_megatron_shard
 from lean_rl.convert.dcp_io import ChunkSpec, save_dist_checkpoint
-from lean_rl.convert.output_dir import atomic_output_dir, copy_side_files
-from lean_rl.convert.safetensors_io import CheckpointError, HFSafetensors
+from lean_rl.convert.output_dir import atomic_output_dir
+from lean_rl.convert.safetensors_io import HFSafetensors
+from lean_rl.options import ConfigError
 
-HF_CONFIG_DIR = "hf_config"  # inside each iteration directory
 # Buffers some exporters write that carry no weights (recomputed by the model).
 _IGNORED_HF_SUFFIXES = ("rotary_emb.inv_freq",)
 TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}

@@ -13,17 +13,16 @@ from pathlib import Path
 
 import torch
 
-from lean_rl.backends.megatron.checkpoint_paths import iteration_dir, latest_step
+from lean_rl.backends.megatron.checkpoint_paths import HF_CONFIG_DIR, CheckpointError, copy_side_files, find_checkpoint
 from lean_rl.backends.megatron.config import MegatronConfig, ModelArch, ParallelConfig
 from lean_rl.backends.megatron.hf_config import arch_from_hf_config, hf_family, load_hf_config
 from lean_rl.backends.megatron.hf_weights.dist_keys import EXTRA_STATE, DistEntry, dist_entries, is_model_key
 from lean_rl.backends.megatron.hf_weights.families import geometry, weight_rules
 from lean_rl.backends.megatron.hf_weights.layouts import Layout, hf_shapes, to_hf_tensors
-from lean_rl.convert.dcp_io import DCP_METADATA, DistCheckpointReader
-from lean_rl.convert.hf_to_megatron import HF_CONFIG_DIR, TORCH_DTYPES, config_dtype, ordered_instances
-from lean_rl.convert.output_dir import atomic_output_dir, copy_side_files
+from lean_rl.convert.dcp_io import DistCheckpointReader
+from lean_rl.convert.hf_to_megatron import TORCH_DTYPES, config_dtype, ordered_instances
+from lean_rl.convert.output_dir import atomic_output_dir
 from lean_rl.convert.safetensors_io import (
-    CheckpointError,
     PlannedTensor,
     StreamingSafetensorsWriter,
     plan_shards,
@@ -32,25 +31,6 @@ from lean_rl.convert.safetensors_io import (
 )
 
 DEFAULT_MAX_SHARD_BYTES = 5 * 10**9  # transformers' former save_pretrained default
-
-
-def resolve_checkpoint_dir(load: str | Path, iteration: int | None = None) -> Path:
-    """--load is either a dist checkpoint directory or a root with latest_checkpointed_iteration.txt."""
-    load = Path(load)
-    if iteration is not None:
-        path = iteration_dir(load, iteration)
-        if not path.is_dir():
-            raise CheckpointError(f"--load {load} has no iteration {iteration} ({path} is missing)")
-        return path
-    if (load / DCP_METADATA).is_file():
-        return load
-    if not load.is_dir():
-        raise CheckpointError(f"--load {load}: no such directory")
-    step = latest_step(load)
-    if step is None:
-        raise CheckpointError(f"--load {load}: neither a torch_dist checkpoint ({DCP_METADATA}) nor a checkpoint root "
-                              "with latest_checkpointed_iteration.txt")
-    return iteration_dir(load, step)
 
 
 def _find_hf_config(checkpoint: Path, hf_config: str | Path | None) -> Path:
@@ -101,7 +81,7 @@ def convert_megatron_to_hf(load: str | Path, save: str | Path, *, hf_config: str
                            max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES) -> Path:
     """Convert; returns `save`, which appears only when complete. Output dtype: `dtype`, else the HF
     config's declared dtype, else the checkpoint's."""
-    checkpoint = resolve_checkpoint_dir(load, iteration)
+    _, checkpoint = find_checkpoint(load, iteration)  # a root (latest, or `iteration`) or one iter_* directory
     hf_dir = _find_hf_config(checkpoint, hf_config)
     config_json = load_hf_config(hf_dir)
     family = hf_family(config_json)

@@ -1,5 +1,5 @@
-"""Output directories that appear only when complete, and the HF side files (config, tokenizer,
-generation config, chat template) that travel with the weights."""
+"""Output directories that appear only when complete. (The HF side files that travel with the
+weights, checkpoint_paths.copy_side_files, belong to the checkpoint format.)"""
 
 from __future__ import annotations
 
@@ -8,10 +8,6 @@ import os
 import shutil
 from pathlib import Path
 from typing import Iterator
-
-# Weight files and indexes are never copied as "side files": the converters write their own.
-_WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".h5", ".msgpack", ".gguf", ".distcp")
-_WEIGHT_INDEXES = (".safetensors.index.json", ".bin.index.json")
 
 
 class OutputExistsError(FileExistsError):
@@ -37,28 +33,3 @@ def atomic_output_dir(final: str | Path) -> Iterator[Path]:
     except BaseException:
         shutil.rmtree(temporary, ignore_errors=True)
         raise
-
-
-def side_files(hf_dir: str | Path) -> list[Path]:
-    """The regular files of an HF checkpoint directory other than weights: config.json, tokenizer
-    files, generation_config.json, chat template, README, ..."""
-    out = []
-    for path in sorted(Path(hf_dir).iterdir()):
-        name = path.name
-        if not path.is_file() or name.startswith(".") or name.endswith(_WEIGHT_INDEXES):
-            continue
-        if name.endswith(_WEIGHT_SUFFIXES):
-            continue
-        out.append(path)
-    return out
-
-
-def copy_side_files(hf_dir: str | Path, dest: str | Path, skip: tuple[str, ...] = ()) -> list[str]:
-    dest = Path(dest)
-    dest.mkdir(parents=True, exist_ok=True)
-    copied = []
-    for path in side_files(hf_dir):
-        if path.name not in skip:
-            shutil.copyfile(path, dest / path.name)
-            copied.append(path.name)
-    return copied

@@ -22,6 +22,8 @@ from typing import BinaryIO, Iterable
 
 import torch
 
+from lean_rl.backends.megatron.checkpoint_paths import CheckpointError
+
 INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"
 _MAX_HEADER_BYTES = 100 * 1024 * 1024  # the safetensors library's own limit
@@ -32,10 +34,6 @@ DTYPES = {
     "BOOL": torch.bool, "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2,
 }
 DTYPE_NAMES = {dtype: name for name, dtype in DTYPES.items()}
-
-
-class CheckpointError(ValueError):
-    """A checkpoint on disk is missing, truncated or inconsistent; the message names the file."""
 
 
 @dataclass(frozen=True)

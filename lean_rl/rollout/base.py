@@ -4,12 +4,18 @@ extension points resolved (and checked) once at start-up."""
 from __future__ import annotations
 
 import functools
+from collections.abc import Awaitable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Protocol
 
 from lean_rl.backends.sglang.client import EngineClient
 from lean_rl.rollout import rewards
+from lean_rl.sample import Sample
 from lean_rl.utils.plugins import load_function
+
+if TYPE_CHECKING:  # not at run time: lean_rl.config imports every flag group (Megatron's included)
+    from lean_rl.buffer.data_buffer import DataBuffer
+    from lean_rl.config import Config
 
 
 @dataclass
@@ -21,16 +27,51 @@ class RolloutOutput:
     samples: dict[str, list] = field(default_factory=dict)
 
 
+# ---------------------------------------------------------------- the user hooks (docs/extending.md)
+# Arguments are positional (`/`): a hook may name its parameters as it likes. `cfg` is the run's frozen
+# Config (lean_rl/config.py).
+class RolloutFunction(Protocol):
+    """--rollout-function-path: `def` or `async def`; finished groups go into `buffer` (None when
+    evaluation=True)."""
+
+    def __call__(self, cfg: Config, rollout_id: int, buffer: DataBuffer | None, evaluation: bool = False, /
+                 ) -> RolloutOutput | Awaitable[RolloutOutput]: ...
+
+
+class GenerateFunction(Protocol):
+    """--custom-generate-function-path: `async def`, one sample in, the sample (or several) out."""
+
+    def __call__(self, cfg: Config, sample: Sample, sampling_params: dict, /) -> Awaitable[Sample | list[Sample]]: ...
+
+
+class RewardFunction(Protocol):
+    """--custom-rm-path and the --rm-type built-ins: `async def`, one sample's reward."""
+
+    def __call__(self, cfg: Config, sample: Sample, /) -> Awaitable[float]: ...
+
+
+class GroupRewardFunction(Protocol):
+    """--custom-rm-path with --group-rm: `async def`, one reward per sample of the group, in order."""
+
+    def __call__(self, cfg: Config, samples: list[Sample], /) -> Awaitable[list[float]]: ...
+
+
+class DynamicFilter(Protocol):
+    """--dynamic-sampling-filter-path: plain `def`, True keeps the scored group."""
+
+    def __call__(self, cfg: Config, group: list[Sample], /) -> bool: ...
+
+
 @dataclass(frozen=True)
 class Extensions:
-    rollout: Callable[..., Any]
-    generate: Callable[..., Any] | None  # None: the default per-sample generate
-    reward: Callable[..., Any] | None  # None: no reward (e.g. --debug-rollout-only with no rm)
-    group_reward: bool
-    dynamic_filter: Callable[..., Any] | None
+    rollout: RolloutFunction
+    generate: GenerateFunction | None  # None: the default per-sample generate
+    reward: RewardFunction | GroupRewardFunction | None  # None: no reward (e.g. --debug-rollout-only with no rm)
+    group_reward: bool  # True: `reward` is a GroupRewardFunction
+    dynamic_filter: DynamicFilter | None
 
 
-def load_extensions(cfg) -> Extensions:
+def load_extensions(cfg: Config) -> Extensions:
     """Import and check every dotted-path extension; called at start-up, before any engine starts."""
     r = cfg.rollout
     rollout_fn = load_function(r.rollout_function_path, "--rollout-function-path", num_args=4, must_be_sync=False)
@@ -51,20 +92,13 @@ def load_extensions(cfg) -> Extensions:
     return Extensions(rollout_fn, generate_fn, reward_fn, cfg.reward.group_rm, dynamic_filter)
 
 
-@functools.lru_cache(maxsize=8)
-def load_tokenizer(path: str):
-    import transformers
-
-    return transformers.AutoTokenizer.from_pretrained(path)
-
-
 @functools.lru_cache(maxsize=64)
 def engine_client(url: str, timeout_s: float) -> EngineClient:
     """One client (one connection pool) per server URL and process."""
     return EngineClient(url, timeout_s=timeout_s)
 
 
-def router_client(cfg) -> EngineClient:
+def router_client(cfg: Config) -> EngineClient:
     return engine_client(cfg.engines.router_url, cfg.engines.request_timeout_s)
 
 

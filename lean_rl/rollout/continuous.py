@@ -18,6 +18,7 @@ import time
 
 from lean_rl.rollout.base import engine_client
 from lean_rl.rollout.default import GroupRunner
+from lean_rl.sample import Sample
 
 
 class ContinuousGenerator:
@@ -49,6 +50,27 @@ class ContinuousGenerator:
             self._loop_task.result()
             if not self._stopping:
                 raise RuntimeError("the continuous generator stopped unexpectedly")
+
+    async def next_batch(self, step: int) -> tuple[list[list[Sample]], dict[str, float]]:
+        """The groups of a batch fresh enough for policy version `step` (the buffer requeues stale
+        ones), waiting (bounded) while they generate; and the runner's counters since the last batch."""
+        need, timeout_s = self.cfg.rollout.rollout_batch_size, self.cfg.engines.request_timeout_s * 2
+        deadline = time.monotonic() + timeout_s
+        groups: list[list[Sample]] = []
+        while len(groups) < need:
+            self.check_alive()
+            groups += self.buffer.get_train_groups(need - len(groups), policy_version=step)
+            if len(groups) >= need:
+                break
+            if self.data_exhausted and self.buffer.num_ready() == 0 and self.buffer.num_in_flight() == 0:
+                raise RuntimeError(f"step {step}: the prompt data is used up ({len(groups)} of {need} groups)")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"step {step}: no batch of {need} groups within {timeout_s:.0f} s "
+                                   f"(have {len(groups)})")
+            await asyncio.sleep(0.05)
+        counters = dict(self.counters)
+        self.counters.clear()
+        return groups, counters
 
     async def pause(self) -> None:
         """Send nothing new and pause the engines (before a weight update). Requests the pause

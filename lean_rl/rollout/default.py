@@ -1,6 +1,7 @@
 """The default rollout: prompts from the buffer → SGLang (through the router) → rewards → filter → buffer.
 
-    generate_rollout(cfg, rollout_id, buffer, evaluation=False) -> RolloutOutput
+    generate_rollout(cfg: Config, rollout_id: int, buffer: DataBuffer | None, evaluation: bool = False)
+        -> RolloutOutput
 
 One rollout collects `--rollout-batch-size` kept groups. It launches `--over-sampling-batch-size` groups
 at once, tops up while a dynamic-sampling filter drops groups, and once enough are kept aborts the
@@ -14,18 +15,25 @@ import asyncio
 import collections
 import statistics
 import time
+from typing import TYPE_CHECKING
 
 from lean_rl.backends.sglang.client import EngineConnectionError, EngineHTTPError, EngineTimeoutError
-from lean_rl.rollout.base import (RolloutOutput, engine_client, load_extensions, load_tokenizer,
-                                  parse_weight_version, router_client)
+from lean_rl.buffer.prompt_source import load_tokenizer
+from lean_rl.rollout.base import (Extensions, RolloutOutput, engine_client, load_extensions, parse_weight_version,
+                                  router_client)
 from lean_rl.rollout.evaluation import run_evaluation
 from lean_rl.rollout.rewards import score_group
 from lean_rl.sample import Sample, Status
 
+if TYPE_CHECKING:  # not at run time: lean_rl.config imports every flag group (Megatron's included)
+    from lean_rl.backends.sglang.responses import GenerateResult
+    from lean_rl.buffer.data_buffer import DataBuffer
+    from lean_rl.config import Config
+
 _FINISH_TO_STATUS = {"stop": Status.COMPLETED, "length": Status.TRUNCATED, "abort": Status.ABORTED}
 
 
-async def generate(cfg, sample: Sample, sampling_params: dict) -> Sample:
+async def generate(cfg: Config, sample: Sample, sampling_params: dict) -> Sample:
     """Default per-sample generate: one /generate call for what is left of the response budget.
     A sample that already holds partial tokens (an earlier abort) continues from them."""
     budget = sampling_params["max_new_tokens"] - sample.response_length
@@ -42,7 +50,8 @@ async def generate(cfg, sample: Sample, sampling_params: dict) -> Sample:
     return sample
 
 
-async def generate_with_retries(cfg, input_ids: list[int], sampling_params: dict, rid: str, on_retry=None):
+async def generate_with_retries(cfg: Config, input_ids: list[int], sampling_params: dict, rid: str,
+                                on_retry=None) -> GenerateResult:
     """/generate through the router, retried when an engine dies under the request (the router answers
     5xx or drops the connection; the engine monitor restarts the engine meanwhile and the router sends
     the retry elsewhere). A failed request returned no tokens, so a retry duplicates nothing."""
@@ -80,7 +89,7 @@ class GroupRunner:
     buffer (finished, dropped, or back as partial). Shared by the per-step rollout below and by the
     continuous generator of fully async training (rollout/continuous.py)."""
 
-    def __init__(self, cfg, buffer, extensions, keep_partial_tokens: bool):
+    def __init__(self, cfg: Config, buffer: DataBuffer, extensions: Extensions, keep_partial_tokens: bool):
         self.cfg, self.buffer, self.ext = cfg, buffer, extensions
         self.keep_partial_tokens = keep_partial_tokens
         self.generate_fn = extensions.generate or generate
@@ -144,7 +153,10 @@ class GroupRunner:
         await asyncio.gather(*(c.abort_request(abort_all=True) for c in clients))
 
 
-def rollout_metrics(groups: list[list[Sample]], seconds: float, counters: collections.Counter) -> dict[str, float]:
+def rollout_metrics(groups: list[list[Sample]], seconds: float | None = None,
+                    counters: collections.Counter | dict | None = None) -> dict[str, float]:
+    """The one source of rollout/* metrics about the generated groups (the trainer adds what it saw in
+    the batch under other keys). Without `seconds` (a saved rollout, replayed): no timing metrics."""
     samples = [s for g in groups for s in g]
     statuses = collections.Counter(s.status.value for s in samples)
     n = max(len(samples), 1)
@@ -153,20 +165,21 @@ def rollout_metrics(groups: list[list[Sample]], seconds: float, counters: collec
     metrics = {
         "rollout/groups": len(groups),
         "rollout/samples": len(samples),
-        "rollout/seconds": seconds,
         "rollout/response_len_mean": response_tokens / n,
         "rollout/response_tokens": response_tokens,
-        "rollout/response_tokens_per_s": response_tokens / max(seconds, 1e-9),
         "rollout/truncated_frac": statuses["truncated"] / n,
-        **{f"rollout/{k}": float(v) for k, v in counters.items()},
+        **{f"rollout/{k}": float(v) for k, v in (counters or {}).items()},
     }
+    if seconds is not None:
+        metrics["rollout/seconds"] = seconds
+        metrics["rollout/response_tokens_per_s"] = response_tokens / max(seconds, 1e-9)
     if rewards:
         metrics["rollout/reward_mean"] = sum(rewards) / len(rewards)
         metrics["rollout/reward_std"] = float(statistics.pstdev(rewards))
     return metrics
 
 
-async def _collect_batch(cfg, buffer, extensions) -> RolloutOutput:
+async def _collect_batch(cfg: Config, buffer: DataBuffer, extensions: Extensions) -> RolloutOutput:
     """One rollout: launch --over-sampling-batch-size groups, top up while the filter drops some, stop
     at --rollout-batch-size kept groups and send the surplus back to the buffer."""
     started = time.monotonic()
@@ -202,7 +215,8 @@ async def _collect_batch(cfg, buffer, extensions) -> RolloutOutput:
     return RolloutOutput(metrics=rollout_metrics(kept, time.monotonic() - started, runner.counters))
 
 
-async def generate_rollout(cfg, rollout_id: int, buffer, evaluation: bool = False) -> RolloutOutput:
+async def generate_rollout(cfg: Config, rollout_id: int, buffer: DataBuffer | None,
+                           evaluation: bool = False) -> RolloutOutput:
     extensions = load_extensions(cfg)
     if evaluation:
         return await run_evaluation(cfg, rollout_id, extensions, generate)

@@ -7,11 +7,15 @@ import asyncio
 import collections
 import functools
 import math
+from typing import TYPE_CHECKING
 
-from lean_rl.buffer.prompt_source import PromptRecord, load_prompts
-from lean_rl.rollout.base import RolloutOutput, load_tokenizer
+from lean_rl.buffer.prompt_source import PromptRecord, load_prompts, load_tokenizer
+from lean_rl.rollout.base import Extensions, GenerateFunction, RolloutOutput
 from lean_rl.rollout.rewards import score_group
 from lean_rl.sample import Sample
+
+if TYPE_CHECKING:  # not at run time: lean_rl.config imports every flag group (Megatron's included)
+    from lean_rl.config import Config
 
 
 def pass_at_k(n: int, correct: int, k: int) -> float:
@@ -27,7 +31,8 @@ def _eval_records(path: str, data_cfg, tokenizer_path: str) -> tuple[PromptRecor
     return tuple(records)
 
 
-async def run_evaluation(cfg, rollout_id: int, extensions, default_generate) -> RolloutOutput:
+async def run_evaluation(cfg: Config, rollout_id: int, extensions: Extensions,
+                         default_generate: GenerateFunction) -> RolloutOutput:
     if extensions.reward is None:
         raise ValueError("evaluation needs a reward: set --rm-type or --custom-rm-path")
     generate_fn = extensions.generate or default_generate

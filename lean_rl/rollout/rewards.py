@@ -1,7 +1,8 @@
 """Built-in reward functions (`--rm-type`) and the wrapper that keeps a failing reward from stopping a run.
 
-Every reward function has the signature `async def reward(cfg, sample) -> float`; a group reward
-(`--group-rm`) is `async def reward(cfg, samples) -> list[float]`.
+Every reward function has the signature `async def reward(cfg: Config, sample: Sample) -> float`; a group
+reward (`--group-rm`) is `async def reward(cfg: Config, samples: list[Sample]) -> list[float]` (the
+RewardFunction / GroupRewardFunction protocols in rollout/base.py; docs/extending.md).
 """
 
 from __future__ import annotations
@@ -12,13 +13,15 @@ import collections
 import concurrent.futures
 import multiprocessing
 import re
-from typing import Any, Awaitable, Callable
+from typing import TYPE_CHECKING
 
 import httpx
 
 from lean_rl.sample import Sample, Status
 
-RewardFn = Callable[[Any, Sample], Awaitable[float]]
+if TYPE_CHECKING:  # not at run time: lean_rl.config imports every flag group (Megatron's included)
+    from lean_rl.config import Config
+    from lean_rl.rollout.base import GroupRewardFunction, RewardFunction
 
 
 # ---------------------------------------------------------------- text helpers
@@ -85,26 +88,26 @@ def _math_pool() -> concurrent.futures.ProcessPoolExecutor:
     return _MATH_POOL
 
 
-async def math_reward(cfg, sample: Sample) -> float:
+async def math_reward(cfg: Config, sample: Sample) -> float:
     timeout_s = cfg.reward.rm_timeout
     future = _math_pool().submit(_math_verify_in_worker, sample.response, str(sample.label), max(1, int(timeout_s)))
     return await asyncio.wait_for(asyncio.wrap_future(future), timeout=timeout_s * 3 + 5)
 
 
-async def exact_reward(cfg, sample: Sample) -> float:
+async def exact_reward(cfg: Config, sample: Sample) -> float:
     return exact_match(sample.response, sample.label)
 
 
-async def boxed_reward(cfg, sample: Sample) -> float:
+async def boxed_reward(cfg: Config, sample: Sample) -> float:
     return boxed_match(sample.response, sample.label)
 
 
-async def f1_reward(cfg, sample: Sample) -> float:
+async def f1_reward(cfg: Config, sample: Sample) -> float:
     return token_f1(sample.response, sample.label)
 
 
 # ---------------------------------------------------------------- remote reward model
-async def remote_reward(cfg, sample: Sample) -> float:
+async def remote_reward(cfg: Config, sample: Sample) -> float:
     """POST {prompt, response, label, metadata} to --rm-url; the server answers a number or {"reward": x}."""
     body = {"prompt": sample.prompt, "response": sample.response, "label": sample.label, "metadata": sample.metadata}
     last_error: Exception | None = None
@@ -121,7 +124,7 @@ async def remote_reward(cfg, sample: Sample) -> float:
     raise RuntimeError(f"--rm-url {cfg.reward.rm_url}: no answer after {cfg.reward.rm_retries + 1} tries: {last_error}")
 
 
-BUILTIN_REWARDS: dict[str, RewardFn] = {
+BUILTIN_REWARDS: dict[str, RewardFunction] = {
     "math": math_reward,
     "boxed": boxed_reward,
     "exact": exact_reward,
@@ -131,7 +134,8 @@ BUILTIN_REWARDS: dict[str, RewardFn] = {
 
 
 # ---------------------------------------------------------------- applying rewards safely
-async def score_group(cfg, samples: list[Sample], reward_fn, group_rm: bool, counters: collections.Counter) -> None:
+async def score_group(cfg: Config, samples: list[Sample], reward_fn: RewardFunction | GroupRewardFunction,
+                      group_rm: bool, counters: collections.Counter) -> None:
     """Set `reward` on every sample. A reward that raises or times out marks the sample FAILED with
     reward 0 and counts it; the run goes on."""
     timeout_s = cfg.reward.rm_timeout * 3 + 5

@@ -28,7 +28,7 @@ def make_groups(seed: int = 0, num_groups: int = 2, group_size: int = 4, version
 
 
 def set_rollout_log_probs(group, groups: list[list[Sample]]) -> None:
-    """Give every sample the current policy's log-probs (MegatronActorGroup.compute_log_probs), as an
+    """Give every sample the current policy's log-probs (MegatronGroup.compute_log_probs), as an
     engine serving these weights would."""
     samples = [s for g in groups for s in g]
     out = group.compute_log_probs([s.tokens for s in samples], [s.prompt_length for s in samples])

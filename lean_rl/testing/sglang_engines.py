@@ -6,7 +6,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from lean_rl.backends.sglang.config import EngineConfig, add_engine_args, engine_config_from_args, split_passthrough
+from lean_rl.backends.sglang.config import EngineConfig, resolve_ports, split_passthrough
+from lean_rl.utils.device import detect_device
+from lean_rl.options import add_options, read_options
 
 # float32, so that log-probs can be compared with a transformers/Megatron float32 forward on any device;
 # round_robin, so that routing is predictable; a small KV cache (the tiny models need a few MB).
@@ -21,11 +23,11 @@ TEST_ENGINE_FLAGS = (
 
 
 def engine_config_for_tests(model_path: str | Path, *extra_flags: str) -> EngineConfig:
-    """EngineConfig for `model_path` from TEST_ENGINE_FLAGS; later flags in `extra_flags` win."""
-    parser = argparse.ArgumentParser(allow_abbrev=False)
-    add_engine_args(parser)
+    """EngineConfig for `model_path` from TEST_ENGINE_FLAGS, its ports chosen; later flags in `extra_flags` win."""
+    parser = add_options(argparse.ArgumentParser(allow_abbrev=False), EngineConfig)
     args, unknown = parser.parse_known_args(["--hf-checkpoint", str(model_path), *TEST_ENGINE_FLAGS, *extra_flags])
     passthrough = split_passthrough(unknown)
     if passthrough.rest:
         raise ValueError(f"unrecognized engine flags: {' '.join(passthrough.rest)}")
-    return engine_config_from_args(args, passthrough)
+    return resolve_ports(read_options(EngineConfig, args, device=detect_device(), server_passthrough=passthrough.server,
+                                      router_passthrough=passthrough.router))

@@ -18,8 +18,13 @@ import json
 import random
 import re
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from lean_rl.rollout.base import load_tokenizer
+from lean_rl.buffer.prompt_source import load_tokenizer
+from lean_rl.sample import Sample
+
+if TYPE_CHECKING:  # not at run time: lean_rl.config imports every flag group (Megatron's included)
+    from lean_rl.config import Config
 
 _WORDS = "the a cat dog sat on mat ran fast slow big small red blue green hello world".split()
 KINDS = {"digits": re.compile(r"\s*\d+\s*"), "letters": re.compile(r"\s?[a-z]")}
@@ -47,7 +52,7 @@ def kind_fraction(token_texts: list[str], kind: str) -> float:
     return sum(bool(KINDS[kind].fullmatch(t)) for t in token_texts) / len(token_texts)
 
 
-async def kind_fraction_reward(cfg, sample) -> float:
+async def kind_fraction_reward(cfg: Config, sample: Sample) -> float:
     """--custom-rm-path lean_rl.testing.toy_task.kind_fraction_reward"""
     tokenizer = load_tokenizer(cfg.engines.model_path)
     tokens = [t for t in sample.response_tokens if t not in tokenizer.all_special_ids]
@@ -71,7 +76,7 @@ if __name__ == "__main__":
     main()
 
 
-async def long_tail_generate(cfg, sample, sampling_params):
+async def long_tail_generate(cfg: Config, sample: Sample, sampling_params: dict) -> Sample:
     """--custom-generate-function-path for benchmarks: the default generate with a long-tailed
     response length (Pareto, alpha 1.2, from 8 tokens up to --rollout-max-response-len) fixed per
     sample index, and ignore_eos, so that sync and async runs see the same workload."""

@@ -1,7 +1,7 @@
 """The check that ends every sync: did the weights really arrive?
 
 A fixed token sequence (a prompt and a fixed continuation, from the served model's tokenizer) is
-scored by the trainer (MegatronActorGroup.compute_log_probs) and by every engine (EngineClient.score:
+scored by the trainer (MegatronGroup.compute_log_probs) and by every engine (EngineClient.score:
 one forward pass, log-prob of every token after the first). An engine whose max |Δ log p| exceeds the
 tolerance, or whose weight_version is not the step, fails the sync with WeightSyncProbeError.
 

@@ -5,22 +5,21 @@ rendezvous on master_address:master_port, a PrefixStore(group_name) over it, and
 outside the engine's default world (rank = rank_offset + its TP rank). The trainer is rank 0 and
 hosts the store. torch's TCPStore binds every interface when it opens the port itself, so the store
 is opened on a socket bound to 127.0.0.1 (distributed.open_rendezvous_store), then the group is built
-the same way SGLang builds it. `_new_process_group_helper` is torch-private, but it is the only way to
-make a group that is not carved out of the default world, and it is what SGLang itself calls.
+the same way SGLang builds it (backends.sglang.compat.join_weight_update_group: the torch-private
+steps of SGLang's recipe live there).
 """
 
 from __future__ import annotations
 
-import datetime
 import time
 from concurrent.futures import Future
 from typing import Sequence
 
 import torch
 import torch.distributed as dist
-from torch.distributed.distributed_c10d import Backend, PrefixStore, _new_process_group_helper, _world
 
 from lean_rl.backends.megatron.distributed import open_rendezvous_store
+from lean_rl.backends.sglang.compat import join_weight_update_group
 from lean_rl.weight_sync.errors import WeightSyncError
 
 _POLL_S = 0.0002  # while a broadcast runs: how often to look at the engines' HTTP calls
@@ -40,12 +39,7 @@ def join_as_rank_zero(store: dist.Store, world_size: int, group_name: str, backe
 def join_group(store: dist.Store, world_size: int, rank: int, group_name: str, backend: str,
                timeout_s: float) -> dist.ProcessGroup:
     """Any member's side of the recipe (rank 0 is the trainer; the bench's floor uses the others)."""
-    timeout = datetime.timedelta(seconds=timeout_s)
-    pg, _ = _new_process_group_helper(world_size, rank, [], Backend(backend), PrefixStore(group_name, store),
-                                      group_name=group_name, timeout=timeout)
-    # as SGLang does: group ranks are their own global ranks, so src=0 means the trainer
-    _world.pg_group_ranks[pg] = {i: i for i in range(world_size)}
-    return pg
+    return join_weight_update_group(store, world_size, rank, group_name, backend, timeout_s)
 
 
 def broadcast_to_engines(pg: dist.ProcessGroup, tensors: Sequence[torch.Tensor],

@@ -1,6 +1,7 @@
 """The trainer ranks' side of a weight sync; one RankWeightSync lives in each Megatron rank actor
-(MegatronRankWorker.weight_sync_call) and the driver (sync.py) calls its methods on every rank in
-lockstep, one pipeline stage at a time.
+(attached by sync.py as "weight_sync": MegatronGroup.call_all("weight_sync.<method>", ...)) and the
+driver (sync.py) calls its methods on every rank in lockstep, one pipeline stage at a time. It reads
+the weights through the rank's public accessors (named_hf_tensors, weight_dtypes).
 
 Who sends: each pipeline stage sends its own tensors, from its lead rank (TP rank 0, DP rank 0);
 the other ranks of the stage only take part in the TP/EP all-gathers of
@@ -101,11 +102,10 @@ def cuda_ipc_bucket(bucket: Bucket) -> dict:
 
 def cuda_ipc_payloads(flat_bucket: dict, tp_size: int) -> list[str]:
     """One serialized set of CUDA IPC handles per engine TP rank (each rank must open its own copy:
-    sglang/srt/managers/tp_worker.py deserialize_own_rank); no tensor bytes are copied."""
+    sglang/srt/managers/tp_worker.py deserialize_own_rank); no tensor bytes are copied. The process
+    must have applied backends.sglang.compat.patch_torch_cuda_ipc_reductions (setup does)."""
     from sglang.srt.utils import MultiprocessingSerializer
-    from sglang.srt.utils.patch_torch import monkey_patch_torch_reductions
 
-    monkey_patch_torch_reductions()  # handles name the GPU by UUID, so the engine maps it correctly
     return [MultiprocessingSerializer.serialize(flat_bucket, output_str=True) for _ in range(tp_size)]
 
 
@@ -114,7 +114,7 @@ class RankWeightSync:
     (e.g. distributed for training, disk for evaluation) can share one actor group."""
 
     def __init__(self, worker):
-        self.worker = worker  # MegatronRankWorker
+        self.worker = worker  # the hosting backends.megatron.rank.MegatronRank
         self.syncs: dict[str, _RankSync] = {}
 
     def setup(self, plan: RankSyncPlan) -> dict:
@@ -151,7 +151,7 @@ class _RankSync:
     """One weight sync's state on one rank: its plan, engine clients (stage leads), process group."""
 
     def __init__(self, worker):
-        self.worker = worker  # MegatronRankWorker: model, config, layout, device
+        self.worker = worker  # MegatronRank: layout, config, device, named_hf_tensors
         self.plan: RankSyncPlan | None = None
         self.clients: list = []
         self.group = None
@@ -173,9 +173,7 @@ class _RankSync:
         return layout.pipeline_rank == stage and (layout.data_rank == 0 or parallel.expert_model_parallel_size > 1)
 
     def _stage_tensors(self):
-        from lean_rl.backends.megatron.hf_weights.export import iter_stage_hf_tensors
-
-        return iter_stage_hf_tensors(self.worker._require_model(), self.worker.config, self.plan.family)
+        return self.worker.named_hf_tensors(self.plan.family)
 
     def _require_plan(self) -> RankSyncPlan:
         if self.plan is None:
@@ -190,8 +188,12 @@ class _RankSync:
         stage = self._layout.pipeline_rank
         if self._is_lead(stage) and plan.transport != "disk":
             self.clients = [BlockingEngineClient(url, timeout_s=plan.timeout_s) for url in plan.engine_urls]
-        dtypes = {str(p.dtype).removeprefix("torch.") for p in self.worker._require_model().parameters()}
-        return {"rank": self.worker.rank, "stage": stage, "lead": self._is_lead(stage), "dtypes": sorted(dtypes)}
+        if self._is_lead(stage) and plan.transport == "tensor" and self.worker.device.type == "cuda":
+            from lean_rl.backends.sglang.compat import patch_torch_cuda_ipc_reductions
+
+            patch_torch_cuda_ipc_reductions()  # once per process, before the first cuda_ipc_payloads
+        return {"rank": self.worker.rank, "stage": stage, "lead": self._is_lead(stage),
+                "dtypes": self.worker.weight_dtypes()}
 
     def connect_stage(self, stage: int) -> None:
         """distributed: the lead of `stage` opens a store, asks every engine to join its group, joins."""

@@ -31,7 +31,7 @@ from lean_rl.weight_sync.engine_calls import call_all, submit_all
 from lean_rl.weight_sync.errors import WeightSyncError
 from lean_rl.weight_sync.memory import KV_CACHE_AND_GRAPHS, WEIGHTS, EngineMemory
 from lean_rl.weight_sync.probe import ProbeResult, probe_token_ids, raise_on_failure, run_probe
-from lean_rl.weight_sync.rank import RankSyncPlan, StageSent
+from lean_rl.weight_sync.rank import RankSyncPlan, RankWeightSync, StageSent
 
 
 @dataclass(frozen=True)
@@ -97,7 +97,7 @@ class WeightSync:
             raise WeightSyncError("WeightSync.connect() called twice")
         if self.actor_group.family is None:
             raise WeightSyncError("weight sync needs the trainer's HF family: load an HF checkpoint into the "
-                                  "actor group first (MegatronActorGroup.from_hf_checkpoint / load_hf_checkpoint)")
+                                  "actor group first (MegatronGroup.from_hf_checkpoint / load_hf_checkpoint)")
         timeout = self.cfg.timeout_s
         self.clients = [BlockingEngineClient(url, timeout_s=timeout) for url in self.engine_urls]
         servers = call_all(self.clients, timeout, "server_info")
@@ -117,7 +117,10 @@ class WeightSync:
             engine_tp_sizes=tuple(e.tp_size for e in self.engines), buffer_size_bytes=self.cfg.buffer_size_bytes,
             timeout_s=timeout, family=self.actor_group.family, group_prefix=f"lean_rl_ws_{uuid.uuid4().hex[:8]}",
             backend="nccl" if self.actor_group.device == "cuda" else "gloo")
-        ranks = self.actor_group.weight_sync_call("setup", self.plan)
+        # each rank hosts one RankWeightSync (shared by every WeightSync of the group), built from the
+        # class given here: the Megatron backend does not import the weight sync
+        self.actor_group.call_all("attach", "weight_sync", RankWeightSync)
+        ranks = self._ranks("setup", self.plan)
         # tensors travel in the trainer's own dtypes (buckets split where they change); the probe's
         # default tolerance follows the least precise of them
         dtypes = {d for r in ranks for d in r["dtypes"]}
@@ -126,7 +129,7 @@ class WeightSync:
         self.tolerance = self.cfg.probe_tolerance(self.dtype)
         if self.cfg.transport == "distributed":
             for stage in range(self.num_stages):  # one stage at a time: an engine joins one group at a time
-                self.actor_group.weight_sync_call("connect_stage", self.plan.group_prefix, stage)
+                self._ranks("connect_stage", self.plan.group_prefix, stage)
                 self._groups_joined += 1
         if self.cfg.transport == "disk":
             self._staging = DiskStaging(self.cfg.disk_dir, self.engines[0].model_path)
@@ -215,18 +218,22 @@ class WeightSync:
     def _per_stage(self, method: str, args_for_stage) -> list[StageSent]:
         sent = []
         for stage in range(self.num_stages):
-            per_rank = self.actor_group.weight_sync_call(method, self.plan.group_prefix, *args_for_stage(stage))
+            per_rank = self._ranks(method, self.plan.group_prefix, *args_for_stage(stage))
             results = [r for r in per_rank if r is not None]
             if len(results) != 1:
                 raise WeightSyncError(f"{method}: stage {stage} reported from {len(results)} lead ranks, expected 1")
             sent.append(results[0])
         return sent
 
+    def _ranks(self, method: str, *args) -> list:
+        """RankWeightSync.<method>(*args) on every trainer rank, in lockstep; results in rank order."""
+        return self.actor_group.call_all(f"weight_sync.{method}", *args)
+
     def _trainer_checksums(self) -> tuple[dict[str, str], dict[str, list[str]]]:
         checksums: dict[str, str] = {}
         sources: dict[str, list[str]] = {}
         for stage in range(self.num_stages):
-            for result in self.actor_group.weight_sync_call("stage_checksums", self.plan.group_prefix, stage):
+            for result in self._ranks("stage_checksums", self.plan.group_prefix, stage):
                 if result is not None:
                     checksums.update(result[0])
                     sources.update(result[1])
@@ -247,7 +254,7 @@ class WeightSync:
             self._groups_joined = 0
         if self.plan is not None:
             try:
-                self.actor_group.weight_sync_call("close", self.plan.group_prefix)
+                self._ranks("close", self.plan.group_prefix)
             except Exception as exc:  # the group may be shut down already
                 problems.append(f"trainer: {exc}")
         self.plan = None

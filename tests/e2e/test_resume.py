@@ -14,7 +14,7 @@ import transformers
 from conftest import REPO, read_metrics, run_flags, run_lean_rl
 
 from lean_rl.buffer.prompt_source import PromptSource, load_prompts
-from lean_rl.rollout.config import DataConfig
+from lean_rl.buffer.config import DataConfig
 
 pytestmark = pytest.mark.e2e
 
@@ -43,7 +43,7 @@ def test_kill_9_and_rerun_resumes_exactly(tiny_qwen2, toy_data, tmp_path):
         assert time.monotonic() < deadline, "the first run made no progress"
         time.sleep(0.5)
     children = [p for p in _descendants(driver.pid) if "sglang" in " ".join(p.cmdline()) or
-                "MegatronRankWorker" in p.name() + " ".join(p.cmdline())]
+                "MegatronRank" in p.name() + " ".join(p.cmdline())]
     assert children, "expected engines and trainer ranks under the driver"
     driver.send_signal(signal.SIGKILL)
     driver.wait(30)

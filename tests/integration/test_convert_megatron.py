@@ -15,7 +15,7 @@ import transformers
 from safetensors.torch import load_file, save_file
 
 from lean_rl.backends.megatron.config import MegatronConfig, ParallelConfig
-from lean_rl.backends.megatron.group import MegatronActorGroup
+from lean_rl.backends.megatron.group import MegatronGroup
 from lean_rl.backends.megatron.hf_config import arch_from_hf_config
 from lean_rl.convert.dcp_io import DistCheckpointReader
 from lean_rl.convert.hf_to_megatron import convert_hf_to_megatron
@@ -116,7 +116,7 @@ def test_conversion_round_trips_and_loads_in_megatron(case, ray_cluster, hf_scal
         expected = [hf(torch.tensor([s])).logits[0].float() for s in sequences]
 
     config = MegatronConfig(arch_from_hf_config(original, make_vocab_size_divisible_by=96), parallel)
-    with MegatronActorGroup(config) as group:
+    with MegatronGroup(config) as group:
         group.load_model_checkpoint(tmp_path / "megatron")
         logits = group.compute_logits(sequences)
         state = group.gather_hf_state_dict()

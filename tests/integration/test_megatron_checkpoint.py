@@ -18,7 +18,8 @@ from training_helpers import make_groups, train_config
 from lean_rl.algorithms.config import AlgorithmConfig
 from lean_rl.backends.megatron import checkpoint_paths
 from lean_rl.backends.megatron.config import ParallelConfig
-from lean_rl.backends.megatron.group import MegatronActorGroup, MegatronGroupError
+from lean_rl.backends.megatron.group import MegatronGroup, MegatronGroupError
+from lean_rl.backends.megatron.train_driver import initialize_for_training, train_on_rollout
 from lean_rl.buffer.data_buffer import DataBuffer
 from lean_rl.buffer.prompt_source import PromptRecord, PromptSource
 
@@ -34,8 +35,8 @@ def _buffer_state() -> dict:
 
 
 def _group(checkpoint, parallel=ParallelConfig(), **train):
-    group = MegatronActorGroup.from_hf_checkpoint(checkpoint, parallel, world_size=2)
-    return group, group.initialize_for_training(train_config(checkpoint, **train), ALGO)
+    group = MegatronGroup.from_hf_checkpoint(checkpoint, parallel, world_size=2)
+    return group, initialize_for_training(group, train_config(checkpoint, **train), ALGO)
 
 
 def test_resume_reproduces_the_next_step_in_the_same_and_another_layout(ray_cluster, tiny_qwen2, tmp_path):
@@ -45,16 +46,16 @@ def test_resume_reproduces_the_next_step_in_the_same_and_another_layout(ray_clus
     group, start = _group(tiny_qwen2, load=root, distributed_optimizer=True, num_steps_per_rollout=2)
     with group:
         assert start == (0, None)  # --load is empty: started from --hf-checkpoint
-        group.train(batches[0], policy_version=0)
-        group.train(batches[1], policy_version=1)
+        train_on_rollout(group, batches[0], policy_version=0)
+        train_on_rollout(group, batches[1], policy_version=1)
         assert group.save_checkpoint(root, 2, extra) == checkpoint_paths.iteration_dir(root, 2)
-        uninterrupted = group.train(batches[2], policy_version=2)
+        uninterrupted = train_on_rollout(group, batches[2], policy_version=2)
     assert checkpoint_paths.latest_step(root) == 2 and not checkpoint_paths.temporary_dir(root, 2).exists()
 
     group, start = _group(tiny_qwen2, load=root, distributed_optimizer=True, num_steps_per_rollout=2)
     with group:
         assert start == (2, extra)  # the DataBuffer state comes back as it was saved
-        resumed = group.train(batches[2], policy_version=2)
+        resumed = train_on_rollout(group, batches[2], policy_version=2)
     for name in ("train/loss", "train/pg_loss", "train/kl_loss", "train/grad_norm", "train/entropy"):
         assert resumed[name] == uninterrupted[name], name  # same layout: bit for bit
     assert resumed["train/optimizer_steps"] == uninterrupted["train/optimizer_steps"] == 6
@@ -65,7 +66,7 @@ def test_resume_reproduces_the_next_step_in_the_same_and_another_layout(ray_clus
                           distributed_optimizer=True, num_steps_per_rollout=2)
     with group:
         assert start[0] == 2
-        resharded = group.train(batches[2], policy_version=2)
+        resharded = train_on_rollout(group, batches[2], policy_version=2)
     for name in ("train/loss", "train/pg_loss", "train/kl_loss", "train/grad_norm"):
         assert resharded[name] == pytest.approx(uninterrupted[name], rel=1e-4, abs=1e-6), name
 
@@ -73,8 +74,8 @@ def test_resume_reproduces_the_next_step_in_the_same_and_another_layout(ray_clus
 def test_a_crash_mid_save_leaves_the_previous_checkpoint_as_latest(ray_cluster, tiny_qwen2, tmp_path):
     root = tmp_path / "ckpt"
     group, _ = _group(tiny_qwen2)
-    pids = group.actor_pids()
-    group.train(make_groups(seed=20), policy_version=0)
+    pids = group.rank_pids()
+    train_on_rollout(group, make_groups(seed=20), policy_version=0)
     group.save_checkpoint(root, 1, {"saved": 1})
     errors = []
     saver = threading.Thread(target=lambda: errors.append(_expect_failure(group, root)))
@@ -109,7 +110,7 @@ def test_model_only_checkpoint_starts_a_fresh_optimizer_and_serves_as_reference(
     probe = [s.tokens for g in make_groups(seed=30) for s in g]
     group, _ = _group(tiny_qwen2)
     with group:
-        group.train(make_groups(seed=31), policy_version=0)
+        train_on_rollout(group, make_groups(seed=31), policy_version=0)
         group.save_model_checkpoint(root, 5)  # the converter's format: {"model": ...}, no optimizer
         trained = group.compute_log_probs(probe).log_probs
     group, start = _group(tiny_qwen2, load=root)
@@ -117,7 +118,7 @@ def test_model_only_checkpoint_starts_a_fresh_optimizer_and_serves_as_reference(
         assert start == (5, None)
         loaded = group.compute_log_probs(probe).log_probs
         assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(trained, loaded))
-        metrics = group.train(make_groups(seed=32), policy_version=5)
+        metrics = train_on_rollout(group, make_groups(seed=32), policy_version=5)
         assert metrics["train/optimizer_steps"] == 1  # fresh optimizer and counters
         # KL against the HF weights (the reference when only --hf-checkpoint is given) is not zero
         assert metrics["train/kl_loss"] > 0
@@ -125,9 +126,10 @@ def test_model_only_checkpoint_starts_a_fresh_optimizer_and_serves_as_reference(
     # --ref-load: the reference is that checkpoint, so a policy started from it has KL 0 at first
     train = train_config(tiny_qwen2, load=root)
     train = replace(train, checkpoint=replace(train.checkpoint, ref_load=str(ref_root), load=str(ref_root)))
-    with MegatronActorGroup.from_hf_checkpoint(tiny_qwen2, ParallelConfig(), world_size=2) as group:
-        group.initialize_for_training(train, ALGO)
-        assert group.train(make_groups(seed=33), policy_version=0)["train/kl_loss"] == pytest.approx(0.0, abs=1e-6)
+    with MegatronGroup.from_hf_checkpoint(tiny_qwen2, ParallelConfig(), world_size=2) as group:
+        initialize_for_training(group, train, ALGO)
+        metrics = train_on_rollout(group, make_groups(seed=33), policy_version=0)
+        assert metrics["train/kl_loss"] == pytest.approx(0.0, abs=1e-6)
 
 
 @pytest.mark.parametrize("arch, parallel", [
@@ -140,12 +142,12 @@ def test_resume_reproduces_the_next_step_at(arch, parallel, ray_cluster, tiny_mo
     batches = [make_groups(seed=s) for s in (40, 41)]
     group, _ = _group(checkpoint, parallel, load=root)
     with group:
-        group.train(batches[0], policy_version=0)
+        train_on_rollout(group, batches[0], policy_version=0)
         group.save_checkpoint(root, 1, {"at": 1})
-        uninterrupted = group.train(batches[1], policy_version=1)
+        uninterrupted = train_on_rollout(group, batches[1], policy_version=1)
     group, start = _group(checkpoint, parallel, load=root)
     with group:
         assert start == (1, {"at": 1})
-        resumed = group.train(batches[1], policy_version=1)
+        resumed = train_on_rollout(group, batches[1], policy_version=1)
     for name in ("train/loss", "train/grad_norm", "train/kl_loss"):
         assert resumed[name] == uninterrupted[name], name

@@ -15,7 +15,7 @@ from hf_reference import reference_log_probs, sample_sequences
 from safetensors.torch import load_file, save_file
 
 from lean_rl.backends.megatron.config import ParallelConfig
-from lean_rl.backends.megatron.group import MegatronActorGroup
+from lean_rl.backends.megatron.group import MegatronGroup
 
 pytestmark = pytest.mark.integration
 
@@ -78,7 +78,7 @@ def test_megatron_matches_transformers(case, ray_cluster, checkpoints):
     expected = reference_log_probs(hf, sequences, starts)
 
     started = time.monotonic()
-    with MegatronActorGroup.from_hf_checkpoint(checkpoint, parallel,
+    with MegatronGroup.from_hf_checkpoint(checkpoint, parallel,
                                                make_vocab_size_divisible_by=divisible_by) as group:
         start_s = time.monotonic() - started
         assert (group.config.padded_vocab_size > hf.config.vocab_size) == (divisible_by == 96)

@@ -13,8 +13,8 @@ from training_helpers import fixed_old_policy, make_groups, set_rollout_log_prob
 
 from lean_rl.algorithms.config import AlgorithmConfig
 from lean_rl.backends.megatron.config import ParallelConfig
-from lean_rl.backends.megatron.group import MegatronActorGroup
-from lean_rl.backends.megatron.train_driver import NonFiniteStepsError
+from lean_rl.backends.megatron.group import MegatronGroup
+from lean_rl.backends.megatron.train_driver import NonFiniteStepsError, initialize_for_training, train_on_rollout
 
 pytestmark = pytest.mark.integration
 STEPS = 8
@@ -22,14 +22,14 @@ STEPS = 8
 
 def _loss_curve(checkpoint, parallel: ParallelConfig, world_size: int = 2):
     algo = fixed_old_policy(kl_loss_coef=0.01, kl_loss_type="low_var_kl")
-    with MegatronActorGroup.from_hf_checkpoint(checkpoint, parallel, world_size=world_size) as group:
-        assert group.initialize_for_training(train_config(checkpoint, lr=1e-5), algo) == (0, None)
+    with MegatronGroup.from_hf_checkpoint(checkpoint, parallel, world_size=world_size) as group:
+        assert initialize_for_training(group, train_config(checkpoint, lr=1e-5), algo) == (0, None)
         groups = make_groups(seed=1)
         set_rollout_log_probs(group, groups)
         metrics, times = [], []
         for _ in range(STEPS):
             start = time.perf_counter()
-            metrics.append(group.train(groups, policy_version=0))
+            metrics.append(train_on_rollout(group, groups, policy_version=0))
             times.append(time.perf_counter() - start)
     curve = [m["train/pg_loss"] for m in metrics]
     print(f"\n{parallel}: pg_loss {[round(x, 4) for x in curve]}; "
@@ -65,33 +65,33 @@ def test_loss_falls_for_moe_at_ep2(ray_cluster, tiny_model_factory):
 def test_non_finite_steps_are_skipped_counted_and_n_in_a_row_stop_the_run(ray_cluster, tiny_qwen2):
     clean, poisoned = make_groups(seed=2), make_groups(seed=3)
     poisoned[0][0].reward = float("nan")  # NaN advantage for group 0 -> NaN loss and grads
-    with MegatronActorGroup.from_hf_checkpoint(tiny_qwen2, ParallelConfig(), world_size=2) as group:  # DP=2
-        group.initialize_for_training(train_config(tiny_qwen2, max_skipped=2), AlgorithmConfig())
+    with MegatronGroup.from_hf_checkpoint(tiny_qwen2, ParallelConfig(), world_size=2) as group:  # DP=2
+        initialize_for_training(group, train_config(tiny_qwen2, max_skipped=2), AlgorithmConfig())
         probe = [s.tokens for g in clean for s in g]
         before = group.compute_log_probs(probe).log_probs
-        skipped = group.train(poisoned, policy_version=0)
+        skipped = train_on_rollout(group, poisoned, policy_version=0)
         assert skipped["train/skipped"] == 1 and skipped["train/skipped_steps"] == 1
         assert skipped["train/optimizer_steps"] == 0 and skipped["rollout/nonfinite_rewards"] == 1
         assert math.isnan(skipped["train/grad_norm"])
         after = group.compute_log_probs(probe).log_probs
         assert all(torch.equal(a, b) for a, b in zip(before, after)), "a skipped step changed the weights"
-        ok = group.train(clean, policy_version=0)  # a finite step resets the run of skips
+        ok = train_on_rollout(group, clean, policy_version=0)  # a finite step resets the run of skips
         assert ok["train/skipped"] == 0 and ok["train/optimizer_steps"] == 1 and ok["train/skipped_steps"] == 1
         assert ok["train/consecutive_skipped_steps"] == 0 and math.isfinite(ok["train/grad_norm"])
-        group.train(poisoned, policy_version=0)
+        train_on_rollout(group, poisoned, policy_version=0)
         with pytest.raises(NonFiniteStepsError, match=r"2 optimizer steps in a row .*--max-consecutive-skipped-steps 2"):
-            group.train(poisoned, policy_version=0)
+            train_on_rollout(group, poisoned, policy_version=0)
 
 
 def test_ppo_trains_a_critic_and_the_actor(ray_cluster, tiny_qwen2):
     algo = AlgorithmConfig(advantage_estimator="ppo", gamma=1.0, lambd=0.95, kl_coef=0.05)
     train = train_config(tiny_qwen2, lr=1e-3, num_steps_per_rollout=2)
     groups = make_groups(seed=4)
-    with MegatronActorGroup.from_hf_checkpoint(tiny_qwen2, ParallelConfig(), world_size=1) as actor, \
-            MegatronActorGroup.from_hf_checkpoint(tiny_qwen2, ParallelConfig(), world_size=1) as critic:
-        actor.initialize_for_training(train, algo, role="actor")
-        critic.initialize_for_training(train, algo, role="critic")
-        history = [actor.train(groups, policy_version=v, critic=critic) for v in range(4)]
+    with MegatronGroup.from_hf_checkpoint(tiny_qwen2, ParallelConfig(), world_size=1) as actor, \
+            MegatronGroup.from_hf_checkpoint(tiny_qwen2, ParallelConfig(), world_size=1) as critic:
+        initialize_for_training(actor, train, algo, role="actor")
+        initialize_for_training(critic, train, algo, role="critic")
+        history = [train_on_rollout(actor, groups, policy_version=v, critic=critic) for v in range(4)]
         assert actor.offload() == {"offloaded": False, "reason": "device is cpu"}
     critic_loss = [m["critic/loss"] for m in history]
     print(f"\nPPO critic loss {[round(x, 4) for x in critic_loss]}")
@@ -112,10 +112,10 @@ def test_dynamic_batching_and_balance_give_the_same_step_as_fixed_micro_batches(
     for batching in (dict(micro_batch_size=1), dict(use_dynamic_batch_size=True, max_tokens_per_gpu=24,
                                                     balance_data=True)):
         groups = make_groups(seed=5, num_groups=3)
-        with MegatronActorGroup.from_hf_checkpoint(tiny_qwen2, ParallelConfig(), world_size=2) as group:
-            group.initialize_for_training(train_config(tiny_qwen2, lr=1e-4, **batching), algo)
+        with MegatronGroup.from_hf_checkpoint(tiny_qwen2, ParallelConfig(), world_size=2) as group:
+            initialize_for_training(group, train_config(tiny_qwen2, lr=1e-4, **batching), algo)
             set_rollout_log_probs(group, groups)
-            runs.append([group.train(groups, policy_version=0) for _ in range(2)])
+            runs.append([train_on_rollout(group, groups, policy_version=0) for _ in range(2)])
     fixed, dynamic = runs
     for a, b in zip(fixed, dynamic):
         for name in ("train/loss", "train/pg_loss", "train/entropy", "train/grad_norm", "train/tis_weight"):
@@ -129,12 +129,12 @@ def test_decoupled_ppo_and_the_lr_schedule(ray_cluster, tiny_qwen2):
     groups = make_groups(seed=6, version=1)  # generated by policy version 1, trained at version 3
     algo = AlgorithmConfig(decoupled_ppo=True, behav_imp_weight_cap=5.0)
     schedule = dict(lr_warmup_iters=2, lr_decay_style="cosine", lr_decay_iters=4, min_lr=1e-5)
-    with MegatronActorGroup.from_hf_checkpoint(tiny_qwen2, ParallelConfig(), world_size=1) as group:
-        group.initialize_for_training(train_config(tiny_qwen2, lr=1e-4, optimizer=schedule), algo)
+    with MegatronGroup.from_hf_checkpoint(tiny_qwen2, ParallelConfig(), world_size=1) as group:
+        initialize_for_training(group, train_config(tiny_qwen2, lr=1e-4, optimizer=schedule), algo)
         set_rollout_log_probs(group, groups)
         for sample in (s for g in groups for s in g):  # the behaviour policy differed a little
             sample.rollout_log_probs = [lp - 0.1 for lp in sample.rollout_log_probs]
-        history = [group.train(groups, policy_version=3) for _ in range(4)]
+        history = [train_on_rollout(group, groups, policy_version=3) for _ in range(4)]
     metrics = history[0]
     assert metrics["rollout/stale_token_frac"] == 1.0 and metrics["rollout/max_staleness"] == 2
     # exp(prox - behav) = exp(0.1) on every token, none above the cap
@@ -155,11 +155,11 @@ def test_a_nan_step_is_skipped_at(arch, parallel, ray_cluster, tiny_model_factor
     checkpoint = tiny_model_factory(arch)
     poisoned = make_groups(seed=3)
     poisoned[1][2].reward = float("inf")  # inf - inf in the group mean: NaN advantages
-    with MegatronActorGroup.from_hf_checkpoint(checkpoint, parallel, world_size=2) as group:
-        group.initialize_for_training(train_config(checkpoint), AlgorithmConfig())
+    with MegatronGroup.from_hf_checkpoint(checkpoint, parallel, world_size=2) as group:
+        initialize_for_training(group, train_config(checkpoint), AlgorithmConfig())
         probe = [s.tokens for g in poisoned for s in g]
         before = group.compute_log_probs(probe).log_probs
-        metrics = group.train(poisoned, policy_version=0)
+        metrics = train_on_rollout(group, poisoned, policy_version=0)
         after = group.compute_log_probs(probe).log_probs
     assert metrics["train/skipped_steps"] == 1 and metrics["train/optimizer_steps"] == 0
     assert all(torch.equal(a, b) for a, b in zip(before, after))

@@ -39,7 +39,7 @@ def user_plugins(tmp_path_factory):
     root = tmp_path_factory.mktemp("plugins")
     (root / "rollout_plugins.py").write_text(textwrap.dedent("""
         from lean_rl.rollout.default import generate as default_generate
-        from lean_rl.rollout.base import load_tokenizer
+        from lean_rl.buffer.prompt_source import load_tokenizer
 
         async def two_turn_generate(cfg, sample, sampling_params):
             # turn 1 by the policy, then a tool observation (not trained on), then turn 2

@@ -16,7 +16,7 @@ import torch
 from safetensors.torch import load_file
 
 from lean_rl.backends.megatron.config import ParallelConfig
-from lean_rl.backends.megatron.group import MegatronActorGroup
+from lean_rl.backends.megatron.group import MegatronGroup
 from lean_rl.backends.sglang.client import BlockingEngineClient
 from lean_rl.weight_sync import WeightSync, WeightSyncConfig, WeightSyncError, WeightSyncProbeError
 
@@ -43,7 +43,7 @@ def trainer(request, trainer_cache, ray_cluster, tiny_model_factory):
         for group in trainer_cache.values():
             group.shutdown()
         trainer_cache.clear()
-        trainer_cache[layout] = MegatronActorGroup.from_hf_checkpoint(tiny_model_factory("qwen2", seed=1),
+        trainer_cache[layout] = MegatronGroup.from_hf_checkpoint(tiny_model_factory("qwen2", seed=1),
                                                                       LAYOUTS[layout])
     return trainer_cache[layout]
 
@@ -168,11 +168,11 @@ def test_every_transport_delivers_the_trainers_weights(trainer, engines, engine_
         restore(engines, tiny_qwen2)
         assert all(max_diff_to_transformers(c, check_sequence) > 1.0 for c in engines)  # seed 0 serves now
         cfg = WeightSyncConfig(transport=transport, buffer_size_bytes=SMALL_BUCKETS)
-        listening_before = listeners(trainer.actor_pids()[0])
+        listening_before = listeners(trainer.rank_pids()[0])
         with WeightSync.create(cfg, trainer, engine_group.engine_urls) as sync:
             with pytest.raises(WeightSyncProbeError, match="disagrees with the trainer"):
                 sync.probe(step)  # the probe has teeth: before the sync it fails
-            opened = listeners(trainer.actor_pids()[0]) - listening_before
+            opened = listeners(trainer.rank_pids()[0]) - listening_before
             if transport == "distributed":  # the group's store (and gloo pairs) on loopback only
                 assert opened and {ip for ip, _ in opened} == {"127.0.0.1"}, opened
             report = sync.update(step * 10)
@@ -199,7 +199,7 @@ def test_expert_parallel_moe_to_its_own_engine(ray_cluster, trainer_cache, tiny_
     served, trained = tiny_model_factory("qwen3_moe", seed=0), tiny_model_factory("qwen3_moe", seed=1)
     config = engine_config_for_tests(served, "--rollout-num-engines", "1")
     with EngineGroup(config, tmp_path / "moe_engine") as moe_engines, \
-            MegatronActorGroup.from_hf_checkpoint(trained, ParallelConfig(expert_model_parallel_size=2)) as trainer:
+            MegatronGroup.from_hf_checkpoint(trained, ParallelConfig(expert_model_parallel_size=2)) as trainer:
         client = BlockingEngineClient(moe_engines.engine_urls[0], timeout_s=120)
         try:
             for step, transport in enumerate(["distributed", "tensor", "disk"], start=1):

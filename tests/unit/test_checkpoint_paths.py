@@ -27,3 +27,24 @@ def test_tracker_naming_a_missing_directory_is_an_error(tmp_path):
     (tmp_path / cp.TRACKER).write_text("release\n")
     with pytest.raises(ValueError, match="expected an iteration number"):
         cp.latest_step(tmp_path)
+
+
+def test_one_resolver_takes_a_root_or_one_torch_dist_directory(tmp_path):
+    for step in (1, 2):
+        written = cp.prepare_temporary_dir(tmp_path, step)
+        (written / cp.DCP_METADATA).write_text("")
+        cp.publish(tmp_path, step, written)
+    assert cp.find_checkpoint(tmp_path) == (2, cp.iteration_dir(tmp_path, 2))
+    assert cp.find_checkpoint(tmp_path, 1) == (1, cp.iteration_dir(tmp_path, 1))
+    assert cp.find_checkpoint(cp.iteration_dir(tmp_path, 1)) == (1, cp.iteration_dir(tmp_path, 1))
+    bare = tmp_path / "exported"
+    bare.mkdir()
+    (bare / cp.DCP_METADATA).write_text("")
+    assert cp.find_checkpoint(bare) == (None, bare)
+    with pytest.raises(cp.CheckpointError, match="has no iteration 7"):
+        cp.find_checkpoint(tmp_path, 7)
+    with pytest.raises(cp.CheckpointError, match="no such directory"):
+        cp.find_checkpoint(tmp_path / "absent")
+    cp.prepare_temporary_dir(tmp_path / "crashed", 1)  # only a half-written save
+    with pytest.raises(cp.CheckpointError, match="neither a torch_dist checkpoint"):
+        cp.find_checkpoint(tmp_path / "crashed")

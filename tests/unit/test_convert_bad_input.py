@@ -11,12 +11,13 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from lean_rl.backends.megatron.config import ConfigError, ParallelConfig
+from lean_rl.backends.megatron.config import ParallelConfig
 from lean_rl.convert import hf_to_megatron as h2m
 from lean_rl.convert.hf_to_megatron import convert_hf_to_megatron
 from lean_rl.convert.megatron_to_hf import convert_megatron_to_hf
 from lean_rl.convert.output_dir import OutputExistsError
 from lean_rl.convert.safetensors_io import CheckpointError
+from lean_rl.options import ConfigError
 
 
 def assert_nothing_written(out: Path) -> None:

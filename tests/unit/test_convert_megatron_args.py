@@ -19,8 +19,9 @@ from lean_rl.backends.megatron.arch_flags import (
     given_model_flags_parser,
     model_args_script,
 )
-from lean_rl.backends.megatron.config import ConfigError, ModelArch, add_megatron_args, model_arch_from_args
+from lean_rl.backends.megatron.config import ModelArch, ModelFlags
 from lean_rl.backends.megatron.hf_config import arch_from_hf_config
+from lean_rl.options import ConfigError, add_options, read_options
 
 SCRIPTS = Path(__file__).resolve().parents[2] / "scripts" / "models"
 
@@ -31,9 +32,7 @@ def model_args_of(script: Path) -> list[str]:
 
 
 def arch_of(flags: list[str]) -> ModelArch:
-    parser = argparse.ArgumentParser()
-    add_megatron_args(parser)
-    return model_arch_from_args(parser.parse_args(flags))
+    return read_options(ModelFlags, add_options(argparse.ArgumentParser(), ModelFlags).parse_args(flags)).arch()
 
 
 def same_architecture(a: ModelArch, b: ModelArch) -> bool:

@@ -5,16 +5,15 @@ import shlex
 import pytest
 
 from lean_rl.backends.megatron.config import (
-    ConfigError,
     MegatronConfig,
     ModelArch,
+    ModelFlags,
     ParallelConfig,
-    add_megatron_args,
     arch_differences,
-    megatron_config_from_args,
     padded_vocab_size,
 )
 from lean_rl.backends.megatron.hf_config import arch_from_hf_config
+from lean_rl.options import ConfigError, add_options, read_options
 
 
 def dense(**overrides) -> ModelArch:
@@ -105,9 +104,14 @@ QWEN2_TINY_FLAGS = (
 )
 
 
+def megatron_config_of(flags: str) -> MegatronConfig:
+    parser = add_options(add_options(argparse.ArgumentParser(), ModelFlags), ParallelConfig)
+    args = parser.parse_args(shlex.split(flags))
+    return MegatronConfig(read_options(ModelFlags, args).arch(), read_options(ParallelConfig, args))
+
+
 def test_megatron_flags_build_the_same_arch_as_the_hf_config(tiny_qwen2):
-    args = add_megatron_args(argparse.ArgumentParser()).parse_args(shlex.split(QWEN2_TINY_FLAGS))
-    config = megatron_config_from_args(args)
+    config = megatron_config_of(QWEN2_TINY_FLAGS)
     assert config.arch == arch_from_hf_config(tiny_qwen2)
     assert config.parallel == ParallelConfig(tensor_model_parallel_size=2, sequence_parallel=True)
     assert config.arch.kv_channels == 16  # hidden / heads when --kv-channels is absent
@@ -121,12 +125,20 @@ def test_megatron_flags_build_the_same_arch_as_the_hf_config(tiny_qwen2):
      "--seq-length or --max-position-embeddings is required"),
 ])
 def test_flag_errors(flags, message):
-    args = add_megatron_args(argparse.ArgumentParser()).parse_args(shlex.split(flags))
     with pytest.raises(ConfigError, match=message):
-        megatron_config_from_args(args)
+        megatron_config_of(flags)
 
 
 def test_arch_differences_name_the_flags():
     diffs = arch_differences(dense(), dense(hidden_size=128, kv_channels=32, add_bias_linear=True))
     assert diffs == ["--hidden-size: 64 != 128", "--kv-channels: 16 != 32",
                      "--disable-bias-linear (inverted): False != True"]
+
+
+def test_model_flags_round_trip_an_arch_and_take_their_defaults_from_it():
+    for arch in (dense(), moe(), dense(num_query_groups=4)):
+        assert ModelFlags.of(arch).arch() == arch
+    assert ModelFlags.of(dense(num_query_groups=4)).group_query_attention is False
+    for f in dataclasses.fields(ModelArch):
+        if f.default is not dataclasses.MISSING:
+            assert getattr(ModelFlags(), f.name) == f.default, f.name

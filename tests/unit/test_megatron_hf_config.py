@@ -2,13 +2,13 @@ import json
 
 import pytest
 
-from lean_rl.backends.megatron.config import ConfigError
 from lean_rl.backends.megatron.hf_config import (
     SUPPORTED_HF_FAMILIES,
     arch_from_hf_config,
     check_arch_matches_checkpoint,
     hf_family,
 )
+from lean_rl.options import ConfigError
 
 
 def hf_config(path) -> dict:

@@ -4,7 +4,7 @@ import pytest
 import transformers
 
 from lean_rl.buffer.prompt_source import BadRowError, PromptSource, load_prompts
-from lean_rl.rollout.config import DataConfig
+from lean_rl.buffer.config import DataConfig
 
 
 @pytest.fixture(scope="module")

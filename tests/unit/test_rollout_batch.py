@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from lean_rl.algorithms.advantages import compute_advantages
-from lean_rl.backends.megatron.rollout_batch import pad, rollout_batch, rollout_metrics, unpad
+from lean_rl.backends.megatron.rollout_batch import batch_metrics, pad, rollout_batch
 from lean_rl.sample import NOT_GENERATED, Sample, Status
 
 
@@ -21,25 +21,28 @@ def test_failed_samples_count_in_the_group_but_train_nothing():
     groups = [[_sample(0, 0, 1.0), _sample(1, 0, None, Status.FAILED)], [_sample(2, 1, 1.0, tool=True)]]
     batch = rollout_batch(groups)
     assert batch.rewards.tolist() == [1.0, 0.0, 1.0]  # the failed reward counts as 0
-    assert [m.tolist() for m in batch.masks] == [[1, 1], [0, 0], [1, 1, 0]]
-    advantages, _ = compute_advantages("dr_grpo", batch.rewards, batch.group_ids, pad(batch.masks))
+    assert batch.masks.tolist() == [[1, 1, 0], [0, 0, 0], [1, 1, 0]]  # [B, T], response-aligned
+    assert batch.rollout_log_probs.tolist() == [[-1, -2, 0], [-1, -2, 0], [-1, -2, 0]]
+    advantages, _ = compute_advantages("dr_grpo", batch.rewards, batch.group_ids, batch.masks)
     assert advantages[0].tolist() == [0.5, 0.5, 0.0]  # mean over both members, failed one included
     assert advantages[1].abs().sum() == 0
     assert [s.response_length for s in batch.sequences] == [2, 2, 3]
     assert batch.weight_versions[2].tolist() == [0, 0, NOT_GENERATED]
 
 
-def test_unscored_sample_is_an_error_and_metrics_count_stale_tokens():
+def test_unscored_sample_is_an_error_and_metrics_count_stale_tokens_and_the_trained_reward():
     with pytest.raises(ValueError, match="sample 0 .* has no reward"):
         rollout_batch([[_sample(0, 0, None)]])
     batch = rollout_batch([[_sample(0, 0, 1.0, version=3), _sample(1, 0, float("nan"), version=5)]])
-    metrics = rollout_metrics(batch, policy_version=5)
+    metrics = batch_metrics(batch, policy_version=5)
     assert metrics["rollout/stale_token_frac"] == 0.5 and metrics["rollout/max_staleness"] == 2
     assert metrics["rollout/nonfinite_rewards"] == 1
+    failed = batch_metrics(rollout_batch([[_sample(0, 0, 1.0), _sample(1, 0, None, Status.FAILED)]]), 0)
+    assert failed["train/reward_mean"] == 0.5 and failed["rollout/failed_samples"] == 1  # FAILED trains as 0
+    assert not any(key.endswith("reward_mean") and key != "train/reward_mean" for key in metrics)
 
 
-def test_pad_and_unpad_round_trip():
+def test_pad_right_pads_response_aligned_vectors():
     values = [torch.tensor([1.0, 2.0]), torch.tensor([3.0])]
-    padded = pad(values)
-    assert padded.tolist() == [[1.0, 2.0], [3.0, 0.0]]
-    assert [v.tolist() for v in unpad(padded, [2, 1])] == [[1.0, 2.0], [3.0]]
+    assert pad(values).tolist() == [[1.0, 2.0], [3.0, 0.0]]
+    assert pad(values, 3).tolist() == [[1.0, 2.0, 0.0], [3.0, 0.0, 0.0]]

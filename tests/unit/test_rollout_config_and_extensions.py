@@ -4,7 +4,8 @@ import textwrap
 
 import pytest
 
-from lean_rl.config import ConfigError, parse_config
+from lean_rl.config import parse_config
+from lean_rl.options import ConfigError
 from lean_rl.rollout.base import load_extensions, parse_weight_version
 from lean_rl.rollout.evaluation import pass_at_k
 from lean_rl.utils.plugins import PluginError

@@ -6,7 +6,8 @@ import sys
 
 import pytest
 
-from lean_rl.config import ConfigError, parse_config
+from lean_rl.config import parse_config
+from lean_rl.options import ConfigError
 
 
 @pytest.fixture
@@ -49,7 +50,7 @@ def test_missing_dataset_and_checkpoint(tiny_qwen2, tmp_path):
 def test_megatron_flags_that_agree_with_the_checkpoint_are_accepted(base):
     cfg = parse_config(base + ["--num-layers", "2", "--hidden-size", "64", "--seq-length", "256"])
     assert cfg.megatron.arch.num_layers == 2 and cfg.megatron.arch.seq_length == 256
-    assert cfg.data_parallel_size == 1 and cfg.weight_sync.transport == "distributed"
+    assert cfg.layout.data_parallel_size == 1 and cfg.batch_plan.steps_per_rollout == 1 and cfg.weight_sync.transport == "distributed"
     assert parse_config(base + ["--colocate"]).weight_sync.transport == "tensor"
 
 

@@ -97,3 +97,17 @@ def test_launcher_patches_only_when_argv_says_cpu(argv, patched, monkeypatch):
     out = run_python(LAUNCHER_IMPORT, *argv)
     assert (out["env"] == "1") is patched
     assert (out["kernels_first"] == str(CPU_KERNELS_DIR)) is patched
+
+
+def test_weight_update_group_maps_global_src_and_can_be_destroyed():
+    # What _world.pg_group_ranks (registered by join_weight_update_group) is needed for: the engines
+    # broadcast with a global src=0, and destroy_process_group deletes the group's entry.
+    import torch.distributed as dist
+
+    from lean_rl.backends.sglang.compat import join_weight_update_group
+
+    group = join_weight_update_group(dist.HashStore(), 1, 0, "unit-weight-update", "gloo", 30)
+    tensor = torch.ones(3)
+    dist.broadcast(tensor, src=0, group=group)
+    assert dist.get_global_rank(group, 0) == 0 and tensor.tolist() == [1.0, 1.0, 1.0]
+    dist.destroy_process_group(group)

@@ -2,23 +2,18 @@ import argparse
 
 import pytest
 
-from lean_rl.backends.sglang.config import (
-    DEFAULT_CPU_MAX_TOTAL_TOKENS,
-    EngineConfig,
-    EngineConfigError,
-    add_engine_args,
-    engine_config_from_args,
-    split_passthrough,
-)
+from lean_rl.backends.sglang.config import DEFAULT_CPU_MAX_TOTAL_TOKENS, EngineConfig, resolve_ports, split_passthrough
 from lean_rl.backends.sglang.launch import device_from_argv
+from lean_rl.options import ConfigError, add_options, read_options
 
 
 def parse(argv, device="cpu"):
-    parser = argparse.ArgumentParser(allow_abbrev=False)
-    add_engine_args(parser)
+    parser = add_options(argparse.ArgumentParser(allow_abbrev=False), EngineConfig)
     args, unknown = parser.parse_known_args(argv)
     passthrough = split_passthrough(unknown)
-    return engine_config_from_args(args, passthrough, device=device), passthrough
+    config = read_options(EngineConfig, args, device=device, server_passthrough=passthrough.server,
+                          router_passthrough=passthrough.router)
+    return config, passthrough
 
 
 def flag_values(flags, name):
@@ -97,7 +92,7 @@ def test_gpu_engines_are_derived_from_gpu_counts():
     ],
 )
 def test_inconsistent_gpu_counts_name_the_flag(argv, flag):
-    with pytest.raises(EngineConfigError, match=f"^{flag}:"):
+    with pytest.raises(ConfigError, match=f"^{flag}:"):
         parse(["--hf-checkpoint", "/m", *argv], device="cuda")
 
 
@@ -121,13 +116,45 @@ def test_inconsistent_gpu_counts_name_the_flag(argv, flag):
     ],
 )
 def test_invalid_flags_raise_errors_that_name_the_flag(argv, flag):
-    with pytest.raises(EngineConfigError, match=f"^{flag}:"):
+    with pytest.raises(ConfigError, match=f"^{flag}:"):
         parse(argv)
 
 
 def test_managed_flag_error_points_at_the_right_flag():
-    with pytest.raises(EngineConfigError, match="--sglang-base-port"):
+    with pytest.raises(ConfigError, match="--sglang-base-port"):
         parse(["--hf-checkpoint", "/m", "--sglang-port", "1234"])
+
+
+def test_declared_sglang_flags_win_over_passthrough():
+    config, passthrough = parse(["--hf-checkpoint", "/m", "--sglang-host", "0.0.0.0",
+                                 "--sglang-mem-fraction-static=0.4", "--sglang-dtype", "float32"])
+    assert passthrough.server == ("--dtype", "float32")
+    assert config.host == "0.0.0.0" and config.mem_fraction_static == 0.4
+    flags = config.server_flags(0, 31000)
+    assert flag_values(flags, "--host") == ["0.0.0.0"] and flag_values(flags, "--mem-fraction-static") == ["0.4"]
+
+
+def test_ports_are_chosen_by_resolve_ports_not_by_the_config(monkeypatch):
+    import lean_rl.backends.sglang.config as engine_config
+
+    picked = iter([31005, 31001, 31007])  # 31001 is an engine port: skipped
+    monkeypatch.setattr(engine_config, "find_free_port", lambda host: next(picked))
+    config, _ = parse(["--hf-checkpoint", "/m", "--rollout-num-engines", "2", "--sglang-base-port", "31000"])
+    assert (config.engine_ports, config.resolved_router_port) == ((), None)  # constructing picks nothing
+    with pytest.raises(ConfigError, match="resolve_ports"):
+        config.router_url
+    resolved = resolve_ports(config)
+    assert resolved.engine_ports == (31000, 31001) and resolved.resolved_router_port == 31005
+    assert resolved.engine_urls == ("http://127.0.0.1:31000", "http://127.0.0.1:31001")
+    assert resolved.router_url == "http://127.0.0.1:31005"
+    assert resolve_ports(resolved) is resolved  # chosen once
+    assert resolved.num_engines == 2 and resolved.threads_per_cpu_engine == config.threads_per_cpu_engine
+
+    fixed = resolve_ports(parse(["--hf-checkpoint", "/m", "--sglang-base-port", "32000", "--router-port", "32100"])[0])
+    assert (fixed.engine_ports, fixed.resolved_router_port) == ((32000,), 32100)
+    monkeypatch.undo()  # real free ports: distinct
+    free = resolve_ports(EngineConfig(model_path="/m", num_engines=2, device="cpu"))
+    assert len(set(free.engine_ports) | {free.resolved_router_port}) == 3
 
 
 def test_config_is_frozen():
@@ -156,5 +183,5 @@ def test_cpu_engines_share_the_cores_with_one_share_left_for_the_trainer(monkeyp
     assert EngineConfig(model_path="/m", num_engines=1, device="cuda", gpus_per_engine=1).server_env() == {}
     config, _ = parse(["--hf-checkpoint", "/m", "--rollout-num-engines", "2", "--engine-cpu-threads", "6"])
     assert config.threads_per_cpu_engine == 6
-    with pytest.raises(EngineConfigError, match="--engine-cpu-threads: must be >= 1, got 0"):
+    with pytest.raises(ConfigError, match="--engine-cpu-threads: must be >= 1, got 0"):
         parse(["--hf-checkpoint", "/m", "--engine-cpu-threads", "0"])

@@ -3,23 +3,23 @@
 import pytest
 import torch
 
-from lean_rl.backends.megatron.config import ConfigError
 from lean_rl.backends.megatron.train_batches import (Sequence, assign_to_ranks, build_micro_batch, pad_micro_batch,
                                                      plan_micro_batches, response_values, uniform_shapes)
-from lean_rl.backends.megatron.train_config import BatchConfig
+from lean_rl.backends.megatron.train_config import BatchConfig, BatchPlan
+from lean_rl.options import ConfigError
 
 
 def test_fixed_micro_batches_round_robin_then_longest_first():
-    plan = plan_micro_batches([5, 3, 8, 2], 2, BatchConfig(micro_batch_size=1))
+    plan = plan_micro_batches([5, 3, 8, 2], BatchPlan(BatchConfig(micro_batch_size=1), 2))
     assert plan == [[[2], [0]], [[1], [3]]]  # rank 0 holds 0 and 2, rank 1 holds 1 and 3
-    plan = plan_micro_batches([5, 3, 8, 2, 4, 6, 1, 7], 2, BatchConfig(micro_batch_size=2))
+    plan = plan_micro_batches([5, 3, 8, 2, 4, 6, 1, 7], BatchPlan(BatchConfig(micro_batch_size=2), 2))
     # rank 0: lengths 5 8 4 1 (indices 0 2 4 6) -> longest first 2 0 | 4 6
     assert plan == [[[2, 0], [4, 6]], [[7, 5], [1, 3]]]
 
 
 def test_fixed_micro_batches_must_divide_the_step():
     with pytest.raises(ConfigError, match="--micro-batch-size 2 x data-parallel size 2"):
-        plan_micro_batches([1] * 6, 2, BatchConfig(micro_batch_size=2))
+        plan_micro_batches([1] * 6, BatchPlan(BatchConfig(micro_batch_size=2), 2))
 
 
 def test_balance_data_evens_tokens_with_equal_counts():
@@ -39,30 +39,30 @@ def test_balance_data_evens_tokens_with_equal_counts():
 def test_dynamic_batches_respect_the_token_budget():
     batch = BatchConfig(use_dynamic_batch_size=True, max_tokens_per_gpu=12)
     # longest first: [6, 5] costs 2 x 6 = 12; 4 opens a bin, 3 and 2 fit (3 x 4 = 12); 1 would make 4 x 4
-    assert plan_micro_batches([6, 5, 4, 3, 2, 1], 1, batch) == [[[0, 1], [2, 3, 4], [5]]]
+    assert plan_micro_batches([6, 5, 4, 3, 2, 1], BatchPlan(batch, 1)) == [[[0, 1], [2, 3, 4], [5]]]
     # a length multiple (sequence parallel) pads rows: 5 -> 6, so [5, 5] costs 12, a third row 18
-    assert plan_micro_batches([5, 5, 5], 1, batch, length_multiple=3) == [[[0, 1], [2]]]
+    assert plan_micro_batches([5, 5, 5], BatchPlan(batch, 1), length_multiple=3) == [[[0, 1], [2]]]
 
 
 def test_dynamic_batches_give_every_rank_the_same_count():
     batch = BatchConfig(use_dynamic_batch_size=True, max_tokens_per_gpu=8)
-    plan = plan_micro_batches([8, 8, 8, 2, 2, 2], 2, batch)
+    plan = plan_micro_batches([8, 8, 8, 2, 2, 2], BatchPlan(batch, 2))
     # rank 0 holds 8, 8, 2 (three bins: [8], [8], [2]); rank 1 holds 8, 2, 2 ([8], [2, 2]) -> split to 3
     assert [len(p) for p in plan] == [3, 3]
     assert sorted(i for mbs in plan[1] for i in [*mbs]) == [1, 3, 5]
-    plan = plan_micro_batches([8, 8, 8, 1], 2, batch)  # rank 0: [8], [8]; rank 1: [8], [1]
+    plan = plan_micro_batches([8, 8, 8, 1], BatchPlan(batch, 2))  # rank 0: [8], [8]; rank 1: [8], [1]
     assert [len(p) for p in plan] == [2, 2]
-    plan = plan_micro_batches([8, 8, 8], 2, batch)  # rank 1 has one sequence: an empty micro-batch pads it
+    plan = plan_micro_batches([8, 8, 8], BatchPlan(batch, 2))  # rank 1 has one sequence: an empty micro-batch pads it
     assert plan[1] == [[1], []]
 
 
 def test_dynamic_batch_rejects_a_sequence_over_budget():
     with pytest.raises(ConfigError, match="--max-tokens-per-gpu 8"):
-        plan_micro_batches([9], 1, BatchConfig(use_dynamic_batch_size=True, max_tokens_per_gpu=8))
+        plan_micro_batches([9], BatchPlan(BatchConfig(use_dynamic_batch_size=True, max_tokens_per_gpu=8), 1))
 
 
 SEQS = [Sequence(tokens=(11, 12, 13, 14, 15), prompt_length=2), Sequence(tokens=(21, 22, 23), prompt_length=1)]
-FIELDS = {"adv": [torch.tensor([1.0, 2.0, 3.0]), torch.tensor([4.0, 5.0])]}
+FIELDS = {"adv": torch.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 0.0]])}  # [B, T], response-aligned
 
 
 def test_micro_batch_layout_puts_each_response_value_where_its_token_is_predicted():
@@ -74,8 +74,8 @@ def test_micro_batch_layout_puts_each_response_value_where_its_token_is_predicte
     assert back[0].tolist() == [1, 2, 3] and back[1].tolist() == [4, 5]
     empty = build_micro_batch([], SEQS, FIELDS, length_multiple=2)
     assert empty["tokens"].shape == (1, 2) and empty["sequence_index"].tolist() == [-1]
-    with pytest.raises(ValueError, match="2 values for 3 response tokens"):
-        build_micro_batch([0], SEQS, {"adv": [torch.ones(2), torch.ones(2)]})
+    with pytest.raises(ValueError, match="2 values per row for the 3 response tokens of sequence 0"):
+        build_micro_batch([0], SEQS, {"adv": torch.ones(2, 2)})
 
 
 def test_uniform_shapes_pads_the_kth_micro_batch_of_every_rank():

@@ -4,19 +4,20 @@ import argparse
 
 import pytest
 
-from lean_rl.algorithms.config import AlgorithmConfig, add_algorithm_args, algorithm_config_from_args
-from lean_rl.backends.megatron.config import ConfigError
-from lean_rl.backends.megatron.train_config import (BatchConfig, OptimizerConfig, PlacementConfig, TrainConfig,
-                                                    add_train_args, train_config_from_args)
+from lean_rl.algorithms.config import AlgorithmConfig
+from lean_rl.backends.megatron.config import ParallelConfig
+from lean_rl.backends.megatron.train_config import BatchConfig, BatchPlan, OptimizerConfig, PlacementConfig, TrainConfig
+from lean_rl.options import ConfigError, add_options, read_options
 
 
 def _parse(*argv, rollout_max_response_len=None):
     parser = argparse.ArgumentParser()
-    add_train_args(add_algorithm_args(parser))
+    add_options(add_options(parser, AlgorithmConfig), TrainConfig, "optimizer")
     args = parser.parse_args(list(argv))
     if rollout_max_response_len is not None:
         args.rollout_max_response_len = rollout_max_response_len
-    return train_config_from_args(args), algorithm_config_from_args(args)
+    algo = read_options(AlgorithmConfig, args, max_response_len=rollout_max_response_len)
+    return read_options(TrainConfig, args), algo
 
 
 def test_flags_build_the_configs():
@@ -27,7 +28,8 @@ def test_flags_build_the_configs():
                          "--kl-loss-type", "low_var_kl", "--use-tis", "--actor-num-procs-per-node", "2")
     assert train.optimizer.lr == 2e-6 and train.optimizer.scheduler_decay_iters == 100
     assert train.optimizer.use_distributed_optimizer and train.batch.balance_data
-    assert train.placement.world_size("cpu") == 2 and train.placement.world_size("cuda") == 1
+    assert train.placement.layout(ParallelConfig(), "cpu").world_size == 2
+    assert train.placement.layout(ParallelConfig(), "cuda").world_size == 1
     assert algo.eps_clip_high == 0.28 and algo.aggregation == "token-mean" and algo.policy_loss == "ppo"
     assert algo.needs_reference and algo.needs_rollout_log_probs and not algo.needs_critic
 
@@ -73,17 +75,17 @@ def test_trainer_errors_name_the_flag(build, flag):
 
 
 def test_steps_per_rollout_from_either_flag():
-    assert BatchConfig(global_batch_size=8, micro_batch_size=2).steps_for(16, 2) == 2
-    assert BatchConfig(num_steps_per_rollout=4).steps_for(16, 2) == 4
-    assert BatchConfig().steps_for(6, 2) == 1
+    assert BatchPlan(BatchConfig(global_batch_size=8, micro_batch_size=2), 2).steps_for(16) == 2
+    assert BatchPlan(BatchConfig(num_steps_per_rollout=4), 2).steps_for(16) == 4
+    assert BatchPlan(BatchConfig(), 2).steps_for(6) == 1
     with pytest.raises(ConfigError, match="not a multiple of --global-batch-size 8"):
-        BatchConfig(global_batch_size=8).steps_for(12, 1)
+        BatchPlan(BatchConfig(global_batch_size=8), 1).steps_for(12)
     with pytest.raises(ConfigError, match="--num-steps-per-rollout 3 disagrees"):
-        BatchConfig(global_batch_size=8, num_steps_per_rollout=3).steps_for(16, 1)
+        BatchPlan(BatchConfig(global_batch_size=8, num_steps_per_rollout=3), 1).steps_for(16)
     with pytest.raises(ConfigError, match="--micro-batch-size 2 x data-parallel size 2"):
-        BatchConfig(micro_batch_size=2, num_steps_per_rollout=2).steps_for(12, 2)
+        BatchPlan(BatchConfig(micro_batch_size=2, num_steps_per_rollout=2), 2).steps_for(12)
     with pytest.raises(ConfigError, match="--global-batch-size 6 must be a multiple"):
-        BatchConfig(global_batch_size=6, micro_batch_size=2).check_data_parallel(2)
+        BatchPlan(BatchConfig(global_batch_size=6, micro_batch_size=2), 2)
 
 
 def test_save_schedule():
@@ -106,19 +108,15 @@ def test_critic_checkpoints_default_to_a_folder_beside_the_actors():
     assert (CheckpointConfig().critic_save_dir, CheckpointConfig().critic_load_dir) == (None, None)
 
 
-def test_trainer_flags_live_beside_every_other_group_and_read_the_rollout_ones():
-    from lean_rl.backends.megatron.config import add_megatron_args
-    from lean_rl.backends.sglang.config import add_engine_args
-    from lean_rl.rollout.config import add_rollout_args
-    from lean_rl.weight_sync.config import add_weight_sync_args
+def test_trainer_flags_live_beside_every_other_group_and_read_the_rollout_ones(tiny_qwen2, tmp_path):
+    from lean_rl.config import parse_config  # its parser raises on any clash of option strings
 
-    parser = argparse.ArgumentParser(allow_abbrev=False)
-    for add in (add_engine_args, add_rollout_args, add_megatron_args, add_weight_sync_args, add_algorithm_args,
-                add_train_args):
-        add(parser)  # argparse raises on any clash of option strings
-    args = parser.parse_args(["--rollout-temperature", "0.7", "--seed", "7", "--rollout-max-response-len", "64",
-                              "--advantage-estimator", "dr_grpo"])
-    train, algo = train_config_from_args(args), algorithm_config_from_args(args)
-    assert train.temperature == 0.7 and train.seed == 7 and algo.loss_norm_length == 64
-    args = parser.parse_args(["--rollout-temperature", "0"])  # greedy rollouts are scored at T = 1
-    assert train_config_from_args(args).temperature == 1.0
+    data = tmp_path / "p.jsonl"
+    data.write_text('{"prompt": "hi", "label": "x"}\n')
+    base = ["--hf-checkpoint", str(tiny_qwen2), "--prompt-data", str(data)]
+    cfg = parse_config(base + ["--rollout-temperature", "0.7", "--seed", "7", "--rollout-max-response-len", "64",
+                               "--advantage-estimator", "dr_grpo"])
+    assert cfg.train.temperature == 0.7 and cfg.train.seed == 7 and cfg.algorithm.loss_norm_length == 64
+    assert cfg.train.checkpoint.hf_checkpoint == str(tiny_qwen2)  # one --hf-checkpoint for engines and trainer
+    # greedy rollouts are scored at T = 1
+    assert parse_config(base + ["--rollout-temperature", "0"]).train.temperature == 1.0

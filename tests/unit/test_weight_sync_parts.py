@@ -13,8 +13,8 @@ import torch
 from safetensors.torch import save_file
 
 from lean_rl.weight_sync.buckets import Bucket, iter_buckets, standalone
-from lean_rl.weight_sync.config import (WeightSyncConfig, WeightSyncConfigError, add_weight_sync_args,
-                                        resolve_transport, weight_sync_config_from_args)
+from lean_rl.options import ConfigError, add_options, read_options
+from lean_rl.weight_sync.config import WeightSyncConfig, resolve_transport
 from lean_rl.weight_sync.disk import INDEX_FILE, DiskStaging
 from lean_rl.weight_sync.engine_params import (EngineChecksums, compare_checksums, engine_slot,
                                                tensor_bytes_hash)
@@ -22,9 +22,8 @@ from lean_rl.weight_sync.engine_params import (EngineChecksums, compare_checksum
 
 # ---------------------------------------------------------------- flags
 def parse(*argv: str, colocate: bool = False) -> WeightSyncConfig:
-    parser = argparse.ArgumentParser()
-    add_weight_sync_args(parser)
-    return weight_sync_config_from_args(parser.parse_args(list(argv)), colocate=colocate)
+    parser = add_options(argparse.ArgumentParser(), WeightSyncConfig)
+    return read_options(WeightSyncConfig, parser.parse_args(list(argv)), colocate=colocate)
 
 
 def test_auto_transport_follows_slime():
@@ -32,6 +31,7 @@ def test_auto_transport_follows_slime():
     assert parse(colocate=True).transport == "tensor"
     assert parse("--weight-sync-transport", "disk", colocate=True).transport == "disk"
     assert resolve_transport("tensor", colocate=False) == "tensor"
+    assert parse(colocate=True).colocate and WeightSyncConfig(colocate=True).transport == "tensor"
 
 
 def test_flags_reach_the_config():
@@ -48,14 +48,14 @@ def test_flags_reach_the_config():
     (["--weight-sync-timeout", "0"], "--weight-sync-timeout"),
 ])
 def test_bad_flags_name_themselves(argv, flag):
-    with pytest.raises(WeightSyncConfigError, match=flag):
+    with pytest.raises(ConfigError, match=flag):
         parse(*argv)
 
 
 def test_unknown_transport_and_dtype_are_errors():
-    with pytest.raises(WeightSyncConfigError, match="--weight-sync-transport"):
+    with pytest.raises(ConfigError, match="--weight-sync-transport"):
         resolve_transport("carrier-pigeon", colocate=False)
-    with pytest.raises(WeightSyncConfigError, match="--weight-sync-probe-tol"):
+    with pytest.raises(ConfigError, match="--weight-sync-probe-tol"):
         WeightSyncConfig(transport="disk").probe_tolerance("float8_e4m3fn")
 
 

@@ -10,8 +10,9 @@ import shlex
 from pathlib import Path
 from typing import Any, Mapping
 
-from lean_rl.backends.megatron.config import ConfigError, ModelArch, add_megatron_args, model_arch_from_args
+from lean_rl.backends.megatron.config import ModelArch, ModelFlags, ParallelConfig
 from lean_rl.backends.megatron.hf_config import arch_from_hf_config, hf_family, load_hf_config
+from lean_rl.options import ConfigError, add_options, flag_of
 
 # ModelArch fields a run chooses freely: they do not change what the checkpoint's weights compute.
 FREE_FIELDS = ("make_vocab_size_divisible_by", "seq_length", "attention_dropout", "hidden_dropout",
@@ -38,30 +39,29 @@ def _number(value: float | int) -> str:
     return short if float(short) == value else repr(value)
 
 
+# The fields `arch_flags` prints, in the order of scripts/models/*.sh (MoE ones for MoE models only).
+_PRINTED = ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "num_query_groups", "kv_channels",
+            "normalization", "norm_epsilon", "swiglu", "add_qkv_bias", "qk_layernorm",
+            "untie_embeddings_and_output_weights", "add_bias_linear", "position_embedding_type", "rotary_base",
+            "vocab_size", "max_position_embeddings")
+_PRINTED_MOE = ("num_experts", "moe_router_topk", "moe_ffn_hidden_size", "moe_router_pre_softmax")
+
+
 def arch_flags(arch: ModelArch) -> list[list[str]]:
     """Megatron flags (one flag and its value per entry) that give `arch` through
-    config.model_arch_from_args; architecture only (no --seq-length, padding or dropout)."""
-    flags = [["--num-layers", _number(arch.num_layers)], ["--hidden-size", _number(arch.hidden_size)],
-             ["--ffn-hidden-size", _number(arch.ffn_hidden_size)],
-             ["--num-attention-heads", _number(arch.num_attention_heads)]]
-    if arch.num_query_groups != arch.num_attention_heads:
-        flags += [["--group-query-attention"], ["--num-query-groups", _number(arch.num_query_groups)]]
-    flags += [["--kv-channels", _number(arch.kv_channels)], ["--normalization", arch.normalization],
-              ["--norm-epsilon", _number(arch.norm_epsilon)]]
-    for field, flag in (("swiglu", "--swiglu"), ("add_qkv_bias", "--add-qkv-bias"), ("qk_layernorm", "--qk-layernorm"),
-                        ("untie_embeddings_and_output_weights", "--untie-embeddings-and-output-weights")):
-        if getattr(arch, field):
-            flags.append([flag])
-    if not arch.add_bias_linear:
-        flags.append(["--disable-bias-linear"])
-    flags += [["--position-embedding-type", arch.position_embedding_type], ["--rotary-base", _number(arch.rotary_base)],
-              ["--vocab-size", _number(arch.vocab_size)],
-              ["--max-position-embeddings", _number(arch.max_position_embeddings)]]
-    if arch.is_moe:
-        flags += [["--num-experts", _number(arch.num_experts)], ["--moe-router-topk", _number(arch.moe_router_topk)],
-                  ["--moe-ffn-hidden-size", _number(arch.moe_ffn_hidden_size)]]
-        if arch.moe_router_pre_softmax:
-            flags.append(["--moe-router-pre-softmax"])
+    ModelFlags.arch(); architecture only (no --seq-length, padding or dropout). A switch is
+    printed when it changes its default."""
+    defaults, flags = ModelFlags(), []
+    for name in _PRINTED + (_PRINTED_MOE if arch.is_moe else ()):
+        value, flag = getattr(arch, name), flag_of(ModelFlags, name)
+        if isinstance(value, bool):
+            if value != getattr(defaults, name):
+                flags.append([flag])
+        elif name == "num_query_groups":
+            if value != arch.num_attention_heads:
+                flags += [[flag_of(ModelFlags, "group_query_attention")], [flag, _number(value)]]
+        else:
+            flags.append([flag, value if isinstance(value, str) else _number(value)])
     return flags
 
 
@@ -77,44 +77,35 @@ def model_args_script(hf_dir_or_config: str | Path | Mapping[str, Any], title: s
     return "\n".join(lines + [")"]) + "\n"
 
 
-def _full_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
-    add_megatron_args(parser)
-    return parser
-
-
 def given_model_flags_parser() -> argparse.ArgumentParser:
     """Megatron's model + parallel flags with every default suppressed: parsing gives only the flags
-    that were actually typed (a flag given with its default value still counts as given)."""
-    parser = _full_parser()
+    that were actually typed (a flag given with its default value still counts as given), by dest
+    (= field of ModelFlags / ParallelConfig: --disable-bias-linear gives add_bias_linear=False)."""
+    parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    add_options(parser, ModelFlags)
+    add_options(parser, ParallelConfig)
     # set_defaults() would also store the sentinel as a parser-level default, which argparse then
-    # type-converts; the actions' own defaults are what add_megatron_args set.
+    # type-converts; the actions' own defaults are what add_options set.
     for action in parser._actions:
         action.default = argparse.SUPPRESS
     return parser
 
 
-def _display_flag(field: str) -> str:
-    return "--disable-bias-linear" if field == "add_bias_linear" else "--" + field.replace("_", "-")
-
-
 def check_given_flags(given: Mapping[str, Any], hf_arch: ModelArch, source: str) -> ModelArch:
-    """`given`: dest -> value of the Megatron flags a user typed (given_model_flags_parser). Returns
-    the architecture they describe on top of the HF-derived one (free fields such as --seq-length may
-    differ); raises ConfigError naming every flag that contradicts the HF config."""
-    namespace = _full_parser().parse_args([part for flag in arch_flags(hf_arch) for part in flag])
-    for dest, value in given.items():
-        setattr(namespace, dest, value)
-    combined = dataclasses.replace(model_arch_from_args(namespace),
-                                   make_vocab_size_divisible_by=given.get("make_vocab_size_divisible_by",
-                                                                          hf_arch.make_vocab_size_divisible_by))
+    """`given`: dest -> value of the Megatron model flags a user typed (given_model_flags_parser,
+    without the parallel ones). Returns the architecture they describe on top of the HF-derived one
+    (free fields such as --seq-length may differ); raises ConfigError naming every flag that
+    contradicts the HF config."""
+    # --seq-length follows --max-position-embeddings unless typed, as in the flags arch_flags prints.
+    combined = dataclasses.replace(ModelFlags.of(hf_arch), **{"seq_length": None, **given}).arch()
     problems = []
     for field in ModelArch.__dataclass_fields__:
         ours, theirs = getattr(combined, field), getattr(hf_arch, field)
         if field in FREE_FIELDS or ours == theirs:
             continue
         origin = _HF_SOURCE.get(field, "model_type / family")
-        problems.append(f"{_display_flag(field)} gives {field}={ours!r} but the HF config ({origin}) gives {theirs!r}")
+        problems.append(f"{flag_of(ModelFlags, field)} gives {field}={ours!r} but the HF config ({origin}) "
+                        f"gives {theirs!r}")
     if problems:
         raise ConfigError(f"flags contradict the HF config of {source}: " + "; ".join(problems))
     return combined

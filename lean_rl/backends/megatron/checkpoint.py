@@ -99,6 +99,8 @@ def load_checkpoint(model: torch.nn.Module, optimizer, scheduler, root: str | Pa
     step, directory = checkpoint_paths.find_checkpoint(root, step)
     common = dist_checkpointing.load_common_state_dict(str(directory))
     meta = common.get("lean_rl", {})
+    if step is None:  # `root` named one torch_dist directory without an iter_N name
+        step = meta.get("step", 0)
     with_optimizer = load_optimizer and optimizer is not None and has_optimizer_state(directory)
     with_rng = load_rng and meta.get("layout") == _layout()
     # the same tolerance as model-only checkpoints (vocab padding of another TP, the other layer

@@ -1,21 +1,21 @@
 """Typed, frozen configuration for the Megatron side, in Megatron's own vocabulary (flag names map
-1:1 to fields: --num-query-groups -> num_query_groups). Built once from argparse or from an HF config
-(hf_config.py), validated on construction with messages that name the flag; nothing mutates it later.
-Importing this module does not import Megatron."""
+1:1 to fields: --num-query-groups -> num_query_groups). Each flag is declared once, on a field
+(lean_rl/options.py): the model flags on `ModelFlags` (as typed; `ModelFlags.arch()` resolves them),
+the parallel layout on `ParallelConfig`. `ModelArch` is built from the HF config (hf_config.py) or
+from those flags, validated on construction with messages that name the flag; nothing mutates it
+later. Importing this module does not import Megatron."""
 
 from __future__ import annotations
 
-import argparse
+import dataclasses
 from dataclasses import dataclass, field
+
+from lean_rl.options import ConfigError, flag_of, option
 
 NORMALIZATIONS = ("RMSNorm", "LayerNorm")
 POSITION_EMBEDDINGS = ("rope",)
 DISPATCHERS = ("allgather", "alltoall")
 LOAD_BALANCING = ("none", "aux_loss", "seq_aux_loss")
-
-
-class ConfigError(ValueError):
-    """A configuration value is invalid; the message names the flag."""
 
 
 def _require(condition: bool, message: str) -> None:
@@ -37,7 +37,8 @@ class ModelArch:
     vocab_size: int
     max_position_embeddings: int
     seq_length: int
-    # Defaults below are Megatron's, except dropout (0 for RL) and load balancing ("none").
+    # Defaults below are Megatron's, except dropout (0 for RL) and load balancing ("none"); the
+    # flags (ModelFlags) take theirs from here.
     normalization: str = "LayerNorm"
     norm_epsilon: float = 1e-5
     swiglu: bool = False
@@ -62,7 +63,7 @@ class ModelArch:
                      "kv_channels", "vocab_size", "max_position_embeddings", "seq_length",
                      "make_vocab_size_divisible_by"):
             value = getattr(self, name)
-            _require(isinstance(value, int) and value > 0, f"--{_flag(name)} must be a positive integer, got {value!r}")
+            _require(isinstance(value, int) and value > 0, f"{_flag(name)} must be a positive integer, got {value!r}")
         _require(self.num_attention_heads % self.num_query_groups == 0,
                  f"--num-query-groups {self.num_query_groups} must divide "
                  f"--num-attention-heads {self.num_attention_heads}")
@@ -92,18 +93,89 @@ class ModelArch:
         return self.num_experts is not None
 
 
+_ARCH_DEFAULT = {f.name: f.default for f in dataclasses.fields(ModelArch)}
+
+
+@dataclass(frozen=True)
+class ModelFlags:
+    """The Megatron model flags as typed ("megatron model" in --help): None where not given, defaults
+    those of ModelArch. `arch()` resolves them into a ModelArch the way Megatron does."""
+
+    num_layers: int | None = option(None)
+    hidden_size: int | None = option(None)
+    ffn_hidden_size: int | None = option(None)
+    num_attention_heads: int | None = option(None)
+    group_query_attention: bool = option(False)
+    num_query_groups: int | None = option(None)
+    kv_channels: int | None = option(None, help="head dim; default hidden-size / num-attention-heads")
+    normalization: str = option(_ARCH_DEFAULT["normalization"], choices=NORMALIZATIONS)
+    norm_epsilon: float = option(_ARCH_DEFAULT["norm_epsilon"])
+    swiglu: bool = option(_ARCH_DEFAULT["swiglu"])
+    add_bias_linear: bool = option(_ARCH_DEFAULT["add_bias_linear"], flag="--disable-bias-linear")
+    add_qkv_bias: bool = option(_ARCH_DEFAULT["add_qkv_bias"])
+    qk_layernorm: bool = option(_ARCH_DEFAULT["qk_layernorm"])
+    untie_embeddings_and_output_weights: bool = option(_ARCH_DEFAULT["untie_embeddings_and_output_weights"])
+    position_embedding_type: str = option(_ARCH_DEFAULT["position_embedding_type"], choices=POSITION_EMBEDDINGS)
+    rotary_base: float = option(_ARCH_DEFAULT["rotary_base"])
+    vocab_size: int | None = option(None, help="the real (tokenizer) vocab size; padding is derived")
+    make_vocab_size_divisible_by: int = option(_ARCH_DEFAULT["make_vocab_size_divisible_by"])
+    seq_length: int | None = option(None)
+    max_position_embeddings: int | None = option(None)
+    attention_dropout: float = option(_ARCH_DEFAULT["attention_dropout"])
+    hidden_dropout: float = option(_ARCH_DEFAULT["hidden_dropout"])
+    num_experts: int | None = option(_ARCH_DEFAULT["num_experts"])
+    moe_router_topk: int = option(_ARCH_DEFAULT["moe_router_topk"])
+    moe_ffn_hidden_size: int | None = option(_ARCH_DEFAULT["moe_ffn_hidden_size"])
+    moe_router_pre_softmax: bool = option(_ARCH_DEFAULT["moe_router_pre_softmax"])
+    moe_router_load_balancing_type: str = option(_ARCH_DEFAULT["moe_router_load_balancing_type"],
+                                                 choices=LOAD_BALANCING)
+    moe_aux_loss_coeff: float = option(_ARCH_DEFAULT["moe_aux_loss_coeff"])
+
+    def arch(self) -> ModelArch:
+        """Megatron's derivations: --num-query-groups only with --group-query-attention (else one
+        group per head), --kv-channels defaults to hidden / heads, --seq-length and
+        --max-position-embeddings default to each other."""
+        for name in ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "vocab_size"):
+            _require(getattr(self, name) is not None, f"{_flag(name)} is required")
+        _require(self.seq_length is not None or self.max_position_embeddings is not None,
+                 "--seq-length or --max-position-embeddings is required")
+        if self.num_query_groups is not None:
+            _require(self.group_query_attention, "--num-query-groups needs --group-query-attention")
+        if self.group_query_attention:
+            _require(self.num_query_groups is not None, "--group-query-attention needs --num-query-groups")
+        if self.kv_channels is None:
+            _require(self.hidden_size % self.num_attention_heads == 0,
+                     f"--num-attention-heads {self.num_attention_heads} must divide --hidden-size {self.hidden_size} "
+                     "unless --kv-channels is given")
+        seq_length = self.seq_length if self.seq_length is not None else self.max_position_embeddings
+        max_positions = self.max_position_embeddings if self.max_position_embeddings is not None else seq_length
+        head_dim = self.kv_channels if self.kv_channels is not None else self.hidden_size // self.num_attention_heads
+        derived = dict(
+            num_query_groups=self.num_query_groups if self.group_query_attention else self.num_attention_heads,
+            kv_channels=head_dim, max_position_embeddings=max_positions, seq_length=seq_length)
+        given = {name: getattr(self, name) for name in _ARCH_DEFAULT if name not in derived}
+        return ModelArch(**given, **derived)
+
+    @classmethod
+    def of(cls, arch: ModelArch) -> ModelFlags:
+        """The flags that give `arch` (`ModelFlags.of(a).arch() == a`)."""
+        grouped = arch.num_query_groups != arch.num_attention_heads
+        same = {name: getattr(arch, name) for name in _ARCH_DEFAULT if name != "num_query_groups"}
+        return cls(**same, group_query_attention=grouped, num_query_groups=arch.num_query_groups if grouped else None)
+
+
 @dataclass(frozen=True)
 class ParallelConfig:
-    tensor_model_parallel_size: int = 1
-    pipeline_model_parallel_size: int = 1
-    expert_model_parallel_size: int = 1
-    sequence_parallel: bool = False
-    moe_token_dispatcher_type: str = "allgather"
+    tensor_model_parallel_size: int = option(1)
+    pipeline_model_parallel_size: int = option(1)
+    expert_model_parallel_size: int = option(1)
+    sequence_parallel: bool = option(False)
+    moe_token_dispatcher_type: str = option("allgather", choices=DISPATCHERS)
 
     def __post_init__(self) -> None:
         for name in ("tensor_model_parallel_size", "pipeline_model_parallel_size", "expert_model_parallel_size"):
             value = getattr(self, name)
-            _require(isinstance(value, int) and value > 0, f"--{_flag(name)} must be a positive integer, got {value!r}")
+            _require(isinstance(value, int) and value > 0, f"{_flag(name)} must be a positive integer, got {value!r}")
         _require(not self.sequence_parallel or self.tensor_model_parallel_size > 1,
                  "--sequence-parallel needs --tensor-model-parallel-size > 1")
         _require(self.moe_token_dispatcher_type in DISPATCHERS,
@@ -172,116 +244,9 @@ class MegatronConfig:
                            padded_vocab_size(arch.vocab_size, arch.make_vocab_size_divisible_by, tp))
 
 
-_FLAG_OF_FIELD = {"add_bias_linear": "disable-bias-linear (inverted)"}
-
-
 def _flag(field_name: str) -> str:
-    return _FLAG_OF_FIELD.get(field_name, field_name.replace("_", "-"))
-
-
-# ---------------------------------------------------------------------------------------------
-# argparse
-# ---------------------------------------------------------------------------------------------
-
-
-def add_megatron_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    """Add the model and parallelism groups with Megatron's flag names and defaults (except dropout,
-    which defaults to 0 for RL, and --moe-router-load-balancing-type, which defaults to none)."""
-    model = parser.add_argument_group("megatron model")
-    model.add_argument("--num-layers", type=int)
-    model.add_argument("--hidden-size", type=int)
-    model.add_argument("--ffn-hidden-size", type=int)
-    model.add_argument("--num-attention-heads", type=int)
-    model.add_argument("--group-query-attention", action="store_true")
-    model.add_argument("--num-query-groups", type=int)
-    model.add_argument("--kv-channels", type=int, help="head dim; default hidden-size / num-attention-heads")
-    model.add_argument("--normalization", default="LayerNorm", choices=NORMALIZATIONS)
-    model.add_argument("--norm-epsilon", type=float, default=1e-5)
-    model.add_argument("--swiglu", action="store_true")
-    model.add_argument("--disable-bias-linear", action="store_true")
-    model.add_argument("--add-qkv-bias", action="store_true")
-    model.add_argument("--qk-layernorm", action="store_true")
-    model.add_argument("--untie-embeddings-and-output-weights", action="store_true")
-    model.add_argument("--position-embedding-type", default="rope", choices=POSITION_EMBEDDINGS)
-    model.add_argument("--rotary-base", type=float, default=10000.0)
-    model.add_argument("--vocab-size", type=int, help="the real (tokenizer) vocab size; padding is derived")
-    model.add_argument("--make-vocab-size-divisible-by", type=int, default=128)
-    model.add_argument("--seq-length", type=int)
-    model.add_argument("--max-position-embeddings", type=int)
-    model.add_argument("--attention-dropout", type=float, default=0.0)
-    model.add_argument("--hidden-dropout", type=float, default=0.0)
-    model.add_argument("--num-experts", type=int)
-    model.add_argument("--moe-router-topk", type=int, default=2)
-    model.add_argument("--moe-ffn-hidden-size", type=int)
-    model.add_argument("--moe-router-pre-softmax", action="store_true")
-    model.add_argument("--moe-router-load-balancing-type", default="none", choices=LOAD_BALANCING)
-    model.add_argument("--moe-aux-loss-coeff", type=float, default=0.0)
-    parallel = parser.add_argument_group("megatron parallelism")
-    parallel.add_argument("--tensor-model-parallel-size", type=int, default=1)
-    parallel.add_argument("--pipeline-model-parallel-size", type=int, default=1)
-    parallel.add_argument("--expert-model-parallel-size", type=int, default=1)
-    parallel.add_argument("--sequence-parallel", action="store_true")
-    parallel.add_argument("--moe-token-dispatcher-type", default="allgather", choices=DISPATCHERS)
-    return parser
-
-
-def model_arch_from_args(args: argparse.Namespace) -> ModelArch:
-    for name in ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "vocab_size"):
-        _require(getattr(args, name) is not None, f"--{_flag(name)} is required")
-    _require(args.seq_length is not None or args.max_position_embeddings is not None,
-             "--seq-length or --max-position-embeddings is required")
-    if args.num_query_groups is not None:
-        _require(args.group_query_attention, "--num-query-groups needs --group-query-attention")
-    if args.group_query_attention:
-        _require(args.num_query_groups is not None, "--group-query-attention needs --num-query-groups")
-    if args.kv_channels is None:
-        _require(args.hidden_size % args.num_attention_heads == 0,
-                 f"--num-attention-heads {args.num_attention_heads} must divide --hidden-size {args.hidden_size} "
-                 "unless --kv-channels is given")
-    seq_length = args.seq_length if args.seq_length is not None else args.max_position_embeddings
-    return ModelArch(
-        num_layers=args.num_layers,
-        hidden_size=args.hidden_size,
-        ffn_hidden_size=args.ffn_hidden_size,
-        num_attention_heads=args.num_attention_heads,
-        num_query_groups=args.num_query_groups if args.group_query_attention else args.num_attention_heads,
-        kv_channels=args.kv_channels if args.kv_channels is not None else args.hidden_size // args.num_attention_heads,
-        vocab_size=args.vocab_size,
-        max_position_embeddings=seq_length if args.max_position_embeddings is None else args.max_position_embeddings,
-        seq_length=seq_length,
-        normalization=args.normalization,
-        norm_epsilon=args.norm_epsilon,
-        swiglu=args.swiglu,
-        add_bias_linear=not args.disable_bias_linear,
-        add_qkv_bias=args.add_qkv_bias,
-        qk_layernorm=args.qk_layernorm,
-        untie_embeddings_and_output_weights=args.untie_embeddings_and_output_weights,
-        position_embedding_type=args.position_embedding_type,
-        rotary_base=args.rotary_base,
-        make_vocab_size_divisible_by=args.make_vocab_size_divisible_by,
-        num_experts=args.num_experts,
-        moe_router_topk=args.moe_router_topk,
-        moe_ffn_hidden_size=args.moe_ffn_hidden_size,
-        moe_router_pre_softmax=args.moe_router_pre_softmax,
-        moe_router_load_balancing_type=args.moe_router_load_balancing_type,
-        moe_aux_loss_coeff=args.moe_aux_loss_coeff,
-        attention_dropout=args.attention_dropout,
-        hidden_dropout=args.hidden_dropout,
-    )
-
-
-def parallel_config_from_args(args: argparse.Namespace) -> ParallelConfig:
-    return ParallelConfig(
-        tensor_model_parallel_size=args.tensor_model_parallel_size,
-        pipeline_model_parallel_size=args.pipeline_model_parallel_size,
-        expert_model_parallel_size=args.expert_model_parallel_size,
-        sequence_parallel=args.sequence_parallel,
-        moe_token_dispatcher_type=args.moe_token_dispatcher_type,
-    )
-
-
-def megatron_config_from_args(args: argparse.Namespace) -> MegatronConfig:
-    return MegatronConfig(arch=model_arch_from_args(args), parallel=parallel_config_from_args(args))
+    """The flag that sets a ModelArch / ParallelConfig field (for messages)."""
+    return flag_of(ParallelConfig if field_name in ParallelConfig.__dataclass_fields__ else ModelFlags, field_name)
 
 
 def arch_differences(expected: ModelArch, actual: ModelArch) -> list[str]:
@@ -290,5 +255,6 @@ def arch_differences(expected: ModelArch, actual: ModelArch) -> list[str]:
     for name in expected.__dataclass_fields__:
         a, b = getattr(expected, name), getattr(actual, name)
         if a != b:
-            out.append(f"--{_flag(name)}: {a!r} != {b!r}")
+            inverted = " (inverted)" if ModelFlags.__dataclass_fields__[name].default is True else ""
+            out.append(f"{_flag(name)}{inverted}: {a!r} != {b!r}")
     return out

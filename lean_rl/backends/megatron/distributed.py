@@ -48,7 +48,6 @@ def init_distributed(rank: int, world_size: int, store: dist.Store, parallel: Pa
                      device: torch.device, seed: int, timeout_s: float) -> RankLayout:
     from megatron.core import parallel_state, tensor_parallel
 
-    parallel.data_parallel_size(world_size)  # validates the world size against the layout
     if device.type == "cuda":
         torch.cuda.set_device(device)
     dist.init_process_group(backend="gloo" if device.type == "cpu" else "nccl", store=store, rank=rank,

@@ -1,4 +1,6 @@
-"""Driver side of the trainer: one Ray actor per Megatron rank, called in lockstep.
+"""Driver side of the trainer: one Ray actor per Megatron rank (rank.MegatronRank), called in lockstep.
+A MegatronGroup serves one model: the policy (role "actor") or PPO's value model (role "critic"), as
+set up by setup_training; train_driver.py trains on a rollout with one or both.
 
 Lifetime: actors are ordinary (non-detached) Ray actors owned by this driver, so Ray kills them when
 the driver exits; any failed or timed-out call kills the whole group before the error propagates
@@ -15,11 +17,13 @@ from typing import Any, Sequence
 import psutil
 import torch
 
-from lean_rl.backends.megatron.actor import MegatronRankWorker
 from lean_rl.backends.megatron.config import MegatronConfig, ParallelConfig
 from lean_rl.backends.megatron.distributed import RankLayout
 from lean_rl.backends.megatron.hf_config import arch_from_hf_config, check_arch_matches_checkpoint, hf_family
+from lean_rl.backends.megatron.rank import MegatronRank
 from lean_rl.backends.megatron.scoring_plan import plan_scoring
+from lean_rl.backends.megatron.train_config import BatchPlan, TrainConfig, TrainerLayout
+from lean_rl.utils.device import detect_device
 
 
 class MegatronGroupError(RuntimeError):
@@ -32,48 +36,50 @@ class LogProbOutput:
     entropy: list[torch.Tensor] | None  # same shapes, when asked for
 
 
-class MegatronActorGroup:
-    def __init__(self, config: MegatronConfig, *, world_size: int | None = None, device: str | None = None,
-                 num_cpus_per_actor: float = 0.5, seed: int = 1234, num_threads: int = 1,
+class MegatronGroup:
+    def __init__(self, config: MegatronConfig, *, layout: TrainerLayout | None = None, world_size: int | None = None,
+                 device: str | None = None, num_cpus_per_actor: float = 0.5, seed: int = 1234, num_threads: int = 1,
                  start_timeout_s: float = 300.0, call_timeout_s: float = 600.0, dist_timeout_s: float = 300.0):
-        """Start world_size actors (default: the smallest world for the layout), initialise
-        torch.distributed + parallel_state on each and build the model (random weights).
-        device: "cpu" or "cuda"; default "cuda" when the Ray cluster has a GPU per rank."""
+        """Start one actor per rank, initialise torch.distributed + parallel_state on each and build
+        the model (random weights). `layout`: as a run derived it at start-up (cfg.layout); a group
+        used on its own gives `world_size` (default: the smallest world for the parallel layout) and
+        `device` (default: utils.device.detect_device())."""
         import ray
 
         if not ray.is_initialized():
-            raise RuntimeError("MegatronActorGroup needs a running Ray: call ray.init() first")
-        self.config = config
-        self.world_size = world_size if world_size is not None else config.parallel.min_world_size
-        self.data_parallel_size = config.parallel.data_parallel_size(self.world_size)
-        if device is None:
-            device = "cuda" if ray.cluster_resources().get("GPU", 0) >= self.world_size else "cpu"
-        if device not in ("cpu", "cuda"):
-            raise ValueError(f"device must be 'cpu' or 'cuda', got {device!r}")
-        self.device = device
+            raise RuntimeError("MegatronGroup needs a running Ray: call ray.init() first")
+        if layout is None:
+            layout = TrainerLayout.derive(config.parallel, world_size or config.parallel.min_world_size,
+                                          device or detect_device())
+        elif world_size is not None or device is not None:
+            raise ValueError("MegatronGroup: give either layout or world_size / device, not both")
+        self.config, self.trainer_layout = config, layout
+        self.world_size, self.data_parallel_size, self.device = layout.world_size, layout.data_parallel_size, layout.device
+        device = layout.device
         self.call_timeout_s = call_timeout_s
         self.family: str | None = None
-        # set by setup_training (issue 4): TrainConfig, AlgorithmConfig, "actor" | "critic"
+        # set by setup_training: TrainConfig, AlgorithmConfig, and the model served: "actor" | "critic"
         self.train_config = None
         self.algorithm_config = None
         self.role: str | None = None
+        self.batch_plan: BatchPlan | None = None
         self._actors: list[Any] = []
         self._pids: list[int] = []
         # Libraries configured through their only interface: gloo/NCCL pick the network interface
         # from these (loopback: all ranks are on this machine); OMP threads per rank.
         env = {"OMP_NUM_THREADS": str(num_threads), "GLOO_SOCKET_IFNAME": "lo", "NCCL_SOCKET_IFNAME": "lo"}
-        actor_cls = ray.remote(MegatronRankWorker).options(
+        actor_cls = ray.remote(MegatronRank).options(
             num_cpus=num_cpus_per_actor, num_gpus=1 if device == "cuda" else 0, max_restarts=0,
             max_concurrency=1, runtime_env={"env_vars": env})
         try:
             self._actors = [actor_cls.remote(rank, self.world_size, config, device, seed, num_threads)
                             for rank in range(self.world_size)]
-            self._pids = self._call_all("pid", timeout_s=start_timeout_s)
-            self.rendezvous_port: int = self._wait([self._actors[0].open_rendezvous.remote(dist_timeout_s)],
+            self._pids = self.call_all("pid", timeout_s=start_timeout_s)
+            self.rendezvous_port: int = self._wait([self._actors[0].call.remote("open_rendezvous", dist_timeout_s)],
                                                    start_timeout_s, "open_rendezvous")[0]
-            self.layouts: list[RankLayout] = self._call_all("init_distributed", self.rendezvous_port,
-                                                            dist_timeout_s, timeout_s=start_timeout_s)
-            self._call_all("build_model", timeout_s=start_timeout_s)
+            self.layouts: list[RankLayout] = self.call_all("init_distributed", self.rendezvous_port,
+                                                           dist_timeout_s, timeout_s=start_timeout_s)
+            self.call_all("build_model", timeout_s=start_timeout_s)
         except BaseException:
             self.shutdown()
             raise
@@ -81,7 +87,7 @@ class MegatronActorGroup:
     @classmethod
     def from_hf_checkpoint(cls, checkpoint_dir: str | Path, parallel: ParallelConfig, *,
                            make_vocab_size_divisible_by: int = 128, seq_length: int | None = None,
-                           **kwargs) -> "MegatronActorGroup":
+                           **kwargs) -> "MegatronGroup":
         """A group whose architecture comes from the checkpoint's config.json, with its weights loaded."""
         arch = arch_from_hf_config(checkpoint_dir, make_vocab_size_divisible_by, seq_length)
         group = cls(MegatronConfig(arch=arch, parallel=parallel), **kwargs)
@@ -96,7 +102,7 @@ class MegatronActorGroup:
         """Each rank reads its own slices of the HF safetensors checkpoint."""
         family = hf_family(checkpoint_dir)
         check_arch_matches_checkpoint(self.config.arch, checkpoint_dir)  # fail here, before the actors
-        self._call_all("load_hf_checkpoint", str(Path(checkpoint_dir).resolve()), family)
+        self.call_all("load_hf_checkpoint", str(Path(checkpoint_dir).resolve()), family)
         self.family = family
 
     def compute_log_probs(self, token_ids: Sequence[Sequence[int]], score_from: Sequence[int] | None = None, *,
@@ -109,7 +115,7 @@ class MegatronActorGroup:
                             vocab_size=self.config.arch.vocab_size, max_seq_length=self.config.arch.seq_length,
                             length_multiple=par.tensor_model_parallel_size if par.sequence_parallel else 1)
         per_rank = [(plan.batches[layout.data_rank], with_entropy) for layout in self.layouts]
-        results = self._call_all_with("compute_log_probs", per_rank)
+        results = self.call_each("compute_log_probs", per_rank)
         by_data_rank: dict[int, list] = {}
         for layout, result in zip(self.layouts, results):
             if result is not None:
@@ -122,7 +128,7 @@ class MegatronActorGroup:
         """The full model as HF-named tensors (TP/PP/EP shards gathered), on the driver."""
         if self.family is None:
             raise RuntimeError("gather_hf_state_dict needs the HF family: load an HF checkpoint first")
-        return self._call_all("gather_hf_state_dict", self.family)[0]
+        return self.call_all("gather_hf_state_dict", self.family)[0]
 
     # -- model-only checkpoints and full logits (issue 6: checkpoint conversion) ---------------------
 
@@ -130,95 +136,77 @@ class MegatronActorGroup:
         """Load the weights of a torch_dist checkpoint (model-only, e.g. from tools/convert_ckpt, or
         a full one) at this group's layout; `path` is a root (latest, or `step`) or one iter_* dir.
         Its hf_config/ folder, when present, sets the family (for gather_hf_state_dict)."""
-        from lean_rl.convert.megatron_to_hf import resolve_checkpoint_dir
+        from lean_rl.backends.megatron.checkpoint_paths import HF_CONFIG_DIR, find_checkpoint
 
-        directory = resolve_checkpoint_dir(Path(path).resolve(), step)
-        self._call_all("load_model_checkpoint", str(directory), None)
-        if (directory / "hf_config" / "config.json").is_file():
-            self.family = hf_family(directory / "hf_config")
+        _, directory = find_checkpoint(Path(path).resolve(), step)
+        self.call_all("load_model_checkpoint", str(directory), None)
+        if (directory / HF_CONFIG_DIR / "config.json").is_file():
+            self.family = hf_family(directory / HF_CONFIG_DIR)
         return directory
 
     def save_model_checkpoint(self, root: str | Path, step: int, hf_config_dir: str | Path | None = None) -> Path:
         """Write the weights only ({"model": ...}, no optimizer) as ROOT/iter_{step:07d}."""
         hf_dir = None if hf_config_dir is None else str(Path(hf_config_dir).resolve())
-        return Path(self._call_all("save_model_checkpoint", str(Path(root).resolve()), int(step), hf_dir)[0])
+        return Path(self.call_all("save_model_checkpoint", str(Path(root).resolve()), int(step), hf_dir)[0])
 
     def compute_logits(self, token_ids: Sequence[Sequence[int]]) -> list[torch.Tensor]:
         """float32 [len, vocab] logits per sequence (TP shards gathered, from the last stage)."""
-        results = self._call_all("compute_logits", [list(t) for t in token_ids])
+        results = self.call_all("compute_logits", [list(t) for t in token_ids])
         return next(r for r in results if r is not None)
 
-    # -- training (issue 4); orchestration in train_driver.py ------------------------------------
+    # -- training: train_driver.py trains on a rollout through these and call_each("trainer.<method>") --
 
-    def setup_training(self, train_config, algorithm_config, role: str = "actor") -> None:
+    def setup_training(self, train_config: TrainConfig, algorithm_config, role: str = "actor",
+                       batch_plan: BatchPlan | None = None) -> None:
         """Wrap every rank's model in Megatron DDP and build its optimizer and LR schedule (the critic
-        gets its value head first: load HF weights before this). Validates the batch flags against
-        the data-parallel size."""
-        train_config.batch.check_data_parallel(self.data_parallel_size)
-        self._call_all("setup_training", train_config, algorithm_config, role)
+        gets its value head first: load HF weights before this). `batch_plan`: as a run derived it at
+        start-up (cfg.batch_plan); a group used on its own derives it here from the batch flags.
+        train_driver.initialize_for_training does this from the flags."""
+        plan = batch_plan or BatchPlan(train_config.batch, self.data_parallel_size)
+        if plan.data_parallel_size != self.data_parallel_size:
+            raise ValueError(f"batch plan for data-parallel size {plan.data_parallel_size}, group has "
+                             f"{self.data_parallel_size}")
+        self.call_all("setup_training", train_config, algorithm_config, role)
         self.train_config, self.algorithm_config, self.role = train_config, algorithm_config, role
-
-    def initialize_for_training(self, train_config, algorithm_config, role: str = "actor",
-                                actor_step: int = 0) -> tuple[int, dict | None]:
-        """Weights, reference and optimizer from the flags (--load / --hf-checkpoint / --ref-load, or
-        --critic-load for the critic, which resumes at `actor_step`, the step the actor resumed at);
-        returns (step, extra_state) of a resumed checkpoint, else (0, None)."""
-        from lean_rl.backends.megatron.train_driver import initialize_for_training
-
-        return initialize_for_training(self, train_config, algorithm_config, role, actor_step)
-
-    def train(self, groups: list, policy_version: int, critic: "MegatronActorGroup | None" = None) -> dict[str, float]:
-        """Train on one rollout (groups of Samples): old / reference log-probs and critic values as
-        the algorithm needs, advantages, then --num-steps-per-rollout optimizer steps. Returns
-        metrics (train/loss, train/pg_clipfrac, train/kl_loss, train/entropy, train/grad_norm,
-        train/lr, train/skipped_steps, rollout/..., critic/... for PPO)."""
-        from lean_rl.backends.megatron.train_driver import train_on_rollout
-
-        self._require_training()
-        return train_on_rollout(self, groups, policy_version, critic)
+        self.batch_plan = plan
 
     def save_checkpoint(self, root: str | Path, step: int, extra_state: dict | None = None) -> Path:
         """Model, optimizer, LR schedule, RNG, counters and `extra_state` (JSON-able, e.g. the
         DataBuffer's state_dict) as ROOT/iter_{step:07d}, published only once complete."""
         import json
 
-        self._require_training()
+        self.require_training()
         try:
             json.dumps(extra_state)
         except (TypeError, ValueError) as error:
             raise ValueError(f"save_checkpoint: extra_state is not JSON-serialisable ({error})") from error
         Path(root).mkdir(parents=True, exist_ok=True)
-        return Path(self._call_all("save_checkpoint", str(Path(root).resolve()), int(step), extra_state)[0])
+        return Path(self.call_all("trainer.save_checkpoint", str(Path(root).resolve()), int(step), extra_state)[0])
 
     def load_checkpoint(self, root: str | Path, step: int | None = None) -> tuple[int, dict | None]:
         """Restore the latest complete checkpoint under `root`, or that of `step` (any layout; a
         model-only checkpoint keeps a fresh optimizer). Returns (step, extra_state)."""
         from lean_rl.backends.megatron.checkpoint_paths import find_checkpoint
 
-        self._require_training()
+        self.require_training()
         find_checkpoint(root, step)  # fail here, not on every rank (which would take the group down)
         ckpt = self.train_config.checkpoint
-        results = self._call_all("load_checkpoint", str(Path(root).resolve()), not ckpt.no_load_optim,
-                                 not ckpt.no_load_rng, step)
+        results = self.call_all("trainer.load_checkpoint", str(Path(root).resolve()), not ckpt.no_load_optim,
+                                not ckpt.no_load_rng, step)
         return results[0]["step"], results[0]["extra_state"]
 
     def offload(self) -> dict:
         """Colocated mode: free the trainer's GPU memory while the engines generate (no-op on CPU)."""
-        return self._call_all("offload")[0]
+        return self.call_all("trainer.offload")[0]
 
     def onload(self) -> dict:
-        return self._call_all("onload")[0]
+        return self.call_all("trainer.onload")[0]
 
-    def _require_training(self) -> None:
+    def require_training(self) -> None:
         if self.train_config is None:
             raise RuntimeError("call setup_training() (or initialize_for_training()) first")
 
-    def weight_sync_call(self, method: str, *args, timeout_s: float | None = None) -> list:
-        """RankWeightSync.<method>(*args) on every rank, in lockstep (lean_rl/weight_sync); results in
-        rank order."""
-        return self._call_all("weight_sync_call", method, *args, timeout_s=timeout_s)
-
-    def actor_pids(self) -> list[int]:
+    def rank_pids(self) -> list[int]:
         return list(self._pids)
 
     def shutdown(self, wait_s: float = 30.0) -> None:
@@ -238,7 +226,7 @@ class MegatronActorGroup:
         if alive:
             raise MegatronGroupError(f"actor processes {[p.pid for p in alive]} still alive {wait_s}s after ray.kill")
 
-    def __enter__(self) -> "MegatronActorGroup":
+    def __enter__(self) -> "MegatronGroup":
         return self
 
     def __exit__(self, *exc) -> None:
@@ -246,13 +234,17 @@ class MegatronActorGroup:
 
     # -- lockstep calls -------------------------------------------------------------------------
 
-    def _call_all(self, method: str, *args, timeout_s: float | None = None) -> list:
-        return self._call_all_with(method, [args] * len(self._actors), timeout_s)
+    def call_all(self, method: str, *args, timeout_s: float | None = None) -> list:
+        """`method` with the same `args` on every rank, in lockstep; results in rank order. `method`
+        names a rank method ("build_model"), a trainer method ("trainer.train_step") or one of an
+        attached object ("weight_sync.setup"; rank.MegatronRank.call)."""
+        return self.call_each(method, [args] * len(self._actors), timeout_s)
 
-    def _call_all_with(self, method: str, per_rank_args: Sequence[tuple], timeout_s: float | None = None) -> list:
+    def call_each(self, method: str, per_rank_args: Sequence[tuple], timeout_s: float | None = None) -> list:
+        """As call_all, with one argument tuple per rank (rank order)."""
         if not self._actors:
-            raise MegatronGroupError(f"{method}: the actor group is shut down")
-        refs = [getattr(actor, method).remote(*args) for actor, args in zip(self._actors, per_rank_args)]
+            raise MegatronGroupError(f"{method}: the group is shut down")
+        refs = [actor.call.remote(method, *args) for actor, args in zip(self._actors, per_rank_args)]
         return self._wait(refs, self.call_timeout_s if timeout_s is None else timeout_s, method)
 
     def _wait(self, refs: list, timeout_s: float, what: str) -> list:

@@ -9,7 +9,8 @@ import json
 from pathlib import Path
 from typing import Any, Mapping
 
-from lean_rl.backends.megatron.config import ConfigError, ModelArch, arch_differences
+from lean_rl.backends.megatron.config import ModelArch, arch_differences
+from lean_rl.options import ConfigError
 
 SUPPORTED_HF_FAMILIES = ("llama", "qwen2", "qwen3", "qwen3_moe")
 

@@ -26,11 +26,14 @@ from megatron.core.dist_checkpointing.mapping import ShardedObject, ShardedTenso
 from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint.metadata import Metadata
 
-from lean_rl.backends.megatron.checkpoint_paths import prepare_temporary_dir, publish
+from lean_rl.backends.megatron.checkpoint_paths import (
+    HF_CONFIG_DIR,
+    copy_side_files,
+    find_checkpoint,
+    prepare_temporary_dir,
+    publish,
+)
 from lean_rl.backends.megatron.hf_weights.dist_keys import EXTRA_STATE
-from lean_rl.convert.hf_to_megatron import HF_CONFIG_DIR
-from lean_rl.convert.megatron_to_hf import resolve_checkpoint_dir
-from lean_rl.convert.output_dir import copy_side_files
 
 MODEL_KEY = "model"
 _VOCAB_KEYS = ("embedding.word_embeddings.weight", "output_layer.weight")
@@ -77,7 +80,7 @@ def load_model_checkpoint(model: torch.nn.Module, path: str | Path, step: int | 
     """Load the weights of a model-only (or full: only "model" is read) checkpoint into this rank's
     model, resharding from whatever layout wrote it. `path`: a root (its latest, or `step`) or one
     iter_* directory. Returns the directory loaded."""
-    directory = resolve_checkpoint_dir(path, step)
+    _, directory = find_checkpoint(path, step)
     model = _unwrap(model)
     request = adapt_model_request(model.sharded_state_dict(), read_checkpoint_metadata(directory), vocab_size)
     state = dist_checkpointing.load({MODEL_KEY: request}, str(directory))

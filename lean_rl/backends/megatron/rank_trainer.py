@@ -1,6 +1,7 @@
 """Everything one rank holds for training (rank side): the DDP-wrapped model, optimizer, LR
-scheduler, reference weights, step counters, and the offloader. MegatronRankWorker forwards its
-training methods here; the step itself is in train_step.py, checkpoints in checkpoint.py."""
+scheduler, reference weights, step counters, and the offloader. Hosted by the rank as "trainer": the
+driver calls "trainer.<method>" on every rank (rank.MegatronRank.call). One optimizer step is
+train_step; the passes over the micro-batches are in forward_backward.py, checkpoints in checkpoint.py."""
 
 from __future__ import annotations
 
@@ -8,15 +9,17 @@ import time
 from typing import Any
 
 import torch
+from megatron.core import parallel_state
+
 from lean_rl.algorithms.config import AlgorithmConfig
 from lean_rl.backends.megatron import checkpoint
 from lean_rl.backends.megatron.config import MegatronConfig
+from lean_rl.backends.megatron.forward_backward import StepContext, forward_backward, forward_only
 from lean_rl.backends.megatron.model_checkpoint import load_model_checkpoint
 from lean_rl.backends.megatron.offload import StorageOffloader
-from lean_rl.backends.megatron.optimizer_setup import build_optimizer
+from lean_rl.backends.megatron.optimizer_setup import build_optimizer, current_lr
 from lean_rl.backends.megatron.reference import ReferenceWeights
 from lean_rl.backends.megatron.train_config import TrainConfig
-from lean_rl.backends.megatron.train_step import StepContext, forward_only, train_step
 from lean_rl.backends.megatron.value_head import attach_value_head
 
 ROLES = ("actor", "critic")
@@ -50,20 +53,37 @@ class RankTrainer:
 
     # -- training ---------------------------------------------------------------------------------
 
-    def train_step(self, micro_batches: list[dict[str, torch.Tensor]]) -> dict[str, float]:
+    def train_step(self, micro_batches: list[dict]) -> dict[str, float] | None:
+        """One optimizer step over this rank's micro-batches (numpy, as the driver ships them), skipped
+        on every rank when any saw a non-finite loss or gradient. Metrics (the loss terms summed over DP
+        ranks, grad_norm, lr, skipped, counters) on the last stage's TP rank 0 of DP rank 0; None elsewhere."""
         self._require_onloaded()
         micro_batches = _as_tensors(micro_batches)
         start = time.perf_counter()
-        metrics = train_step(self.bundle, micro_batches, self.ctx, _width(micro_batches))
-        metrics["step_time_s"] = time.perf_counter() - start  # this rank's forward/backward/step
-        if metrics["skipped"]:
-            self.counters["skipped_steps"] += 1
-            self.counters["consecutive_skipped_steps"] += 1
-        else:
+        ddp, optimizer = self.bundle.ddp, self.bundle.optimizer
+        ddp.zero_grad_buffer()
+        optimizer.zero_grad()
+        metrics, finite = forward_backward(ddp, micro_batches, self.ctx, _width(micro_batches))
+        if finite:
+            update_successful, grad_norm, _ = optimizer.step()
+            if not update_successful:  # only mixed precision can refuse; fp32 never does
+                raise RuntimeError("the optimizer refused a step with finite gradients")
+            metrics.update(grad_norm=float(grad_norm) if grad_norm is not None else 0.0,
+                           lr=current_lr(optimizer), skipped=0.0)
+            self.bundle.scheduler.step(increment=1)
             self.counters["optimizer_steps"] += 1
             self.counters["consecutive_skipped_steps"] = 0
+        else:
+            ddp.zero_grad_buffer()
+            optimizer.zero_grad()
+            metrics.update(grad_norm=float("nan"), lr=current_lr(optimizer), skipped=1.0)
+            self.counters["skipped_steps"] += 1
+            self.counters["consecutive_skipped_steps"] += 1
+        metrics["step_time_s"] = time.perf_counter() - start  # this rank's forward/backward/step
         metrics.update({name: float(value) for name, value in self.counters.items()})
-        return metrics
+        reports = (parallel_state.is_pipeline_last_stage() and parallel_state.get_tensor_model_parallel_rank() == 0
+                   and parallel_state.get_data_parallel_rank() == 0)
+        return metrics if reports else None
 
     def forward(self, micro_batches: list[dict[str, torch.Tensor]], reference: bool = False) -> list[torch.Tensor] | None:
         """Log-probs (actor; of the reference weights when `reference`) or values (critic)."""

@@ -1,4 +1,6 @@
-"""Sample groups -> the tensors the trainer needs (pure; driver side).
+"""Sample groups -> the tensors the trainer needs (pure; driver side): per-token values are [B, T],
+response-aligned (row i holds sequence i's response tokens from column 0, zero-padded to the longest
+response), the form the advantages take them in and train_batches.build_micro_batch lays out.
 
 A FAILED sample stays in its group, so group statistics (mean, std, leave-one-out baselines) see it
 with its reward (0 when the reward function failed), but its tokens get loss weight 0. Within a
@@ -19,8 +21,8 @@ class RolloutBatch:
     sequences: list[Sequence]
     rewards: torch.Tensor  # [B] float32
     group_ids: torch.Tensor  # [B] int64
-    masks: list[torch.Tensor]  # [R_i] float32: 1 = trained token
-    rollout_log_probs: list[torch.Tensor]  # [R_i] float32 (0 where not generated)
+    masks: torch.Tensor  # [B, T] float32: 1 = trained token (0 on padding)
+    rollout_log_probs: torch.Tensor  # [B, T] float32 (0 where not generated)
     weight_versions: list[torch.Tensor]  # [R_i] int64 (NOT_GENERATED for tool tokens)
     failed: int
 
@@ -63,9 +65,10 @@ def rollout_batch(groups: list[list[Sample]]) -> RolloutBatch:
             masks.append(torch.zeros_like(mask) if is_failed else mask)
             log_probs.append(torch.tensor(sample.rollout_log_probs, dtype=torch.float32))
             versions.append(torch.tensor(sample.weight_versions, dtype=torch.long))
+    masks = pad(masks)
     return RolloutBatch(sequences=sequences, rewards=torch.tensor(rewards, dtype=torch.float32),
                         group_ids=torch.tensor(group_ids, dtype=torch.long), masks=masks,
-                        rollout_log_probs=log_probs, weight_versions=versions, failed=failed)
+                        rollout_log_probs=pad(log_probs, masks.shape[1]), weight_versions=versions, failed=failed)
 
 
 def pad(values: list[torch.Tensor], length: int | None = None) -> torch.Tensor:
@@ -77,19 +80,16 @@ def pad(values: list[torch.Tensor], length: int | None = None) -> torch.Tensor:
     return out
 
 
-def unpad(padded: torch.Tensor, lengths: list[int]) -> list[torch.Tensor]:
-    return [padded[i, :n].clone() for i, n in enumerate(lengths)]
-
-
-def rollout_metrics(batch: RolloutBatch, policy_version: int) -> dict[str, float]:
-    trained = torch.cat(batch.masks) if batch.masks else torch.zeros(0)
+def batch_metrics(batch: RolloutBatch, policy_version: int) -> dict[str, float]:
+    """What the trainer saw in the batch. The rollout's own metrics (rollout/reward_mean, lengths, ...)
+    come from rollout.default.rollout_metrics; train/reward_mean is the reward as trained (a FAILED
+    sample counts 0, where the rollout's mean leaves an unscored one out)."""
     versions = torch.cat(batch.weight_versions) if batch.weight_versions else torch.zeros(0, dtype=torch.long)
     generated = versions != NOT_GENERATED
     stale = (versions < policy_version) & generated
     return {
-        "rollout/reward_mean": float(batch.rewards.mean()),
-        "rollout/response_length_mean": sum(batch.response_lengths) / len(batch),
-        "rollout/trained_tokens": float(trained.sum()),
+        "train/reward_mean": float(batch.rewards.mean()),
+        "rollout/trained_tokens": float(batch.masks.sum()),
         "rollout/failed_samples": float(batch.failed),
         # a NaN reward is trained as it is: the non-finite step guard skips and counts the step
         "rollout/nonfinite_rewards": float((~torch.isfinite(batch.rewards)).sum()),

@@ -11,8 +11,9 @@ multiple of `length_multiple` (TP size under sequence parallel); a sequence is n
 - --balance-data: sequences go to DP ranks longest first, each to the rank with the fewest tokens so
   far (equal counts per rank in fixed mode); without it, sequence k goes to rank k mod DP.
 
-Per-token fields arrive response-aligned (one value per response token) and are laid out at the
-position that predicts the token: response token j of a sequence with prompt length P sits at P-1+j.
+Per-token fields arrive response-aligned, [B, T] over the whole batch (row i: sequence i's response
+tokens from column 0; rollout_batch.py) and are laid out at the position that predicts the token:
+response token j of a sequence with prompt length P sits at P-1+j.
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ from dataclasses import dataclass
 
 import torch
 
-from lean_rl.backends.megatron.train_config import BatchConfig, ConfigError
+from lean_rl.backends.megatron.train_config import BatchPlan
+from lean_rl.options import ConfigError
 
 PAD_TOKEN_ID = 0  # any valid id: padded positions carry zero weight
 
@@ -94,13 +96,13 @@ def _split_to(bins: list[list[int]], count: int) -> list[list[int]]:
     return bins + [[] for _ in range(count - len(bins))]
 
 
-def plan_micro_batches(lengths: list[int], data_parallel_size: int, batch: BatchConfig,
-                       length_multiple: int = 1) -> list[list[list[int]]]:
+def plan_micro_batches(lengths: list[int], plan: BatchPlan, length_multiple: int = 1) -> list[list[list[int]]]:
     """[dp rank][micro-batch] -> sequence indices (an empty list is a padding micro-batch)."""
     if not lengths:
         raise ValueError("an optimizer step needs at least one sequence")
-    fixed = not batch.use_dynamic_batch_size
-    if fixed and len(lengths) % (batch.micro_batch_size * data_parallel_size):
+    batch, data_parallel_size, unit = plan.batch, plan.data_parallel_size, plan.micro_batch_unit
+    fixed = unit is not None
+    if fixed and len(lengths) % unit:
         raise ConfigError(f"{len(lengths)} sequences in an optimizer step is not a multiple of --micro-batch-size "
                           f"{batch.micro_batch_size} x data-parallel size {data_parallel_size}")
     shares = assign_to_ranks(lengths, data_parallel_size, batch.balance_data, equal_counts=fixed)
@@ -111,11 +113,11 @@ def plan_micro_batches(lengths: list[int], data_parallel_size: int, batch: Batch
     return [_split_to(bins, count) for bins in per_rank]
 
 
-def build_micro_batch(rows: list[int], sequences: list[Sequence], fields: dict[str, list[torch.Tensor]],
+def build_micro_batch(rows: list[int], sequences: list[Sequence], fields: dict[str, torch.Tensor],
                       length_multiple: int = 1) -> dict[str, torch.Tensor]:
-    """Tensors of one micro-batch: "tokens" [n, L] int64, "sequence_index" [n] (-1: padding row), and
-    every field [n, L] float32 at prediction positions (0 elsewhere). An empty `rows` gives one
-    all-padding row of weight 0."""
+    """Tensors of one micro-batch, as the rank consumes them: "tokens" [n, L] int64, "sequence_index"
+    [n] (-1: padding row), and every field ([B, T] response-aligned in, see above) as [n, L] float32
+    at prediction positions (0 elsewhere). An empty `rows` gives one all-padding row of weight 0."""
     if not rows:
         length = _round_up(1, length_multiple)
         out = {"tokens": torch.full((1, length), PAD_TOKEN_ID, dtype=torch.long),
@@ -130,10 +132,10 @@ def build_micro_batch(rows: list[int], sequences: list[Sequence], fields: dict[s
         tokens[r, : len(seq.tokens)] = torch.tensor(seq.tokens, dtype=torch.long)
         start, response = seq.prompt_length - 1, seq.response_length
         for name, values in fields.items():
-            if values[i].numel() != response:
-                raise ValueError(f"field {name!r} of sequence {i} has {values[i].numel()} values for "
-                                 f"{response} response tokens")
-            out[name][r, start:start + response] = values[i].float()
+            if values.shape[1] < response:
+                raise ValueError(f"field {name!r} has {values.shape[1]} values per row for the {response} "
+                                 f"response tokens of sequence {i}")
+            out[name][r, start:start + response] = values[i, :response].float()
     out["tokens"] = tokens
     out["sequence_index"] = torch.tensor(rows)
     return out

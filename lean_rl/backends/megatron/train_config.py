@@ -1,15 +1,16 @@
 """Typed, frozen trainer flags: optimizer and LR schedule, how a rollout becomes optimizer steps and
 micro-batches, checkpoints, non-finite-step policy, and where the ranks run. Megatron / slime flag
-names; built once by `train_config_from_args`; errors name the flag. Importing this does not import
-Megatron."""
+names, each declared once on its field (lean_rl/options.py: `add_options(parser, TrainConfig,
+"optimizer")`, `read_options(TrainConfig, args, ...)`); errors name the flag. Importing this does
+not import Megatron."""
 
 from __future__ import annotations
 
-import argparse
+from dataclasses import dataclass
 from pathlib import Path
-from dataclasses import dataclass, field
 
-from lean_rl.backends.megatron.config import ConfigError
+from lean_rl.backends.megatron.config import ParallelConfig
+from lean_rl.options import ConfigError, flag_of, group, option
 
 LR_DECAY_STYLES = ("constant", "linear", "cosine", "inverse-square-root")
 
@@ -21,18 +22,18 @@ def _require(condition: bool, message: str) -> None:
 
 @dataclass(frozen=True)
 class OptimizerConfig:
-    lr: float = 1e-6
-    min_lr: float = 0.0
-    lr_warmup_iters: int = 0
-    lr_warmup_init: float = 0.0
-    lr_decay_iters: int | None = None
-    lr_decay_style: str = "constant"
-    weight_decay: float = 0.0
-    adam_beta1: float = 0.9
-    adam_beta2: float = 0.999
-    adam_eps: float = 1e-8
-    clip_grad: float = 1.0  # 0 disables
-    use_distributed_optimizer: bool = False
+    lr: float = option(1e-6)
+    min_lr: float = option(0.0)
+    lr_warmup_iters: int = option(0)
+    lr_warmup_init: float = option(0.0)
+    lr_decay_iters: int | None = option(None)
+    lr_decay_style: str = option("constant", choices=LR_DECAY_STYLES)
+    weight_decay: float = option(0.0)
+    adam_beta1: float = option(0.9)
+    adam_beta2: float = option(0.999)
+    adam_eps: float = option(1e-8)
+    clip_grad: float = option(1.0, help="global grad-norm clip; 0 disables")
+    use_distributed_optimizer: bool = option(False)
 
     def __post_init__(self) -> None:
         _require(self.lr > 0, f"--lr must be > 0, got {self.lr}")
@@ -60,12 +61,12 @@ class OptimizerConfig:
 
 @dataclass(frozen=True)
 class BatchConfig:
-    micro_batch_size: int = 1
-    use_dynamic_batch_size: bool = False
-    max_tokens_per_gpu: int | None = None
-    global_batch_size: int | None = None  # samples per optimizer step
-    num_steps_per_rollout: int | None = None  # alternative to global_batch_size
-    balance_data: bool = False
+    micro_batch_size: int = option(1)
+    use_dynamic_batch_size: bool = option(False)
+    max_tokens_per_gpu: int | None = option(None)
+    global_batch_size: int | None = option(None, help="samples per optimizer step")
+    num_steps_per_rollout: int | None = option(None)  # alternative to global_batch_size
+    balance_data: bool = option(False, help="even out tokens across data-parallel ranks")
 
     def __post_init__(self) -> None:
         _require(self.micro_batch_size >= 1, f"--micro-batch-size must be >= 1, got {self.micro_batch_size}")
@@ -79,49 +80,72 @@ class BatchConfig:
         _require(self.num_steps_per_rollout is None or self.num_steps_per_rollout >= 1,
                  f"--num-steps-per-rollout must be >= 1, got {self.num_steps_per_rollout}")
 
-    def check_data_parallel(self, data_parallel_size: int) -> None:
-        """Fixed micro-batches: every DP rank runs whole micro-batches of every optimizer step."""
-        if self.use_dynamic_batch_size or self.global_batch_size is None:
-            return
-        unit = self.micro_batch_size * data_parallel_size
-        _require(self.global_batch_size % unit == 0,
-                 f"--global-batch-size {self.global_batch_size} must be a multiple of --micro-batch-size "
-                 f"{self.micro_batch_size} x data-parallel size {data_parallel_size} = {unit}")
 
-    def steps_for(self, num_samples: int, data_parallel_size: int) -> int:
-        """Optimizer steps for a rollout of `num_samples`; errors name the flags that disagree."""
-        if self.global_batch_size is not None:
-            _require(num_samples % self.global_batch_size == 0,
+@dataclass(frozen=True)
+class BatchPlan:
+    """How a rollout becomes optimizer steps and micro-batches, derived once at start-up from the
+    batch flags and the data-parallel size (config.parse_config for a run, with the rollout's size;
+    MegatronGroup.setup_training for a group used on its own). Errors name the flags."""
+
+    batch: BatchConfig
+    data_parallel_size: int
+    samples_per_rollout: int | None = None  # --rollout-batch-size x --n-samples-per-prompt, when known
+    steps_per_rollout: int | None = None  # derived from samples_per_rollout
+
+    def __post_init__(self) -> None:
+        b, unit = self.batch, self.micro_batch_unit
+        # Fixed micro-batches: every DP rank runs whole micro-batches of every optimizer step.
+        if unit is not None and b.global_batch_size is not None:
+            _require(b.global_batch_size % unit == 0,
+                     f"--global-batch-size {b.global_batch_size} must be a multiple of --micro-batch-size "
+                     f"{b.micro_batch_size} x data-parallel size {self.data_parallel_size} = {unit}")
+        if self.samples_per_rollout is not None:
+            object.__setattr__(self, "steps_per_rollout", self.steps_for(self.samples_per_rollout))
+
+    @property
+    def micro_batch_unit(self) -> int | None:
+        """Samples in one micro-batch on every DP rank (fixed micro-batches); None with dynamic sizes."""
+        if self.batch.use_dynamic_batch_size:
+            return None
+        return self.batch.micro_batch_size * self.data_parallel_size
+
+    def steps_for(self, num_samples: int) -> int:
+        """Optimizer steps for a rollout of `num_samples` (a generate that fans out may change the
+        count from rollout to rollout); errors name the flags that disagree."""
+        b = self.batch
+        if b.global_batch_size is not None:
+            _require(num_samples % b.global_batch_size == 0,
                      f"the rollout has {num_samples} samples, not a multiple of --global-batch-size "
-                     f"{self.global_batch_size}")
-            steps = num_samples // self.global_batch_size
-            _require(self.num_steps_per_rollout is None or self.num_steps_per_rollout == steps,
-                     f"--num-steps-per-rollout {self.num_steps_per_rollout} disagrees with --global-batch-size "
-                     f"{self.global_batch_size} for a rollout of {num_samples} samples ({steps} steps)")
+                     f"{b.global_batch_size}")
+            steps = num_samples // b.global_batch_size
+            _require(b.num_steps_per_rollout is None or b.num_steps_per_rollout == steps,
+                     f"--num-steps-per-rollout {b.num_steps_per_rollout} disagrees with --global-batch-size "
+                     f"{b.global_batch_size} for a rollout of {num_samples} samples ({steps} steps)")
         else:
-            steps = self.num_steps_per_rollout or 1
+            steps = b.num_steps_per_rollout or 1
             _require(num_samples % steps == 0,
                      f"the rollout has {num_samples} samples, not divisible by --num-steps-per-rollout {steps}")
-        per_step = num_samples // steps
-        if not self.use_dynamic_batch_size:
-            unit = self.micro_batch_size * data_parallel_size
+        per_step, unit = num_samples // steps, self.micro_batch_unit
+        if unit is not None:
             _require(per_step % unit == 0,
                      f"{per_step} samples per optimizer step is not a multiple of --micro-batch-size "
-                     f"{self.micro_batch_size} x data-parallel size {data_parallel_size} = {unit}")
+                     f"{b.micro_batch_size} x data-parallel size {self.data_parallel_size} = {unit}")
         return steps
 
 
 @dataclass(frozen=True)
 class CheckpointConfig:
-    save: str | None = None
-    save_interval: int | None = None
-    load: str | None = None
-    ref_load: str | None = None
+    save: str | None = option(None)
+    save_interval: int | None = option(None, help="rollouts between checkpoints")
+    load: str | None = option(None, help="resume from the latest checkpoint here, if any")
+    ref_load: str | None = option(None, help="torch_dist checkpoint of the reference model")
+    critic_load: str | None = option(None, help="PPO critic checkpoints; default LOAD/critic")
+    critic_save: str | None = option(None, help="default SAVE/critic")
+    no_load_optim: bool = option(False)
+    no_load_rng: bool = option(False)
+    # HF weights to start from when --load has none: the engines' --hf-checkpoint (one flag for
+    # both, as in slime), passed by config.parse_config.
     hf_checkpoint: str | None = None
-    critic_load: str | None = None
-    critic_save: str | None = None
-    no_load_optim: bool = False
-    no_load_rng: bool = False
 
     def __post_init__(self) -> None:
         _require(self.save_interval is None or self.save_interval >= 1,
@@ -148,33 +172,56 @@ class CheckpointConfig:
 
 @dataclass(frozen=True)
 class PlacementConfig:
-    actor_num_nodes: int = 1
-    actor_num_gpus_per_node: int = 1  # on GPU
-    actor_num_procs_per_node: int = 1  # on CPU: processes (gloo ranks) per node
+    actor_num_nodes: int = option(1)
+    actor_num_gpus_per_node: int = option(1)  # on GPU
+    actor_num_procs_per_node: int = option(  # on CPU: processes (gloo ranks) per node
+        1, help="CPU runs: trainer processes per node (the CPU counterpart of --actor-num-gpus-per-node)")
 
     def __post_init__(self) -> None:
         for name in ("actor_num_nodes", "actor_num_gpus_per_node", "actor_num_procs_per_node"):
             value = getattr(self, name)
-            _require(isinstance(value, int) and value >= 1, f"--{name.replace('_', '-')} must be >= 1, got {value!r}")
+            _require(isinstance(value, int) and value >= 1,
+                     f"{flag_of(PlacementConfig, name)} must be >= 1, got {value!r}")
         # distributed.py binds the rendezvous store to 127.0.0.1 (ranks on other nodes cannot reach
         # it) and gloo / NCCL to the loopback interface: one node until those follow the node address.
         _require(self.actor_num_nodes == 1,
                  f"--actor-num-nodes {self.actor_num_nodes}: the trainer runs on one node in this version")
 
-    def world_size(self, device: str) -> int:
+    def layout(self, parallel: ParallelConfig, device: str) -> TrainerLayout:
         per_node = self.actor_num_gpus_per_node if device == "cuda" else self.actor_num_procs_per_node
-        return self.actor_num_nodes * per_node
+        return TrainerLayout.derive(parallel, self.actor_num_nodes * per_node, device)
+
+
+@dataclass(frozen=True)
+class TrainerLayout:
+    """Where the trainer's ranks run, derived once at start-up: the device, the number of ranks and
+    the data-parallel size of the layout (which validates the world size against it)."""
+
+    device: str  # "cpu" | "cuda"
+    world_size: int
+    data_parallel_size: int
+
+    @classmethod
+    def derive(cls, parallel: ParallelConfig, world_size: int, device: str) -> TrainerLayout:
+        _require(device in ("cpu", "cuda"), f"device must be 'cpu' or 'cuda', got {device!r}")
+        return cls(device, world_size, parallel.data_parallel_size(world_size))
 
 
 @dataclass(frozen=True)
 class TrainConfig:
-    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
-    batch: BatchConfig = field(default_factory=BatchConfig)
-    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
-    placement: PlacementConfig = field(default_factory=PlacementConfig)
-    critic_lr: float | None = None  # None: --lr
-    max_consecutive_skipped_steps: int = 5
-    temperature: float = 1.0  # logits / T, as the engine sampled (--rollout-temperature)
+    """The trainer's flags. Added with the title "optimizer": the optimizer's flags and the two
+    of the trainer itself (critic LR, non-finite-step policy) make one --help group."""
+
+    optimizer: OptimizerConfig = group(OptimizerConfig)
+    critic_lr: float | None = option(None, help="default --lr")
+    max_consecutive_skipped_steps: int = option(
+        5, help="stop the run after this many optimizer steps in a row with a non-finite loss or grad")
+    batch: BatchConfig = group(BatchConfig, "train batches")
+    checkpoint: CheckpointConfig = group(CheckpointConfig, "checkpoints")
+    placement: PlacementConfig = group(PlacementConfig, "trainer placement")
+    # Derived by config.parse_config from the rollout side's flags: logits / T as the engine sampled
+    # (training_temperature(--rollout-temperature)), and --seed.
+    temperature: float = 1.0
     seed: int = 1234
 
     def __post_init__(self) -> None:
@@ -184,75 +231,7 @@ class TrainConfig:
         _require(self.temperature > 0, f"--rollout-temperature must be > 0 for training, got {self.temperature}")
 
 
-def add_train_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    opt = parser.add_argument_group("optimizer")
-    opt.add_argument("--lr", type=float, default=1e-6)
-    opt.add_argument("--min-lr", type=float, default=0.0)
-    opt.add_argument("--lr-warmup-iters", type=int, default=0)
-    opt.add_argument("--lr-warmup-init", type=float, default=0.0)
-    opt.add_argument("--lr-decay-iters", type=int, default=None)
-    opt.add_argument("--lr-decay-style", default="constant", choices=LR_DECAY_STYLES)
-    opt.add_argument("--weight-decay", type=float, default=0.0)
-    opt.add_argument("--adam-beta1", type=float, default=0.9)
-    opt.add_argument("--adam-beta2", type=float, default=0.999)
-    opt.add_argument("--adam-eps", type=float, default=1e-8)
-    opt.add_argument("--clip-grad", type=float, default=1.0, help="global grad-norm clip; 0 disables")
-    opt.add_argument("--use-distributed-optimizer", action="store_true")
-    opt.add_argument("--critic-lr", type=float, default=None, help="default --lr")
-    opt.add_argument("--max-consecutive-skipped-steps", type=int, default=5,
-                     help="stop the run after this many optimizer steps in a row with a non-finite loss or grad")
-    batch = parser.add_argument_group("train batches")
-    batch.add_argument("--micro-batch-size", type=int, default=1)
-    batch.add_argument("--use-dynamic-batch-size", action="store_true")
-    batch.add_argument("--max-tokens-per-gpu", type=int, default=None)
-    batch.add_argument("--global-batch-size", type=int, default=None, help="samples per optimizer step")
-    batch.add_argument("--num-steps-per-rollout", type=int, default=None)
-    batch.add_argument("--balance-data", action="store_true", help="even out tokens across data-parallel ranks")
-    ckpt = parser.add_argument_group("checkpoints")
-    ckpt.add_argument("--save", default=None)
-    ckpt.add_argument("--save-interval", type=int, default=None, help="rollouts between checkpoints")
-    ckpt.add_argument("--load", default=None, help="resume from the latest checkpoint here, if any")
-    ckpt.add_argument("--ref-load", default=None, help="torch_dist checkpoint of the reference model")
-    if "--hf-checkpoint" not in parser._option_string_actions:  # one flag for engines and trainer, as in slime
-        ckpt.add_argument("--hf-checkpoint", default=None, help="HF weights to start from when --load has none")
-    ckpt.add_argument("--critic-load", default=None, help="PPO critic checkpoints; default LOAD/critic")
-    ckpt.add_argument("--critic-save", default=None, help="default SAVE/critic")
-    ckpt.add_argument("--no-load-optim", action="store_true")
-    ckpt.add_argument("--no-load-rng", action="store_true")
-    place = parser.add_argument_group("trainer placement")
-    place.add_argument("--actor-num-nodes", type=int, default=1)
-    place.add_argument("--actor-num-gpus-per-node", type=int, default=1)
-    place.add_argument("--actor-num-procs-per-node", type=int, default=1,
-                       help="CPU runs: trainer processes per node (the CPU counterpart of --actor-num-gpus-per-node)")
-    return parser
-
-
-def _training_temperature(rollout_temperature: float) -> float:
+def training_temperature(rollout_temperature: float) -> float:
     """Log-probs are those of the distribution the engine sampled from: logits / T. Greedy rollouts
     (T = 0) have no such distribution; they are scored at T = 1."""
     return rollout_temperature if rollout_temperature and rollout_temperature > 0 else 1.0
-
-
-def train_config_from_args(args: argparse.Namespace) -> TrainConfig:
-    return TrainConfig(
-        optimizer=OptimizerConfig(
-            lr=args.lr, min_lr=args.min_lr, lr_warmup_iters=args.lr_warmup_iters, lr_warmup_init=args.lr_warmup_init,
-            lr_decay_iters=args.lr_decay_iters, lr_decay_style=args.lr_decay_style, weight_decay=args.weight_decay,
-            adam_beta1=args.adam_beta1, adam_beta2=args.adam_beta2, adam_eps=args.adam_eps, clip_grad=args.clip_grad,
-            use_distributed_optimizer=args.use_distributed_optimizer),
-        batch=BatchConfig(
-            micro_batch_size=args.micro_batch_size, use_dynamic_batch_size=args.use_dynamic_batch_size,
-            max_tokens_per_gpu=args.max_tokens_per_gpu, global_batch_size=args.global_batch_size,
-            num_steps_per_rollout=args.num_steps_per_rollout, balance_data=args.balance_data),
-        checkpoint=CheckpointConfig(
-            save=args.save, save_interval=args.save_interval, load=args.load, ref_load=args.ref_load,
-            hf_checkpoint=args.hf_checkpoint, critic_load=args.critic_load, critic_save=args.critic_save,
-            no_load_optim=args.no_load_optim, no_load_rng=args.no_load_rng),
-        placement=PlacementConfig(
-            actor_num_nodes=args.actor_num_nodes, actor_num_gpus_per_node=args.actor_num_gpus_per_node,
-            actor_num_procs_per_node=args.actor_num_procs_per_node),
-        critic_lr=args.critic_lr,
-        max_consecutive_skipped_steps=args.max_consecutive_skipped_steps,
-        temperature=_training_temperature(getattr(args, "rollout_temperature", 1.0)),
-        seed=getattr(args, "seed", 1234),
-    )

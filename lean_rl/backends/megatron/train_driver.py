@@ -1,7 +1,9 @@
-"""Driver side of training: a rollout (sample groups) -> forward passes for old / reference
-log-probs and critic values -> advantages -> optimizer steps, each split into per-DP-rank
-micro-batches. Called through MegatronActorGroup.train; the math is in lean_rl/algorithms, the
-micro-batch layout in train_batches.py, the rank side in rank_trainer.py.
+"""Driver side of training, on one or two MegatronGroups (the policy, and PPO's critic): a rollout
+(sample groups) -> forward passes for old / reference log-probs and critic values -> advantages ->
+optimizer steps, each split into per-DP-rank micro-batches that the ranks train on
+("trainer.train_step", rank_trainer.py). The math is in lean_rl/algorithms, the micro-batch layout in
+train_batches.py. Every per-token tensor stays [B, T] response-aligned (rollout_batch.py) until
+build_micro_batch lays it out for a rank.
 
 Old log-probs are recomputed only when they can differ from the current policy's at the step that
 uses them: with several optimizer steps per rollout (steps 2.. see an updated policy), decoupled PPO
@@ -19,38 +21,39 @@ from lean_rl.algorithms.advantages import compute_advantages
 from lean_rl.algorithms.config import AlgorithmConfig
 from lean_rl.algorithms.kl import kl_estimate
 from lean_rl.algorithms.losses import aggregation_weights
-from lean_rl.backends.megatron.rollout_batch import RolloutBatch, pad, rollout_batch, rollout_metrics, unpad
+from lean_rl.backends.megatron.rollout_batch import RolloutBatch, batch_metrics, rollout_batch
 from lean_rl.backends.megatron.train_batches import (build_micro_batch, plan_micro_batches, response_values,
                                                      uniform_shapes)
-from lean_rl.backends.megatron.train_config import TrainConfig
+from lean_rl.backends.megatron.train_config import BatchPlan, TrainConfig
+from lean_rl.options import ConfigError
 from lean_rl.sample import Sample
 
 if TYPE_CHECKING:
-    from lean_rl.backends.megatron.group import MegatronActorGroup
+    from lean_rl.backends.megatron.group import MegatronGroup
 
 
 class NonFiniteStepsError(RuntimeError):
     """Too many optimizer steps in a row had a non-finite loss or gradient."""
 
 
-def _length_multiple(group: "MegatronActorGroup") -> int:
+def _length_multiple(group: "MegatronGroup") -> int:
     par = group.config.parallel
     return par.tensor_model_parallel_size if par.sequence_parallel else 1
 
 
-def _needs_uniform_shapes(group: "MegatronActorGroup") -> bool:
+def _needs_uniform_shapes(group: "MegatronGroup") -> bool:
     par = group.config.parallel
     return (group.config.arch.is_moe and par.moe_token_dispatcher_type == "allgather"
             and par.expert_model_parallel_size > 1)
 
 
-def _per_rank_payloads(group: "MegatronActorGroup", batch: RolloutBatch, indices: list[int],
-                       fields: dict[str, list[torch.Tensor]]) -> tuple[list, list[list[dict]]]:
-    """(one argument per actor (ObjectRefs, shared by the ranks of a DP rank), micro-batches by DP rank)."""
+def _per_rank_payloads(group: "MegatronGroup", batch: RolloutBatch, indices: list[int],
+                       fields: dict[str, torch.Tensor]) -> tuple[list, list[list[dict]]]:
+    """(one argument per rank (ObjectRefs, shared by the ranks of a DP rank), micro-batches by DP rank)."""
     import ray
 
     lengths = [len(batch.sequences[i].tokens) for i in indices]
-    plan = plan_micro_batches(lengths, group.data_parallel_size, group.train_config.batch, _length_multiple(group))
+    plan = plan_micro_batches(lengths, group.batch_plan, _length_multiple(group))
     by_dp = [[build_micro_batch([indices[k] for k in rows], batch.sequences, fields, _length_multiple(group))
               for rows in micro_batches] for micro_batches in plan]
     if _needs_uniform_shapes(group):
@@ -62,23 +65,27 @@ def _per_rank_payloads(group: "MegatronActorGroup", batch: RolloutBatch, indices
     return [refs[layout.data_rank] for layout in group.layouts], by_dp
 
 
-def forward_rollout(group: "MegatronActorGroup", batch: RolloutBatch, reference: bool = False) -> list[torch.Tensor]:
-    """Per sequence: [R_i] log-probs of its response tokens (actor; reference weights if asked) or
-    values (critic)."""
+def forward_rollout(group: "MegatronGroup", batch: RolloutBatch, reference: bool = False) -> torch.Tensor:
+    """[B, T] response-aligned log-probs of the response tokens (actor; reference weights if asked) or
+    values (critic), 0 on padding."""
     indices = list(range(len(batch)))
     args, by_dp = _per_rank_payloads(group, batch, indices, {})
-    results = group._call_all_with("forward_pass", [(arg, reference) for arg in args])
-    out: dict[int, torch.Tensor] = {}
+    results = group.call_each("trainer.forward", [(arg, reference) for arg in args])
+    out = torch.zeros_like(batch.masks)
     for layout, result in zip(group.layouts, results):
         if result is None:
             continue
         for micro_batch, per_position in zip(by_dp[layout.data_rank], result):
-            out.update(response_values(micro_batch, per_position, batch.sequences))
-    return [out[i] for i in indices]
+            for i, values in response_values(micro_batch, per_position, batch.sequences).items():
+                out[i, :values.numel()] = values
+    return out
 
 
-def _step_fields(algo: AlgorithmConfig, masks: torch.Tensor, index: torch.Tensor) -> dict[str, torch.Tensor]:
-    step_masks = masks[index]
+def _step_fields(algo: AlgorithmConfig, masks: torch.Tensor, indices: list[int]) -> dict[str, torch.Tensor]:
+    """Loss masks and weights of one optimizer step, [B, T] (rows outside the step are 0 and count in no
+    denominator of aggregation_weights)."""
+    step_masks = torch.zeros_like(masks)
+    step_masks[indices] = masks[indices]
     trained = step_masks.sum()
     if trained == 0:
         raise ValueError("an optimizer step has no trainable token (every sample FAILED or fully loss-masked)")
@@ -86,13 +93,11 @@ def _step_fields(algo: AlgorithmConfig, masks: torch.Tensor, index: torch.Tensor
             "metric_weights": step_masks / trained}
 
 
-def _train_step(group: "MegatronActorGroup", batch: RolloutBatch, indices: list[int],
-                padded: dict[str, torch.Tensor]) -> dict[str, float]:
-    lengths = [batch.sequences[i].response_length for i in indices]
-    fields = {name: dict(zip(indices, unpad(values, lengths))) for name, values in padded.items()}
-    full = {name: [per_index.get(i, torch.zeros(0)) for i in range(len(batch))] for name, per_index in fields.items()}
-    args, _ = _per_rank_payloads(group, batch, indices, full)
-    results = group._call_all_with("train_step", [(arg,) for arg in args])
+def _optimizer_step(group: "MegatronGroup", batch: RolloutBatch, indices: list[int],
+                    fields: dict[str, torch.Tensor]) -> dict[str, float]:
+    """One optimizer step of `group` on the sequences `indices` (fields [B, T]); the ranks' metrics."""
+    args, _ = _per_rank_payloads(group, batch, indices, fields)
+    results = group.call_each("trainer.train_step", [(arg,) for arg in args])
     (metrics,) = [r for r in results if r is not None]
     limit = group.train_config.max_consecutive_skipped_steps
     if metrics["consecutive_skipped_steps"] >= limit:
@@ -113,29 +118,33 @@ def _mean_metrics(per_step: list[dict[str, float]], prefix: str) -> dict[str, fl
     return out
 
 
-def train_on_rollout(actor: "MegatronActorGroup", groups: list[list[Sample]], policy_version: int,
-                     critic: "MegatronActorGroup | None" = None) -> dict[str, float]:
+def train_on_rollout(actor: "MegatronGroup", groups: list[list[Sample]], policy_version: int,
+                     critic: "MegatronGroup | None" = None) -> dict[str, float]:
+    """Train on one rollout (groups of Samples): old / reference log-probs and critic values as the
+    algorithm needs, advantages, then --num-steps-per-rollout optimizer steps. Returns metrics
+    (train/loss, train/pg_clipfrac, train/kl_loss, train/entropy, train/grad_norm, train/lr,
+    train/skipped_steps, train/reward_mean, rollout/trained_tokens ..., critic/... for PPO)."""
+    actor.require_training()
     algo: AlgorithmConfig = actor.algorithm_config
     train: TrainConfig = actor.train_config
     if algo.needs_critic and (critic is None or critic.role != "critic"):
         raise ValueError("--advantage-estimator ppo needs a critic group (set up with role='critic'): "
-                         "train(..., critic=...)")
+                         "train_on_rollout(..., critic=...)")
     started = time.perf_counter()
     batch = rollout_batch(groups)
-    num_steps = train.batch.steps_for(len(batch), actor.data_parallel_size)
-    masks = pad(batch.masks)
-    rollout_lp = pad(batch.rollout_log_probs, masks.shape[1])
+    num_steps = actor.batch_plan.steps_for(len(batch))
+    masks = batch.masks
     need_old = not algo.use_rollout_logprobs and (num_steps > 1 or algo.decoupled_ppo or algo.kl_coef != 0)
-    old = rollout_lp if algo.use_rollout_logprobs else (
-        pad(forward_rollout(actor, batch), masks.shape[1]) if need_old else None)
-    ref = pad(forward_rollout(actor, batch, reference=True), masks.shape[1]) if algo.needs_reference else None
-    values = pad(forward_rollout(critic, batch), masks.shape[1]) if algo.needs_critic else None
+    old = batch.rollout_log_probs if algo.use_rollout_logprobs else (
+        forward_rollout(actor, batch) if need_old else None)
+    ref = forward_rollout(actor, batch, reference=True) if algo.needs_reference else None
+    values = forward_rollout(critic, batch) if algo.needs_critic else None
     forward_s = time.perf_counter() - started
     kl_in_reward = kl_estimate(old, ref, "k1") * masks if algo.kl_coef != 0 else None
     advantages, returns = compute_advantages(
         algo.advantage_estimator, batch.rewards, batch.group_ids, masks, kl=kl_in_reward, kl_coef=algo.kl_coef,
         values=values, gamma=algo.gamma, lam=algo.lambd, normalize=algo.normalize_advantages)
-    metrics = rollout_metrics(batch, policy_version)
+    metrics = batch_metrics(batch, policy_version)
     metrics["rollout/advantage_mean"] = float((advantages * masks).sum() / masks.sum().clamp(min=1))
     if values is not None:
         metrics["rollout/value_mean"] = float((values * masks).sum() / masks.sum().clamp(min=1))
@@ -143,19 +152,18 @@ def train_on_rollout(actor: "MegatronActorGroup", groups: list[list[Sample]], po
     actor_metrics, critic_metrics = [], []
     for step in range(num_steps):
         indices = list(range(step * per_step, (step + 1) * per_step))
-        index = torch.tensor(indices)
-        common = _step_fields(algo, masks, index)
+        common = _step_fields(algo, masks, indices)
         if critic is not None and algo.needs_critic:
-            critic_metrics.append(_train_step(critic, batch, indices, {
-                **common, "returns": returns[index], "old_values": values[index]}))
-        fields = {**common, "advantages": advantages[index]}
+            critic_metrics.append(_optimizer_step(critic, batch, indices,
+                                                  {**common, "returns": returns, "old_values": values}))
+        fields = {**common, "advantages": advantages}
         if old is not None:
-            fields["old_log_probs"] = old[index]
+            fields["old_log_probs"] = old
         if ref is not None:
-            fields["ref_log_probs"] = ref[index]
+            fields["ref_log_probs"] = ref
         if algo.use_tis or algo.decoupled_ppo:
-            fields["rollout_log_probs"] = rollout_lp[index]
-        actor_metrics.append(_train_step(actor, batch, indices, fields))
+            fields["rollout_log_probs"] = batch.rollout_log_probs
+        actor_metrics.append(_optimizer_step(actor, batch, indices, fields))
     metrics.update(_mean_metrics(actor_metrics, "train"))
     if critic_metrics:
         metrics.update(_mean_metrics(critic_metrics, "critic"))
@@ -164,9 +172,12 @@ def train_on_rollout(actor: "MegatronActorGroup", groups: list[list[Sample]], po
     return metrics
 
 
-def initialize_for_training(group: "MegatronActorGroup", train: TrainConfig, algo: AlgorithmConfig,
-                            role: str = "actor", actor_step: int = 0) -> tuple[int, dict | None]:
-    """Where the weights come from, as a slime user expects:
+def initialize_for_training(group: "MegatronGroup", train: TrainConfig, algo: AlgorithmConfig,
+                            role: str = "actor", actor_step: int = 0,
+                            batch_plan: BatchPlan | None = None) -> tuple[int, dict | None]:
+    """Weights, reference and optimizer of `group` as `role` from the flags; returns (step,
+    extra_state) of a resumed checkpoint, else (0, None). Where the weights come from, as a slime user
+    expects:
     - resume: --load (critic: --critic-load, default LOAD/critic) holds a complete checkpoint -> load
       it (any layout). The critic of a resumed actor (actor_step > 0) loads its checkpoint of that
       same step: the driver saves the critic before the actor, so the actor's step always has one;
@@ -174,7 +185,6 @@ def initialize_for_training(group: "MegatronActorGroup", train: TrainConfig, alg
     - reference (when a KL term needs it): --ref-load, else the --hf-checkpoint weights (the policy's
       starting point), loaded before any resume so a resumed run keeps the same reference."""
     from lean_rl.backends.megatron.checkpoint_paths import iteration_dir, latest_step
-    from lean_rl.backends.megatron.config import ConfigError
     from lean_rl.backends.megatron.hf_config import hf_family
 
     ckpt = train.checkpoint
@@ -196,12 +206,12 @@ def initialize_for_training(group: "MegatronActorGroup", train: TrainConfig, alg
         group.load_hf_checkpoint(hf)
     elif hf is not None:  # resuming: the checkpoint has the weights; the family names them for export
         group.family = hf_family(hf)
-    group.setup_training(train, algo, role)
+    group.setup_training(train, algo, role, batch_plan)
     if role == "actor" and algo.needs_reference:
         if ckpt.ref_load is not None:
-            group._call_all("load_reference", str(ckpt.ref_load))
+            group.call_all("trainer.load_reference", str(ckpt.ref_load))
         else:
-            group._call_all("snapshot_reference")
+            group.call_all("trainer.snapshot_reference")
     if resume:
         return group.load_checkpoint(load_root, step=actor_step or None)
     return 0, None

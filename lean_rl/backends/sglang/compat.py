@@ -1,11 +1,19 @@
-"""Patches that let SGLang 0.5.23 serve on a plain x86/ARM CPU (no GPU, no AMX, no sgl_kernel CPU build).
+"""Everything that reaches into SGLang's (or, on SGLang's behalf, torch's) internals, one function per
+fix, each applied explicitly by its caller. No module-level torch import: the CPU patches must run
+before torch is imported.
 
-Each patch is a function applied explicitly, only for a CPU launch, by `apply_cpu_patches()`; the
-server launcher (launch.py) calls it from its top-level code so that SGLang's spawned children
-(scheduler, detokenizer), which re-import the launcher as `__mp_main__`, get the same patches.
+Server side: patches that let SGLang 0.5.23 serve on a plain x86/ARM CPU (no GPU, no AMX, no
+sgl_kernel CPU build), applied only for a CPU launch by `apply_cpu_patches()`; the server launcher
+(launch.py) calls it from its top-level code so that SGLang's spawned children (scheduler,
+detokenizer), which re-import the launcher as `__mp_main__`, get the same patches.
 Nothing here edits site-packages. The torchvision import fix is separate (torchvision_fix.py, loaded
 by a .pth in the venv) because transformers scripts and trainers need it too; we load it here as well
 so a launch works even where that .pth is missing.
+
+Client side (the trainer's weight sync, lean_rl.weight_sync): what a process talking to SGLang's
+weight-update endpoints must do the way SGLang does it: `join_weight_update_group` (the trainer's
+half of /init_weights_update_group) and `patch_torch_cuda_ipc_reductions` (before serializing CUDA
+tensors for /update_weights_from_tensor).
 """
 
 from __future__ import annotations
@@ -88,3 +96,46 @@ def apply_cpu_patches() -> None:
     put_cpu_kernels_first()
     load_torchvision_fix()
     keep_single_process_store_local()
+
+
+# -- client side: the trainer talking to SGLang ------------------------------------------------------
+
+
+def join_weight_update_group(store, world_size: int, rank: int, group_name: str, backend: str, timeout_s: float):
+    """Build (as `rank`) the process group SGLang's engines join on /init_weights_update_group, the way
+    they build it: sglang/srt/utils/common.py:2859 `init_custom_process_group` (SGLang 0.5.23), over
+    PrefixStore(group_name, store). Blocks until every member has joined (or the timeout).
+
+    Two torch-private steps, both copied from that recipe:
+    - `_new_process_group_helper` (torch/distributed/distributed_c10d.py:1984, torch 2.13): the only
+      way to make a group that is not carved out of the default world (the engines have their own).
+    - `_world.pg_group_ranks[pg] = identity` (SGLang: common.py:2925): the helper does not register
+      the group's rank mapping (new_group does, distributed_c10d.py:6071). Without it the engines'
+      `broadcast(src=0, group=...)` (model_runner_components/weight_updater.py:288) cannot map src
+      to a group rank, and on our side destroy_process_group (distributed_c10d.py:2438,
+      `del _world.pg_group_ranks[pg]`) raises KeyError. Identity: group ranks are their own global
+      ranks, so src=0 is the trainer on both sides."""
+    import datetime
+
+    from torch.distributed.distributed_c10d import Backend, PrefixStore, _new_process_group_helper, _world
+
+    pg, _ = _new_process_group_helper(world_size, rank, [], Backend(backend), PrefixStore(group_name, store),
+                                      group_name=group_name, timeout=datetime.timedelta(seconds=timeout_s))
+    _world.pg_group_ranks[pg] = {i: i for i in range(world_size)}
+    return pg
+
+
+def patch_torch_cuda_ipc_reductions() -> None:
+    """Before serializing CUDA tensors (CUDA IPC handles) for /update_weights_from_tensor: name the
+    GPU by its UUID instead of this process's device index, as the engines expect. The engine's TP
+    workers apply the same patch before deserializing (sglang/srt/managers/tp_worker.py:198,
+    model_runner_components/weight_updater.py:352) and map the UUID back to their own index, which
+    differs from ours whenever the processes see different CUDA_VISIBLE_DEVICES; unpatched, the
+    engine would open the handle on the wrong GPU. SGLang's function
+    (sglang/srt/utils/patch_torch.py:41 `monkey_patch_torch_reductions`, "before Torch
+    https://github.com/pytorch/pytorch/pull/149248 is fixed") replaces torch.multiprocessing's
+    reduce_tensor / rebuild_cuda_tensor once per process (idempotent: it returns early when already
+    applied), so one call per process, before the first payload, is enough."""
+    from sglang.srt.utils.patch_torch import monkey_patch_torch_reductions
+
+    monkey_patch_torch_reductions()

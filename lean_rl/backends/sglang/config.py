@@ -2,10 +2,15 @@
 dataclass that knows the exact command-line flags of every SGLang server and of sglang-router.
 
     parser = argparse.ArgumentParser(allow_abbrev=False)   # abbreviations would swallow passthrough flags
-    add_engine_args(parser)
+    add_options(parser, EngineConfig, "rollout engines (SGLang + sglang-router)")
     args, unknown = parser.parse_known_args(argv)
     passthrough = split_passthrough(unknown)               # --sglang-<flag> / --router-<flag> -> the servers
-    config = engine_config_from_args(args, passthrough)    # passthrough.rest: for the caller to reject
+    config = read_options(EngineConfig, args, device=detect_device(), server_passthrough=passthrough.server,
+                          router_passthrough=passthrough.router)   # passthrough.rest: for the caller to reject
+    config = resolve_ports(config)                         # the ports, chosen once
+
+A declared `--sglang-*` flag (e.g. `--sglang-host`) is parsed by argparse and so never reaches the
+passthrough.
 
 The device is chosen at run time: CPU flags when torch sees no CUDA device, SGLang's GPU defaults
 otherwise. A user's `--sglang-<flag>` replaces our default for `--<flag>`.
@@ -13,10 +18,11 @@ otherwise. A user's `--sglang-<flag>` replaces our default for `--<flag>`.
 
 from __future__ import annotations
 
-import argparse
+import dataclasses
 import os
 from dataclasses import dataclass, field
 
+from lean_rl.options import ConfigError, option
 from lean_rl.utils.net import find_free_port
 
 DEFAULT_HOST = "127.0.0.1"
@@ -36,10 +42,6 @@ _MANAGED_ROUTER_FLAGS = {
     "host": "--sglang-host",
     "worker-urls": "nothing (the engine group adds its own servers)",
 }
-
-
-class EngineConfigError(ValueError):
-    """Invalid engine flags; the message names the flag."""
 
 
 @dataclass(frozen=True)
@@ -82,7 +84,7 @@ def flags_to_dict(flags: tuple[str, ...] | list[str]) -> dict[str, list[str]]:
             current = name
             out[current] = [value] if eq else []
         elif current is None:
-            raise EngineConfigError(f"passthrough value {token!r} does not follow a --sglang-/--router- flag")
+            raise ConfigError(f"passthrough value {token!r} does not follow a --sglang-/--router- flag")
         else:
             out[current].append(token)
     return out
@@ -95,25 +97,40 @@ def _merge_flags(defaults: dict[str, list[str]], overrides: dict[str, list[str]]
 
 @dataclass(frozen=True)
 class EngineConfig:
-    model_path: str
-    num_engines: int
-    device: str  # "cpu" or "cuda"
-    gpus_per_engine: int = 0  # 0 on CPU
-    host: str = DEFAULT_HOST
-    base_port: int | None = None  # engine i listens on base_port + i; None: free ports
-    router_port: int | None = None  # None: a free port
-    mem_fraction_static: float | None = None
-    max_total_tokens: int | None = None
-    start_timeout_s: float = 300.0
-    request_timeout_s: float = 600.0
-    server_passthrough: tuple[str, ...] = ()
-    router_passthrough: tuple[str, ...] = ()
-    cpu_threads: int | None = None  # CPU: compute threads per engine; None: derived below
+    # The user's flags (--help order). num_engines and gpus_per_engine are final after __post_init__:
+    # on GPU num_engines follows --rollout-num-gpus / --rollout-num-gpus-per-engine; on CPU
+    # gpus_per_engine is 0.
+    model_path: str | None = option(None, flag="--hf-checkpoint",
+                                    help="HF checkpoint directory the SGLang engines serve")
+    num_engines: int | None = option(None, flag="--rollout-num-engines",
+                                     help="number of SGLang servers (CPU: one process each; GPU: derived from "
+                                          "the two flags below)")
+    num_gpus: int | None = option(None, flag="--rollout-num-gpus", help="GPUs for rollout in total (GPU only)")
+    gpus_per_engine: int = option(1, flag="--rollout-num-gpus-per-engine", help="tensor-parallel size of one engine")
+    host: str = option(DEFAULT_HOST, flag="--sglang-host", help="address the servers and the router bind")
+    base_port: int | None = option(None, flag="--sglang-base-port",
+                                   help="engine i listens on this + i (default: free ports)")
+    router_port: int | None = option(None, flag="--router-port", help="sglang-router port (default: a free port)")
+    mem_fraction_static: float | None = option(None, flag="--sglang-mem-fraction-static",
+                                               help="GPU memory fraction for weights + KV")
+    max_total_tokens: int | None = option(None, flag="--sglang-max-total-tokens",
+                                          help=f"KV-cache size in tokens (CPU default {DEFAULT_CPU_MAX_TOTAL_TOKENS})")
+    start_timeout_s: float = option(300.0, flag="--engine-start-timeout", help="seconds until every server is healthy")
+    request_timeout_s: float = option(600.0, flag="--engine-request-timeout",
+                                      help="seconds for one HTTP call to an engine")
+    cpu_threads: int | None = option(None, flag="--engine-cpu-threads",
+                                     help="CPU: compute threads per engine (default: cores // (engines + 1), "
+                                          "at least 1)")
 
-    # Derived once, at construction: the ports every process will use. Fixed here (not when the
-    # engines start) so that rollout code can reach the router and engines through the config.
-    engine_ports: tuple[int, ...] = field(init=False)
-    resolved_router_port: int = field(init=False)
+    # Derived, given by the caller (config.parse_config): the device ("cpu" or "cuda", the trainer's),
+    # the --sglang-<flag> / --router-<flag> passthrough, and the ports from resolve_ports.
+    device: str = field(kw_only=True)
+    server_passthrough: tuple[str, ...] = field(default=(), kw_only=True)
+    router_passthrough: tuple[str, ...] = field(default=(), kw_only=True)
+    # The ports every process will use, fixed before the engines start so that rollout code can reach
+    # the router and engines through the config. Empty / None until resolve_ports.
+    engine_ports: tuple[int, ...] = field(default=(), kw_only=True)
+    resolved_router_port: int | None = field(default=None, kw_only=True)
     # CPU: each server's torch/OpenMP threads. SGLang takes every core by default, so N engines beside a
     # trainer oversubscribe the cores, and OpenMP's spin-waiting threads then slow decoding ~100x
     # (measured: 2 engines on 2 cores, ~900 -> ~10 tok/s). Default: an equal share of the cores with
@@ -121,38 +138,31 @@ class EngineConfig:
     threads_per_cpu_engine: int = field(init=False)
 
     def __post_init__(self):
+        if self.device == "cpu":
+            object.__setattr__(self, "gpus_per_engine", 0)
+        object.__setattr__(self, "num_engines", _num_engines(self))
         validate_engine_config(self)
-        chosen: set[int] = set()
-
-        def free_port() -> int:
-            for _ in range(100):
-                port = find_free_port(self.host)
-                if port not in chosen and not (self.base_port is not None and
-                                               self.base_port <= port < self.base_port + self.num_engines):
-                    chosen.add(port)
-                    return port
-            raise RuntimeError(f"no free port found on {self.host}")
-
-        if self.base_port is not None:
-            engine_ports = tuple(self.base_port + i for i in range(self.num_engines))
-        else:
-            engine_ports = tuple(free_port() for _ in range(self.num_engines))
-        chosen.update(engine_ports)
-        router_port = self.router_port if self.router_port is not None else free_port()
-        chosen.add(router_port)
-        object.__setattr__(self, "engine_ports", engine_ports)
-        object.__setattr__(self, "resolved_router_port", router_port)
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
         object.__setattr__(self, "threads_per_cpu_engine",
                            self.cpu_threads or max(1, cores // (self.num_engines + 1)))
 
     @property
+    def ports_resolved(self) -> bool:
+        return self.resolved_router_port is not None
+
+    @property
     def router_url(self) -> str:
+        self._require_ports()
         return f"http://{self.host}:{self.resolved_router_port}"
 
     @property
     def engine_urls(self) -> tuple[str, ...]:
+        self._require_ports()
         return tuple(f"http://{self.host}:{port}" for port in self.engine_ports)
+
+    def _require_ports(self) -> None:
+        if not self.ports_resolved:
+            raise ConfigError("the engine ports are not chosen yet: use resolve_ports(config)")
 
     def server_env(self) -> dict[str, str]:
         """Environment each server needs beyond the parent's: OpenMP and torch read their thread
@@ -198,16 +208,12 @@ class EngineConfig:
 
 def validate_engine_config(config: EngineConfig) -> None:
     def fail(flag: str, message: str):
-        raise EngineConfigError(f"{flag}: {message}")
+        raise ConfigError(f"{flag}: {message}")
 
     if not config.model_path:
         fail("--hf-checkpoint", "is required (the HF checkpoint directory the engines serve)")
-    if config.device not in ("cpu", "cuda"):
-        fail("device", f"must be 'cpu' or 'cuda', got {config.device!r}")
     if config.num_engines < 1:
         fail("--rollout-num-engines", f"must be >= 1, got {config.num_engines}")
-    if config.device == "cuda" and config.gpus_per_engine < 1:
-        fail("--rollout-num-gpus-per-engine", f"must be >= 1, got {config.gpus_per_engine}")
     if config.base_port is not None and not 1024 <= config.base_port <= 65535 - config.num_engines + 1:
         fail("--sglang-base-port", f"{config.base_port} leaves no room for {config.num_engines} ports in 1024..65535")
     if config.router_port is not None:
@@ -225,6 +231,9 @@ def validate_engine_config(config: EngineConfig) -> None:
         fail("--engine-request-timeout", f"must be > 0 seconds, got {config.request_timeout_s}")
     if config.cpu_threads is not None and config.cpu_threads < 1:
         fail("--engine-cpu-threads", f"must be >= 1, got {config.cpu_threads}")
+    if config.ports_resolved != bool(config.engine_ports) or len(config.engine_ports) not in (0, config.num_engines):
+        fail("engine ports", f"{len(config.engine_ports)} engine ports and router port {config.resolved_router_port} "
+                             f"for {config.num_engines} engines (use resolve_ports)")
     for prefix, flags, managed in (
         ("--sglang-", config.server_passthrough, _MANAGED_SERVER_FLAGS),
         ("--router-", config.router_passthrough, _MANAGED_ROUTER_FLAGS),
@@ -234,72 +243,44 @@ def validate_engine_config(config: EngineConfig) -> None:
                 fail(prefix + name[2:], f"is set by lean_rl; use {managed[name[2:]]}")
 
 
-def add_engine_args(parser: argparse.ArgumentParser) -> argparse._ArgumentGroup:
-    group = parser.add_argument_group("rollout engines (SGLang + sglang-router)")
-    group.add_argument("--hf-checkpoint", default=None, help="HF checkpoint directory the SGLang engines serve")
-    group.add_argument("--rollout-num-engines", type=int, default=None,
-                       help="number of SGLang servers (CPU: one process each; GPU: derived from the two flags below)")
-    group.add_argument("--rollout-num-gpus", type=int, default=None, help="GPUs for rollout in total (GPU only)")
-    group.add_argument("--rollout-num-gpus-per-engine", type=int, default=1, help="tensor-parallel size of one engine")
-    group.add_argument("--sglang-host", default=DEFAULT_HOST, help="address the servers and the router bind")
-    group.add_argument("--sglang-base-port", type=int, default=None, help="engine i listens on this + i (default: free ports)")
-    group.add_argument("--router-port", type=int, default=None, help="sglang-router port (default: a free port)")
-    group.add_argument("--sglang-mem-fraction-static", type=float, default=None, help="GPU memory fraction for weights + KV")
-    group.add_argument("--sglang-max-total-tokens", type=int, default=None,
-                       help=f"KV-cache size in tokens (CPU default {DEFAULT_CPU_MAX_TOTAL_TOKENS})")
-    group.add_argument("--engine-start-timeout", type=float, default=300.0, help="seconds until every server is healthy")
-    group.add_argument("--engine-request-timeout", type=float, default=600.0, help="seconds for one HTTP call to an engine")
-    group.add_argument("--engine-cpu-threads", type=int, default=None,
-                       help="CPU: compute threads per engine (default: cores // (engines + 1), at least 1)")
-    return group
-
-
-def detect_device() -> str:
-    import torch
-
-    return "cuda" if torch.cuda.is_available() else "cpu"
-
-
-def _num_engines(args: argparse.Namespace, device: str) -> int:
-    if device == "cpu":
-        return 1 if args.rollout_num_engines is None else args.rollout_num_engines
-    per_engine = args.rollout_num_gpus_per_engine
+def _num_engines(config: EngineConfig) -> int:
+    """The number of engines: --rollout-num-engines on CPU, else derived from the GPU counts."""
+    given, gpus, per_engine = config.num_engines, config.num_gpus, config.gpus_per_engine
+    if config.device == "cpu":
+        return 1 if given is None else given
+    if config.device != "cuda":
+        raise ConfigError(f"device: must be 'cpu' or 'cuda', got {config.device!r}")
     if per_engine is None or per_engine < 1:
-        raise EngineConfigError(f"--rollout-num-gpus-per-engine: must be >= 1, got {per_engine}")
-    if args.rollout_num_gpus is None:
-        return 1 if args.rollout_num_engines is None else args.rollout_num_engines
-    if args.rollout_num_gpus % per_engine:
-        raise EngineConfigError(
-            f"--rollout-num-gpus: {args.rollout_num_gpus} is not a multiple of --rollout-num-gpus-per-engine {per_engine}"
-        )
-    derived = args.rollout_num_gpus // per_engine
-    if args.rollout_num_engines is not None and args.rollout_num_engines != derived:
-        raise EngineConfigError(
-            f"--rollout-num-engines: {args.rollout_num_engines} disagrees with --rollout-num-gpus "
-            f"{args.rollout_num_gpus} / --rollout-num-gpus-per-engine {per_engine} = {derived}"
-        )
+        raise ConfigError(f"--rollout-num-gpus-per-engine: must be >= 1, got {per_engine}")
+    if gpus is None:
+        return 1 if given is None else given
+    if gpus % per_engine:
+        raise ConfigError(f"--rollout-num-gpus: {gpus} is not a multiple of --rollout-num-gpus-per-engine {per_engine}")
+    derived = gpus // per_engine
+    if given is not None and given != derived:
+        raise ConfigError(f"--rollout-num-engines: {given} disagrees with --rollout-num-gpus "
+                          f"{gpus} / --rollout-num-gpus-per-engine {per_engine} = {derived}")
     return derived
 
 
-def engine_config_from_args(
-    args: argparse.Namespace, passthrough: PassthroughArgs | None = None, *, device: str | None = None
-) -> EngineConfig:
-    """Build the EngineConfig from parsed flags (see the module docstring); `device` overrides detection."""
-    device = device or detect_device()
-    passthrough = passthrough or PassthroughArgs()
-    return EngineConfig(
-        model_path=str(args.hf_checkpoint) if args.hf_checkpoint else "",
-        num_engines=_num_engines(args, device),
-        device=device,
-        gpus_per_engine=0 if device == "cpu" else args.rollout_num_gpus_per_engine,
-        host=args.sglang_host,
-        base_port=args.sglang_base_port,
-        router_port=args.router_port,
-        mem_fraction_static=args.sglang_mem_fraction_static,
-        max_total_tokens=args.sglang_max_total_tokens,
-        start_timeout_s=args.engine_start_timeout,
-        request_timeout_s=args.engine_request_timeout,
-        server_passthrough=passthrough.server,
-        router_passthrough=passthrough.router,
-        cpu_threads=args.engine_cpu_threads,
-    )
+def resolve_ports(config: EngineConfig) -> EngineConfig:
+    """`config` with its ports chosen: engine i on --sglang-base-port + i and the router on --router-port
+    when given, else free ports. Call it once (config.parse_config does); a config whose ports are
+    chosen is returned as is."""
+    if config.ports_resolved:
+        return config
+    base, n = config.base_port, config.num_engines
+    chosen: set[int] = set()
+
+    def free_port() -> int:
+        for _ in range(100):
+            port = find_free_port(config.host)
+            if port not in chosen and not (base is not None and base <= port < base + n):
+                chosen.add(port)
+                return port
+        raise RuntimeError(f"no free port found on {config.host}")
+
+    engine_ports = tuple(base + i for i in range(n)) if base is not None else tuple(free_port() for _ in range(n))
+    chosen.update(engine_ports)
+    router_port = config.router_port if config.router_port is not None else free_port()
+    return dataclasses.replace(config, engine_ports=engine_ports, resolved_router_port=router_port)

@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 from lean_rl.backends.sglang.client import EngineClient
-from lean_rl.backends.sglang.config import EngineConfig, flags_to_dict
+from lean_rl.backends.sglang.config import EngineConfig, flags_to_dict, resolve_ports
 from lean_rl.backends.sglang.model_check import ModelDirInfo, check_model_dir
 from lean_rl.backends.sglang.processes import ChildProcess, ChildStartError, stop_all, wait_until_healthy
 from lean_rl.backends.sglang.router import RouterAdmin
@@ -180,6 +180,7 @@ class EngineGroup:
     # ------------------------------------------------------------------ internals
     def _choose_ports(self) -> None:
         """Take the ports fixed in the config; fail now, with the flag's name, if one got taken."""
+        self.config = resolve_ports(self.config)  # a no-op for a config from parse_config or engine_config_for_tests
         config, host = self.config, self.config.host
         engine_flag = "--sglang-base-port" if config.base_port is not None else "an engine port chosen at start-up"
         for port in config.engine_ports:

@@ -10,6 +10,16 @@ when the real C ops cannot load, lets it import; the detection ops themselves st
 Installed by scripts/setup.sh on CPU machines as a .pth line in the project's own .venv, so that every
 Python in that venv (SGLang's spawned workers, transformers scripts, tests) gets it. Importing this
 module is cheap: torch is imported only when something imports torchvision.
+
+This is the project's one implicitly applied patch (every other compat fix is a function its caller
+applies: backends/sglang/compat.py, backends/megatron/compat.py). It stays a .pth because the
+imports it must precede are not ours to order: `from transformers import AutoModelForCausalLM`
+fails without it ("operator torchvision::nms does not exist"), and that runs in test fixtures,
+subprocesses of tests, Ray worker processes, users' own scripts and tools in the venv, not only at
+lean_rl's entry points. An explicit import at our entry points (the SGLang launcher does one:
+compat.load_torchvision_fix, for venvs without the .pth) could not cover those. It only adds a
+meta-path finder that fires once, right before the first `import torchvision`, and does nothing
+when the real torchvision ops load (a matching torch build, i.e. the GPU flavour, which gets no .pth).
 """
 
 import importlib.abc

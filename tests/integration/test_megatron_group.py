@@ -1,4 +1,4 @@
-"""Lifecycle of the Megatron actor group with real Ray actors and real Megatron: loopback-only
+"""Lifecycle of a MegatronGroup with real Ray actors and real Megatron: loopback-only
 rendezvous, failures and timeouts that take the whole group down, actors that die with their driver."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import pytest
 from safetensors.torch import load_file, save_file
 
 from lean_rl.backends.megatron.config import MegatronConfig, ParallelConfig
-from lean_rl.backends.megatron.group import MegatronActorGroup, MegatronGroupError
+from lean_rl.backends.megatron.group import MegatronGroup, MegatronGroupError
 from lean_rl.backends.megatron.hf_config import arch_from_hf_config
 
 pytestmark = pytest.mark.integration
@@ -42,8 +42,8 @@ def _gone(pids, timeout_s=30.0) -> bool:
 
 def test_rendezvous_and_gloo_use_loopback_only(ray_cluster, tiny_qwen2):
     config = MegatronConfig(arch_from_hf_config(tiny_qwen2), ParallelConfig(tensor_model_parallel_size=2))
-    with MegatronActorGroup(config) as group:
-        pids = group.actor_pids()
+    with MegatronGroup(config) as group:
+        pids = group.rank_pids()
         store_listeners = [c for c in psutil.Process(pids[0]).net_connections("tcp")
                            if c.status == psutil.CONN_LISTEN and c.laddr.port == group.rendezvous_port]
         # connections between the two ranks (gloo pairs, store clients) and their addresses
@@ -64,8 +64,8 @@ def test_failure_on_one_rank_shuts_the_group_down(ray_cluster, tiny_qwen2, tmp_p
     del tensors["model.layers.1.mlp.down_proj.weight"]
     save_file(tensors, str(broken / "model.safetensors"), metadata={"format": "pt"})
     config = MegatronConfig(arch_from_hf_config(broken), ParallelConfig(pipeline_model_parallel_size=2))
-    group = MegatronActorGroup(config)
-    pids = group.actor_pids()
+    group = MegatronGroup(config)
+    pids = group.rank_pids()
     with pytest.raises(MegatronGroupError,
                        match=r"load_hf_checkpoint failed on rank 1 \(KeyError: .*model\.layers\.1\.mlp\.down_proj"):
         group.load_hf_checkpoint(broken)
@@ -76,8 +76,8 @@ def test_failure_on_one_rank_shuts_the_group_down(ray_cluster, tiny_qwen2, tmp_p
 
 def test_call_over_its_deadline_shuts_the_group_down(ray_cluster, tiny_qwen2):
     config = MegatronConfig(arch_from_hf_config(tiny_qwen2), ParallelConfig())
-    group = MegatronActorGroup(config, call_timeout_s=1.0)
-    pids = group.actor_pids()
+    group = MegatronGroup(config, call_timeout_s=1.0)
+    pids = group.rank_pids()
     # 8 micro-batches of 2048 tokens take several seconds on this CPU
     with pytest.raises(MegatronGroupError, match=r"compute_log_probs: ranks \[0\] did not finish within 1s"):
         group.compute_log_probs([[5] * 2048] * 8, micro_batch_size=1)
@@ -87,11 +87,11 @@ def test_call_over_its_deadline_shuts_the_group_down(ray_cluster, tiny_qwen2):
 DRIVER = textwrap.dedent("""
     import json, sys, time, ray
     from lean_rl.backends.megatron.config import MegatronConfig, ParallelConfig
-    from lean_rl.backends.megatron.group import MegatronActorGroup
+    from lean_rl.backends.megatron.group import MegatronGroup
     from lean_rl.backends.megatron.hf_config import arch_from_hf_config
     ray.init(address=sys.argv[1], log_to_driver=False)
-    group = MegatronActorGroup(MegatronConfig(arch_from_hf_config(sys.argv[2]), ParallelConfig()), world_size=2)
-    print(json.dumps(group.actor_pids()), flush=True)
+    group = MegatronGroup(MegatronConfig(arch_from_hf_config(sys.argv[2]), ParallelConfig()), world_size=2)
+    print(json.dumps(group.rank_pids()), flush=True)
     time.sleep(600)
 """)
 

@@ -1,5 +1,6 @@
-"""One optimizer step and forward-only passes on one rank, through Megatron's pipeline schedule
-(get_forward_backward_func), so TP / PP / EP layouts all take the same path.
+"""Forward/backward and forward-only passes over one rank's micro-batches, through Megatron's
+pipeline schedule (get_forward_backward_func), so TP / PP / EP layouts all take the same path. The
+optimizer step around forward_backward is rank_trainer.RankTrainer.train_step.
 
 Loss scaling: a micro-batch's loss is sum(weights * per-token loss) with weights normalised over the
 whole optimizer step by the driver. Megatron divides a 2-tuple loss by the number of micro-batches
@@ -22,7 +23,7 @@ from megatron.core.pipeline_parallel import get_forward_backward_func
 from lean_rl.algorithms.config import AlgorithmConfig
 from lean_rl.algorithms.losses import policy_loss, value_loss
 from lean_rl.backends.megatron.logprobs import _vocab_parallel_entropy, vocab_parallel_log_probs
-from lean_rl.backends.megatron.optimizer_setup import OptimizerBundle, current_lr, grads_are_finite
+from lean_rl.backends.megatron.optimizer_setup import grads_are_finite
 
 @dataclass(frozen=True)
 class StepContext:
@@ -86,7 +87,7 @@ def _critic_loss(ctx: StepContext, micro_batch, targets, scale: float, output: t
     return loss * scale, metrics
 
 
-def _train_forward_step(ctx: StepContext, scale: float, data_iterator, model):
+def _micro_batch_train_forward(ctx: StepContext, scale: float, data_iterator, model):
     micro_batch = next(data_iterator)
     tokens, positions, targets = _inputs(micro_batch, ctx.device)
     output = model(tokens, positions, attention_mask=None)  # causal mask built by Megatron
@@ -105,17 +106,16 @@ def _world_any(flag: bool, device: torch.device) -> bool:
     return bool(value.item() > 0)
 
 
-def train_step(bundle: OptimizerBundle, micro_batches: list[dict[str, torch.Tensor]], ctx: StepContext,
-               seq_length_hint: int) -> dict[str, float]:
-    """One optimizer step over this rank's micro-batches. Returns metrics: the step's loss terms
-    (summed over DP ranks: the driver's weights already normalised them), grad_norm, lr, skipped."""
-    ddp, optimizer = bundle.ddp, bundle.optimizer
+def forward_backward(ddp, micro_batches: list[dict[str, torch.Tensor]], ctx: StepContext,
+                     seq_length_hint: int) -> tuple[dict[str, float], bool]:
+    """Forward and backward of this rank's micro-batches into DDP's (zeroed) gradient buffers.
+    Returns the step's loss terms (on the last stage, summed over DP ranks: the driver's weights
+    already normalised them; {} elsewhere) and whether every rank's loss and gradients are finite
+    (the same answer on all ranks)."""
     ddp.train()
-    ddp.zero_grad_buffer()
-    optimizer.zero_grad()
     scale = float(len(micro_batches) * parallel_state.get_data_parallel_world_size())
     per_micro_batch = get_forward_backward_func()(
-        forward_step_func=partial(_train_forward_step, ctx, scale),
+        forward_step_func=partial(_micro_batch_train_forward, ctx, scale),
         data_iterator=iter(micro_batches),
         model=[ddp],
         num_microbatches=len(micro_batches),
@@ -132,19 +132,7 @@ def train_step(bundle: OptimizerBundle, micro_batches: list[dict[str, torch.Tens
         dist.all_reduce(packed, group=parallel_state.get_data_parallel_group())
         metrics = dict(zip(names, packed.cpu()))
         finite = finite and bool(torch.isfinite(packed).all())
-    skipped = _world_any(not finite, ctx.device)
-    out = {name: float(value) for name, value in metrics.items()}
-    if skipped:
-        ddp.zero_grad_buffer()
-        optimizer.zero_grad()
-        out.update(grad_norm=float("nan"), lr=current_lr(optimizer), skipped=1.0)
-        return out
-    update_successful, grad_norm, _ = optimizer.step()
-    if not update_successful:  # only mixed precision can refuse; fp32 never does
-        raise RuntimeError("the optimizer refused a step with finite gradients")
-    out.update(grad_norm=float(grad_norm) if grad_norm is not None else 0.0, lr=current_lr(optimizer), skipped=0.0)
-    bundle.scheduler.step(increment=1)
-    return out
+    return {name: float(value) for name, value in metrics.items()}, not _world_any(not finite, ctx.device)
 
 
 def _collect_forward(ctx: StepContext, targets, output: torch.Tensor, non_loss_data: bool = True):
@@ -155,7 +143,7 @@ def _collect_forward(ctx: StepContext, targets, output: torch.Tensor, non_loss_d
     return {"log_probs": log_probs.detach().cpu()}
 
 
-def _inference_forward_step(ctx: StepContext, data_iterator, model):
+def _micro_batch_forward(ctx: StepContext, data_iterator, model):
     micro_batch = next(data_iterator)
     tokens, positions, targets = _inputs(micro_batch, ctx.device)
     output = model(tokens, positions, attention_mask=None)
@@ -171,7 +159,7 @@ def forward_only(model: torch.nn.Module, micro_batches: list[dict[str, torch.Ten
     try:
         with torch.no_grad():
             results = get_forward_backward_func()(
-                forward_step_func=partial(_inference_forward_step, ctx),
+                forward_step_func=partial(_micro_batch_forward, ctx),
                 data_iterator=iter(micro_batches),
                 model=[model],
                 num_microbatches=len(micro_batches),

@@ -1,0 +1,27 @@
+"""Flags of the prompt data the buffer serves (the rollout side reads them through the buffer)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from lean_rl.options import option
+
+
+def _none_if_empty(value: str | None) -> str | None:
+    return value or None
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    prompt_data: str | None = option(None, help="jsonl or parquet file of prompts")
+    input_key: str = option("prompt", help="column with the prompt: text or a list of chat messages")
+    label_key: str | None = option("label", help="column with the reference answer ('' for none)",
+                                   convert=_none_if_empty)
+    metadata_key: str | None = option(None, help="column with a dict passed through to samples")
+    tool_key: str | None = option(None, help="column with tool definitions for the chat template")
+    apply_chat_template: bool = option(False, help="render prompts with the tokenizer's chat template")
+    rollout_shuffle: bool = option(False, help="shuffle prompts every epoch (seeded by --seed)")
+    seed: int = option(42)
+    num_epochs: int | None = option(None, positive=True)  # None: as many as the run needs
+    rollout_max_prompt_len: int | None = option(None, positive=True, help="skip (and count) longer prompts")
+    skip_bad_rows: bool = option(False, help="skip and count malformed rows instead of failing")

@@ -1,0 +1,153 @@
+"""Options declared once. A config dataclass field made with `option(...)` carries its flag name,
+type, default, help and range; `add_options` turns a config class into an argparse group and
+`read_options` turns parsed flags back into the frozen config. No flag is written anywhere else.
+
+    @dataclass(frozen=True)
+    class RunConfig:
+        num_rollout: int = option(10, positive=True, help="rollout + train steps of the run")
+        tensorboard: bool = option(True, flag="--no-tensorboard")   # a flag that turns a default off
+
+The flag defaults to `--field-name`; the argparse type comes from the annotation (`bool` is a
+switch, `tuple[T, ...]` takes several values, `X | None` takes an X). A nested config field made
+with `group(...)` adds its class's options under its own title. Fields made with plain `field()`
+are derived: `read_options` takes them as keyword arguments (computed once, in config.parse_config).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import types
+import typing
+from typing import Any, Callable
+
+_KEY = "lean_rl.option"
+
+
+class ConfigError(ValueError):
+    """A configuration value is invalid; the message names the flag (or file) to fix."""
+
+
+def _spec(kind: str, **spec: Any) -> dict:
+    return {_KEY: dict(kind=kind, **spec)}
+
+
+def option(default: Any = dataclasses.MISSING, *, flag: str | None = None, help: str | None = None,
+           choices: typing.Sequence | None = None, metavar: Any = None, nargs: Any = None, action: str | None = None,
+           positive: bool = False, at_least: float | None = None, convert: Callable[[Any], Any] | None = None,
+           suppress_default_in_help: bool = False) -> Any:
+    """A field set by one command-line flag. `positive` / `at_least` reject values out of range
+    (None, the unset value, is always allowed); `convert` maps the parsed value to the field's."""
+    spec = _spec("option", flag=flag, help=help, choices=choices, metavar=metavar, nargs=nargs, action=action,
+                 positive=positive, at_least=at_least, convert=convert)
+    if isinstance(default, (list, dict, set)):
+        raise TypeError("option defaults must be immutable (use a tuple)")
+    return dataclasses.field(default=default, metadata=spec)
+
+
+def group(cls: type, title: str | None = None) -> Any:
+    """A nested config whose options are added with `cls`'s own (in a group of their own if `title`)."""
+    return dataclasses.field(default_factory=cls, metadata=_spec("group", cls=cls, title=title))
+
+
+def _meta(f: dataclasses.Field) -> dict | None:
+    return f.metadata.get(_KEY)
+
+
+def flag_of(cls: type, name: str) -> str:
+    """The flag that sets field `name` of `cls` (for messages)."""
+    f = {f.name: f for f in dataclasses.fields(cls)}[name]
+    meta = _meta(f)
+    if meta is None or meta["kind"] != "option":
+        raise KeyError(f"{cls.__name__}.{name} is not an option")
+    return meta["flag"] or "--" + name.replace("_", "-")
+
+
+def _dest(flag: str) -> str:
+    return flag.lstrip("-").replace("-", "_")
+
+
+def _strip_optional(tp: Any) -> Any:
+    if typing.get_origin(tp) in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        if len(args) == 1:
+            return args[0]
+    return tp
+
+
+def _as_tuple(value: Any) -> Any:
+    return tuple(_as_tuple(v) for v in value) if isinstance(value, list) else value
+
+
+def options_of(cls: type) -> list[tuple[dataclasses.Field, dict, Any]]:
+    hints = typing.get_type_hints(cls)
+    return [(f, _meta(f), hints[f.name]) for f in dataclasses.fields(cls) if _meta(f) is not None]
+
+
+def add_options(parser: argparse.ArgumentParser, cls: type, title: str | None = None,
+                container: Any = None) -> argparse.ArgumentParser:
+    """Add `cls`'s options (and its nested groups') to `parser`, under `title` if given."""
+    target = container if container is not None else (parser.add_argument_group(title) if title else parser)
+    for f, meta, tp in options_of(cls):
+        if meta["kind"] == "group":
+            add_options(parser, meta["cls"], meta["title"], None if meta["title"] else target)
+            continue
+        flag = meta["flag"] or "--" + f.name.replace("_", "-")
+        kwargs: dict[str, Any] = {"dest": _dest(flag), "help": meta["help"]}
+        base = _strip_optional(tp)
+        default = f.default
+        if base is bool and meta["action"] is None:
+            kwargs["action"] = "store_false" if default is True else "store_true"
+            kwargs["dest"] = f.name if default is True else kwargs["dest"]
+        elif meta["action"] is not None:
+            kwargs.update(action=meta["action"], default=default, nargs=meta["nargs"], metavar=meta["metavar"])
+            kwargs["default"] = [] if meta["action"] == "append" else default
+        else:
+            if typing.get_origin(base) is tuple:
+                item = typing.get_args(base)[0]
+                kwargs["nargs"] = meta["nargs"] or "*"
+                base = item
+            elif meta["nargs"] is not None:
+                kwargs["nargs"] = meta["nargs"]
+            kwargs.update(type=base if base in (int, float) else None, default=default,
+                          choices=meta["choices"], metavar=meta["metavar"])
+        parser_target = target
+        parser_target.add_argument(flag, **{k: v for k, v in kwargs.items() if v is not None or k == "default"})
+    return parser
+
+
+def _dest_of(f: dataclasses.Field, meta: dict, tp: Any) -> str:
+    flag = meta["flag"] or "--" + f.name.replace("_", "-")
+    if _strip_optional(tp) is bool and meta["action"] is None and f.default is True:
+        return f.name
+    return _dest(flag)
+
+
+def _check(value: Any, meta: dict, flag: str) -> None:
+    if value is None or isinstance(value, bool) or not isinstance(value, (int, float)):
+        return
+    if meta["positive"] and value <= 0:
+        raise ConfigError(f"{flag} must be > 0, got {value}")
+    if meta["at_least"] is not None and value < meta["at_least"]:
+        raise ConfigError(f"{flag} must be >= {meta['at_least']}, got {value}")
+
+
+def read_options(cls: type, args: argparse.Namespace, **derived: Any) -> Any:
+    """Build `cls` from parsed flags; `derived` supplies (or overrides) fields computed elsewhere."""
+    values: dict[str, Any] = {}
+    for f, meta, tp in options_of(cls):
+        if f.name in derived or not f.init:
+            continue
+        if meta["kind"] == "group":
+            values[f.name] = read_options(meta["cls"], args)
+            continue
+        flag = meta["flag"] or "--" + f.name.replace("_", "-")
+        value = _as_tuple(getattr(args, _dest_of(f, meta, tp)))
+        _check(value, meta, flag)
+        values[f.name] = meta["convert"](value) if meta["convert"] else value
+    return cls(**values, **derived)
+
+
+def defaults_of(cls: type) -> argparse.Namespace:
+    """The parsed namespace of an empty command line (every option at its default)."""
+    return add_options(argparse.ArgumentParser(add_help=False), cls).parse_args([])
