@@ -117,7 +117,7 @@ def parse_config(argv: list[str]) -> Config:
     checkpoint = read_options(CheckpointConfig, args, hf_checkpoint=args.hf_checkpoint)
     train = read_options(TrainConfig, args, checkpoint=checkpoint, seed=data.seed,
                          temperature=training_temperature(rollout.sampling.temperature))
-    layout = train.placement.layout(megatron.parallel, detect_device())  # raises naming the flags
+    layout = train.placement.layout(megatron.parallel, detect_device(), on_cluster=run.ray_address is not None)
     batch_plan = BatchPlan(train.batch, layout.data_parallel_size,
                            samples_per_rollout=rollout.rollout_batch_size * rollout.n_samples_per_prompt)
     if run.async_mode == "full" and rollout.rollout_function_path != "lean_rl.rollout.default.generate_rollout":
@@ -126,7 +126,7 @@ def parse_config(argv: list[str]) -> Config:
     return Config(
         run=run,
         engines=resolve_ports(read_options(EngineConfig, args, device=layout.device, server_passthrough=passthrough.server,
-                                           router_passthrough=passthrough.router)),
+                                           router_passthrough=passthrough.router, on_cluster=bool(run.ray_address))),
         data=data,
         rollout=rollout,
         reward=reward,

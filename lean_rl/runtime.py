@@ -11,6 +11,7 @@ proves it with the probe before any rollout.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import inspect
 import json
 import logging
@@ -83,7 +84,7 @@ class Runtime:
         if self.trainer is not None and self.engines is not None:
             from lean_rl.weight_sync import WeightSync
 
-            self.weight_sync = WeightSync.create(cfg.weight_sync, self.trainer, cfg.engines.engine_urls,
+            self.weight_sync = WeightSync.create(cfg.weight_sync, self.trainer, self.engines.engine_urls,
                                                  tokenizer_path=cfg.engines.model_path)
             report = self.sync_weights(self.start_step)
             logger.info("engines serve the trainer's weights (version %d): probe max |Δ log p| %.2e",
@@ -115,6 +116,10 @@ class Runtime:
         from lean_rl.backends.sglang.health import EngineMonitor
 
         self.engines = EngineGroup(self.cfg.engines, self.output_dir / "engines").start()
+        # On a cluster the engines' URLs are known only now (each actor picked its node's address and
+        # port): the rollout functions read cfg.engines.engine_urls / router_url, so hand them the
+        # group's config, which carries the reported URLs (on one node it equals the old one).
+        self.cfg = dataclasses.replace(self.cfg, engines=self.engines.config)
         self.monitor = EngineMonitor(self.engines).start()
 
     def close(self) -> None:

@@ -43,3 +43,14 @@ def ray_cluster():
     yield ray
     if started:
         ray.shutdown()
+
+
+@pytest.fixture(scope="session")
+def simulated_cluster():
+    """A Ray cluster of three nodes on loopback addresses 127.0.0.2-4 (lean_rl/testing/ray_cluster.py),
+    for multi-node tests. This process never joins it (it may hold the local `ray_cluster`): a test
+    runs its driver in a subprocess with `init_ray(cluster.address)` / `--ray-address`."""
+    from lean_rl.testing.ray_cluster import SimulatedCluster
+
+    with SimulatedCluster(num_nodes=3, cpus_per_node=2) as cluster:
+        yield cluster

@@ -1,4 +1,6 @@
-"""Loopback ports: lean_rl binds 127.0.0.1 unless the user asks otherwise."""
+"""Addresses and ports. One node (a local Ray that the run started): every service binds loopback.
+A cluster (--ray-address): each service binds the address of the node it runs on, as Ray knows it
+(`ray start --node-ip-address`), and others reach it there; never 0.0.0.0."""
 
 import random
 import socket
@@ -17,6 +19,16 @@ def _below_ephemeral_range() -> range | None:
     except (OSError, ValueError, IndexError):
         return None
     return range(_LISTEN_RANGE_START, low) if low - _LISTEN_RANGE_START >= 1000 else None
+
+
+def service_host(on_cluster: bool) -> str:
+    """The address a service started here binds and is reached at: loopback on one node, this node's
+    Ray address on a cluster (call it inside the Ray actor that owns the service)."""
+    if not on_cluster:
+        return LOOPBACK
+    import ray
+
+    return ray.util.get_node_ip_address()
 
 
 def find_free_port(host: str = LOOPBACK) -> int:
@@ -52,3 +64,33 @@ def require_free_port(port: int, what: str, host: str = LOOPBACK) -> None:
     """Fail before starting anything when a user-chosen port is taken; `what` names the flag."""
     if not is_port_free(port, host):
         raise ValueError(f"{what}: port {port} on {host} is already in use; pick another or leave it unset")
+
+
+def interface_of(ip: str) -> str | None:
+    """The network interface that holds `ip` ("lo" for any 127.x address), or None when no interface
+    of this machine does (then gloo / NCCL fall back to their own choice, the hostname's address)."""
+    if ip.startswith("127."):
+        return "lo"
+    import psutil
+
+    for name, addresses in psutil.net_if_addrs().items():
+        if any(a.family == socket.AF_INET and a.address == ip for a in addresses):
+            return name
+    return None
+
+
+SOCKET_IFNAME_VARS = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
+
+
+def set_socket_interface_env(ip: str) -> dict[str, str]:
+    """gloo and NCCL pick their network interface from GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME (else
+    the hostname's address, which may be one other nodes cannot reach): point them at the interface
+    holding `ip`, the address this process is reached at. Set in the process that then creates the
+    process groups, before it does; a value the user set wins. Returns the values in effect."""
+    import os
+
+    name = interface_of(ip)
+    if name is not None:
+        for var in SOCKET_IFNAME_VARS:
+            os.environ.setdefault(var, name)
+    return {var: os.environ[var] for var in SOCKET_IFNAME_VARS if var in os.environ}

@@ -12,6 +12,7 @@ def init_ray(address: str | None = None, num_cpus: int | None = None) -> bool:
         return False
     if address:
         check_ray_address_reachable(address)
+        _use_token_auth_if_available()
         try:
             ray.init(address=address, log_to_driver=True, configure_logging=False)
         except (ConnectionError, RuntimeError, ValueError) as err:
@@ -39,3 +40,25 @@ def check_ray_address_reachable(address: str, timeout_s: float = 10.0) -> None:
     except OSError as err:
         raise ConnectionError(f"--ray-address {address}: nothing answers at {host}:{port} ({err}); "
                               "is the Ray head running (`ray start --head`)?") from None
+
+
+def _use_token_auth_if_available() -> None:
+    """Ray 2.60 turns token auth on for every cluster that `ray start` makes (token in
+    ~/.ray/auth_token), but a driver that names the address never turns it on by itself
+    (ray/_private/worker.py:1972-1976: "an explicit address never does"), so it is refused
+    (InvalidAuthToken) unless RAY_AUTH_MODE=token is in its environment. Do what the user would:
+    with no RAY_AUTH_MODE set and a token on this machine, use it (RAY_AUTH_MODE=disabled opts out).
+    Config.initialize re-reads the environment, as Ray's own _enable_token_auth does
+    (ray/_private/authentication/authentication_token_setup.py:64)."""
+    import os
+    from pathlib import Path
+
+    if os.environ.get("RAY_AUTH_MODE") is not None:
+        return
+    token = os.environ.get("RAY_AUTH_TOKEN") or os.environ.get("RAY_AUTH_TOKEN_PATH") or \
+        (Path.home() / ".ray" / "auth_token").is_file()
+    if token:
+        from ray._raylet import Config
+
+        os.environ["RAY_AUTH_MODE"] = "token"
+        Config.initialize("")

@@ -3,8 +3,10 @@
 Each engine joins with sglang/srt/utils/common.py:2859 `init_custom_process_group`: a tcp://
 rendezvous on master_address:master_port, a PrefixStore(group_name) over it, and a group of its own
 outside the engine's default world (rank = rank_offset + its TP rank). The trainer is rank 0 and
-hosts the store. torch's TCPStore binds every interface when it opens the port itself, so the store
-is opened on a socket bound to 127.0.0.1 (distributed.open_rendezvous_store), then the group is built
+hosts the store, on its own utils.net.service_host (127.0.0.1 on one node, the stage lead's node
+address on a cluster), and the engines are told that address. torch's TCPStore binds every interface
+when it opens the port itself, so the store is opened on a socket bound to that address only
+(distributed.open_rendezvous_store), then the group is built
 the same way SGLang builds it (backends.sglang.compat.join_weight_update_group: the torch-private
 steps of SGLang's recipe live there).
 """
@@ -20,14 +22,15 @@ import torch.distributed as dist
 
 from lean_rl.backends.megatron.distributed import open_rendezvous_store
 from lean_rl.backends.sglang.compat import join_weight_update_group
+from lean_rl.utils.net import LOOPBACK
 from lean_rl.weight_sync.errors import WeightSyncError
 
 _POLL_S = 0.0002  # while a broadcast runs: how often to look at the engines' HTTP calls
 
 
-def open_group_store(world_size: int, timeout_s: float) -> tuple[dist.TCPStore, int]:
-    """A rendezvous store on 127.0.0.1 for `world_size` members; returns (store, port)."""
-    return open_rendezvous_store(world_size, timeout_s)
+def open_group_store(world_size: int, timeout_s: float, host: str = LOOPBACK) -> tuple[dist.TCPStore, int]:
+    """A rendezvous store on `host` for `world_size` members; returns (store, port)."""
+    return open_rendezvous_store(world_size, timeout_s, host)
 
 
 def join_as_rank_zero(store: dist.Store, world_size: int, group_name: str, backend: str,

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import torch
 
+from lean_rl.utils.net import service_host
 from lean_rl.weight_sync.buckets import Bucket, iter_buckets, standalone
 from lean_rl.weight_sync.engine_calls import submit_all, wait_all
 from lean_rl.weight_sync.engine_params import EngineChecksums
@@ -201,9 +202,10 @@ class _RankSync:
         if not self._is_lead(stage):
             return
         world_size = 1 + sum(plan.engine_tp_sizes)
-        store, port = open_group_store(world_size, plan.timeout_s)
+        host = service_host(self.worker.on_cluster)  # this lead's address; the engines dial it
+        store, port = open_group_store(world_size, plan.timeout_s, host)
         offsets = [1 + sum(plan.engine_tp_sizes[:i]) for i in range(len(plan.engine_urls))]
-        calls = [(client.base_url, client.submit("init_weights_update_group", "127.0.0.1", port, offset, world_size,
+        calls = [(client.base_url, client.submit("init_weights_update_group", host, port, offset, world_size,
                                                  group_name=plan.group_name(stage), backend=plan.backend,
                                                  timeout_s=plan.timeout_s))
                  for client, offset in zip(self.clients, offsets)]

@@ -20,6 +20,7 @@ from safetensors.torch import load_file, save_file
 from lean_rl.backends.megatron.config import MegatronConfig, ParallelConfig
 from lean_rl.backends.megatron.group import MegatronGroup, MegatronGroupError
 from lean_rl.backends.megatron.hf_config import arch_from_hf_config
+from lean_rl.backends.megatron.train_config import TrainerLayout
 
 pytestmark = pytest.mark.integration
 
@@ -53,6 +54,14 @@ def test_rendezvous_and_gloo_use_loopback_only(ray_cluster, tiny_qwen2):
     assert [c.laddr.ip for c in store_listeners] == ["127.0.0.1"]
     assert between, "expected TCP connections between rank 0 and rank 1"
     assert {c.laddr.ip for c in between} | {c.raddr.ip for c in between} == {"127.0.0.1"}
+
+
+def test_more_trainer_nodes_than_the_cluster_has_is_refused_before_any_actor(ray_cluster, tiny_qwen2):
+    config = MegatronConfig(arch_from_hf_config(tiny_qwen2), ParallelConfig(tensor_model_parallel_size=2))
+    layout = TrainerLayout.derive(config.parallel, 2, "cpu", num_nodes=2, on_cluster=True)
+    with pytest.raises(MegatronGroupError, match=r"cannot place 2 trainer node\(s\) x 1 rank\(s\) .*STRICT_SPREAD.*"
+                                                 r"the Ray cluster has 1 node\(s\) alive"):
+        MegatronGroup(config, layout=layout)
 
 
 def test_failure_on_one_rank_shuts_the_group_down(ray_cluster, tiny_qwen2, tmp_path):

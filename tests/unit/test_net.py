@@ -5,7 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from lean_rl.utils.net import find_free_port, is_port_free, require_free_port
+from lean_rl.utils.net import (find_free_port, interface_of, is_port_free, require_free_port,
+                               set_socket_interface_env)
 
 
 def _ephemeral_low() -> int:
@@ -29,3 +30,16 @@ def test_a_listening_port_is_not_free_and_the_error_names_the_flag():
         assert not is_port_free(port)
         with pytest.raises(ValueError, match=f"--router-port: port {port} on 127.0.0.1 is already in use"):
             require_free_port(port, "--router-port")
+
+
+def test_socket_interface_is_the_one_holding_the_address(monkeypatch):
+    import psutil
+
+    assert interface_of("127.0.0.3") == "lo"
+    assert interface_of("203.0.113.77") is None  # TEST-NET-3: held by no interface here
+    for name, addresses in psutil.net_if_addrs().items():
+        for address in addresses:
+            if address.family == socket.AF_INET and not address.address.startswith("127."):
+                assert interface_of(address.address) == name
+    monkeypatch.setattr("os.environ", {"NCCL_SOCKET_IFNAME": "ib0"})  # the user's choice wins
+    assert set_socket_interface_env("127.0.0.2") == {"GLOO_SOCKET_IFNAME": "lo", "NCCL_SOCKET_IFNAME": "ib0"}

@@ -185,3 +185,44 @@ def test_cpu_engines_share_the_cores_with_one_share_left_for_the_trainer(monkeyp
     assert config.threads_per_cpu_engine == 6
     with pytest.raises(ConfigError, match="--engine-cpu-threads: must be >= 1, got 0"):
         parse(["--hf-checkpoint", "/m", "--engine-cpu-threads", "0"])
+
+
+def test_on_a_cluster_the_urls_are_the_ones_the_engines_reported():
+    config = resolve_ports(parse(["--hf-checkpoint", "/m", "--rollout-num-engines", "2"])[0])
+    assert config.on_cluster is False and config.engine_urls[0].startswith("http://127.0.0.1:")
+    import dataclasses
+
+    reported = dataclasses.replace(config, on_cluster=True,
+                                   reported_engine_urls=("http://10.0.0.2:4000", "http://10.0.0.3:4000"),
+                                   reported_router_url="http://10.0.0.1:5000")
+    assert reported.engine_urls == ("http://10.0.0.2:4000", "http://10.0.0.3:4000")
+    assert reported.router_url == "http://10.0.0.1:5000"
+
+
+def test_engine_nodes_need_a_cluster_and_one_node_per_engine():
+    import dataclasses
+
+    config = parse(["--hf-checkpoint", "/m", "--rollout-num-engines", "2"])[0]
+    with pytest.raises(ConfigError, match="engine nodes"):
+        dataclasses.replace(config, engine_nodes=("10.0.0.2", "10.0.0.3"))
+    with pytest.raises(ConfigError, match="2 engines"):
+        dataclasses.replace(config, on_cluster=True, engine_nodes=("10.0.0.2",))
+    assert dataclasses.replace(config, on_cluster=True, engine_nodes=("10.0.0.2", "10.0.0.3")).engine_nodes
+
+
+def test_engine_actor_binds_its_own_host_and_port_and_gpu_zero(monkeypatch):
+    from lean_rl.backends.sglang import engine_actor
+
+    monkeypatch.setattr(engine_actor, "service_host", lambda on_cluster: "10.0.0.7")
+    monkeypatch.setattr(engine_actor, "find_free_port", lambda host: 41234)
+    gpu = parse(["--hf-checkpoint", "/m", "--rollout-num-gpus", "4", "--rollout-num-gpus-per-engine", "2"],
+                device="cuda")[0]
+    actor = engine_actor.EngineActor(gpu, 1, "/tmp/unused/engine-1.log")
+    try:
+        assert actor.url() == "http://10.0.0.7:41234"
+        flags = actor._server_flags()
+        assert flag_values(flags, "--host") == ["10.0.0.7"] and flag_values(flags, "--port") == ["41234"]
+        assert flag_values(flags, "--base-gpu-id") == ["0"] and flag_values(flags, "--tp-size") == ["2"]
+        assert actor.alive() is False and actor.tree_pids() == [] and actor.log_tail() == ""
+    finally:
+        actor.shutdown()

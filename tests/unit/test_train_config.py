@@ -66,12 +66,22 @@ def test_algorithm_errors_name_the_flag(kwargs, flag):
     (lambda: BatchConfig(use_dynamic_batch_size=True), "--max-tokens-per-gpu"),
     (lambda: BatchConfig(max_tokens_per_gpu=100), "--use-dynamic-batch-size"),
     (lambda: PlacementConfig(actor_num_nodes=0), "--actor-num-nodes"),
-    (lambda: PlacementConfig(actor_num_nodes=2), "--actor-num-nodes 2: the trainer runs on one node"),
+    (lambda: PlacementConfig(actor_num_nodes=2).layout(ParallelConfig(), "cpu"),
+     r"--actor-num-nodes 2 needs a Ray cluster \(--ray-address"),
     (lambda: TrainConfig(max_consecutive_skipped_steps=0), "--max-consecutive-skipped-steps"),
 ])
 def test_trainer_errors_name_the_flag(build, flag):
     with pytest.raises(ConfigError, match=flag):
         build()
+
+
+def test_several_trainer_nodes_on_a_cluster():
+    layout = PlacementConfig(actor_num_nodes=2, actor_num_procs_per_node=2).layout(
+        ParallelConfig(tensor_model_parallel_size=2), "cpu", on_cluster=True)
+    assert (layout.world_size, layout.num_nodes, layout.ranks_per_node, layout.data_parallel_size) == (4, 2, 2, 2)
+    assert layout.on_cluster
+    one = PlacementConfig().layout(ParallelConfig(), "cpu")
+    assert (one.num_nodes, one.on_cluster) == (1, False)
 
 
 def test_steps_per_rollout_from_either_flag():

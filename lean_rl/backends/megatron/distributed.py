@@ -1,6 +1,8 @@
 """torch.distributed + Megatron parallel_state for one rank. The backend follows the device (gloo on
-CPU, NCCL on CUDA). The rendezvous store listens on 127.0.0.1 only: torch's TCPStore binds every
-interface when it opens the port itself, so rank 0 binds the socket and hands TCPStore its fd."""
+CPU, NCCL on CUDA). The rendezvous store listens on one address only, rank 0's
+utils.net.service_host (127.0.0.1 on one node, its node's Ray address on a cluster), and every rank
+dials that address: torch's TCPStore binds every interface when it opens the port itself, so rank 0
+binds the socket and hands TCPStore its fd."""
 
 from __future__ import annotations
 
@@ -27,21 +29,21 @@ class RankLayout:
     is_last_stage: bool
 
 
-def open_rendezvous_store(world_size: int, timeout_s: float) -> tuple[dist.TCPStore, int]:
-    """Rank 0: a TCPStore server on 127.0.0.1 on a port the OS picks; returns (store, port)."""
+def open_rendezvous_store(world_size: int, timeout_s: float, host: str = LOOPBACK) -> tuple[dist.TCPStore, int]:
+    """Rank 0: a TCPStore server on `host` only, on a port the OS picks; returns (store, port)."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.bind((LOOPBACK, 0))
+    sock.bind((host, 0))
     sock.listen(world_size * 4)
     port = sock.getsockname()[1]
     # TCPStore takes ownership of the fd (its server closes it), so detach it from the Python socket.
-    store = dist.TCPStore(LOOPBACK, port, world_size, is_master=True,
+    store = dist.TCPStore(host, port, world_size, is_master=True,
                           timeout=datetime.timedelta(seconds=timeout_s), wait_for_workers=False,
                           master_listen_fd=sock.detach())
     return store, port
 
 
-def connect_rendezvous_store(port: int, world_size: int, timeout_s: float) -> dist.TCPStore:
-    return dist.TCPStore(LOOPBACK, port, world_size, is_master=False, timeout=datetime.timedelta(seconds=timeout_s))
+def connect_rendezvous_store(port: int, world_size: int, timeout_s: float, host: str = LOOPBACK) -> dist.TCPStore:
+    return dist.TCPStore(host, port, world_size, is_master=False, timeout=datetime.timedelta(seconds=timeout_s))
 
 
 def init_distributed(rank: int, world_size: int, store: dist.Store, parallel: ParallelConfig,

@@ -2,10 +2,16 @@
 A MegatronGroup serves one model: the policy (role "actor") or PPO's value model (role "critic"), as
 set up by setup_training; train_driver.py trains on a rollout with one or both.
 
+Placement: one placement-group bundle per trainer node (TrainerLayout.num_nodes; STRICT_SPREAD over
+distinct Ray nodes when there are several, PACK for one), each holding that node's ranks; ranks are
+numbered node by node (node k runs ranks k * ranks_per_node, ...). Each rank records its node's
+address and pid (rank_nodes(), rank_pids()).
+
 Lifetime: actors are ordinary (non-detached) Ray actors owned by this driver, so Ray kills them when
 the driver exits; any failed or timed-out call kills the whole group before the error propagates
 (the other ranks would otherwise sit in a collective until the gloo/NCCL timeout), and shutdown()
-waits for the actor processes to be gone. Every wait has a deadline."""
+waits for the actor processes to be gone: with psutil for ranks on the driver's node, through Ray's
+actor table (state DEAD) for ranks on other nodes. Every wait has a deadline."""
 
 from __future__ import annotations
 
@@ -64,21 +70,35 @@ class MegatronGroup:
         self.role: str | None = None
         self.batch_plan: BatchPlan | None = None
         self._actors: list[Any] = []
+        self._actor_ids: list[str] = []
         self._pids: list[int] = []
-        # Libraries configured through their only interface: gloo/NCCL pick the network interface
-        # from these (loopback: all ranks are on this machine); OMP threads per rank.
-        env = {"OMP_NUM_THREADS": str(num_threads), "GLOO_SOCKET_IFNAME": "lo", "NCCL_SOCKET_IFNAME": "lo"}
-        actor_cls = ray.remote(MegatronRank).options(
-            num_cpus=num_cpus_per_actor, num_gpus=1 if device == "cuda" else 0, max_restarts=0,
-            max_concurrency=1, runtime_env={"env_vars": env})
+        self._nodes: list[str] = []  # per rank: its node's address, as Ray knows it
+        self._placement_group = None
+        if device != "cuda" and num_cpus_per_actor <= 0:
+            raise ValueError(f"MegatronGroup: num_cpus_per_actor must be > 0 on CPU, got {num_cpus_per_actor}")
+        # OMP threads per rank. The gloo / NCCL socket interface is set by each rank (init_distributed),
+        # from the address of the node it landed on.
+        env = {"OMP_NUM_THREADS": str(num_threads)}
         try:
-            self._actors = [actor_cls.remote(rank, self.world_size, config, device, seed, num_threads)
-                            for rank in range(self.world_size)]
-            self._pids = self.call_all("pid", timeout_s=start_timeout_s)
-            self.rendezvous_port: int = self._wait([self._actors[0].call.remote("open_rendezvous", dist_timeout_s)],
-                                                   start_timeout_s, "open_rendezvous")[0]
-            self.layouts: list[RankLayout] = self.call_all("init_distributed", self.rendezvous_port,
-                                                           dist_timeout_s, timeout_s=start_timeout_s)
+            self._placement_group = _reserve_nodes(layout, num_cpus_per_actor, start_timeout_s)
+            per_node = layout.ranks_per_node
+            for rank in range(self.world_size):
+                actor_cls = ray.remote(MegatronRank).options(
+                    num_cpus=num_cpus_per_actor, num_gpus=1 if device == "cuda" else 0, max_restarts=0,
+                    max_concurrency=1, runtime_env={"env_vars": env},
+                    scheduling_strategy=_bundle(self._placement_group, rank // per_node))
+                self._actors.append(actor_cls.remote(rank, self.world_size, config, device, seed, num_threads,
+                                                     layout.on_cluster))
+                self._actor_ids.append(self._actors[-1]._actor_id.hex())
+            locations = self.call_all("location", timeout_s=start_timeout_s)
+            self._nodes = [where["node_ip"] for where in locations]
+            self._pids = [where["pid"] for where in locations]
+            host, port = self._wait([self._actors[0].call.remote("open_rendezvous", dist_timeout_s)],
+                                    start_timeout_s, "open_rendezvous")[0]
+            self.rendezvous_host: str = host
+            self.rendezvous_port: int = port
+            self.layouts: list[RankLayout] = self.call_all("init_distributed", host, port, dist_timeout_s,
+                                                           timeout_s=start_timeout_s)
             self.call_all("build_model", timeout_s=start_timeout_s)
         except BaseException:
             self.shutdown()
@@ -207,17 +227,47 @@ class MegatronGroup:
             raise RuntimeError("call setup_training() (or initialize_for_training()) first")
 
     def rank_pids(self) -> list[int]:
+        """Per rank, its process id (on its own node: see rank_nodes)."""
         return list(self._pids)
 
+    def rank_nodes(self) -> list[str]:
+        """Per rank, the address of the Ray node it runs on."""
+        return list(self._nodes)
+
+    def rank_actor_ids(self) -> list[str]:
+        """Per rank, its Ray actor id (hex), as in Ray's actor table."""
+        return list(self._actor_ids)
+
     def shutdown(self, wait_s: float = 30.0) -> None:
-        """Kill every actor and wait (bounded) until their processes are gone. Idempotent."""
+        """Kill every actor and wait (bounded) until their processes are gone: psutil for the ranks
+        on the driver's node, Ray's actor table (DEAD) for the others. Then release the placement
+        group. Idempotent."""
         import ray
 
         actors, self._actors = self._actors, []
+        placement, self._placement_group = self._placement_group, None
         for actor in actors:
             ray.kill(actor, no_restart=True)
+        try:
+            self._wait_ranks_gone(len(actors), wait_s)
+        finally:
+            if placement is not None:
+                from ray.util.placement_group import remove_placement_group
+
+                remove_placement_group(placement)
+
+    def _wait_ranks_gone(self, num_actors: int, wait_s: float) -> None:
+        import ray
+
+        if not num_actors:
+            return
+        here = ray.util.get_node_ip_address()
+        # a rank whose location is unknown (it failed to start) is waited for through Ray
+        remote = [(rank, actor_id) for rank, actor_id in enumerate(self._actor_ids[:num_actors])
+                  if rank >= len(self._nodes) or self._nodes[rank] != here]
+        deadline = time.monotonic() + wait_s
         processes = []
-        for pid in self._pids:
+        for pid in [pid for pid, node in zip(self._pids, self._nodes) if node == here]:
             try:
                 processes.append(psutil.Process(pid))
             except psutil.NoSuchProcess:
@@ -225,6 +275,12 @@ class MegatronGroup:
         _, alive = psutil.wait_procs(processes, timeout=wait_s)
         if alive:
             raise MegatronGroupError(f"actor processes {[p.pid for p in alive]} still alive {wait_s}s after ray.kill")
+        left = _wait_actors_dead([actor_id for _, actor_id in remote], max(deadline - time.monotonic(), 1.0))
+        if left:
+            where = [f"rank {rank} on {self._nodes[rank] if rank < len(self._nodes) else '?'}"
+                     + (f" (pid {self._pids[rank]})" if rank < len(self._pids) else "")
+                     for rank, actor_id in remote if actor_id in left]
+            raise MegatronGroupError(f"actors {', '.join(where)} not reported dead by Ray {wait_s}s after ray.kill")
 
     def __enter__(self) -> "MegatronGroup":
         return self
@@ -272,3 +328,50 @@ class MegatronGroup:
                     raise MegatronGroupError(f"{what} failed on rank {rank} ({type(cause).__name__}: {cause}); "
                                              "group shut down") from error
         return results
+
+
+def _reserve_nodes(layout: TrainerLayout, cpus_per_rank: float, timeout_s: float):
+    """A placement group of one bundle per trainer node (its ranks' CPUs, and GPUs on CUDA), on
+    distinct Ray nodes (STRICT_SPREAD) when there are several; ready, or an error that says why not."""
+    import ray
+    from ray.util.placement_group import placement_group, remove_placement_group
+
+    per_node = layout.ranks_per_node
+    bundle = {"CPU": per_node * cpus_per_rank}
+    if layout.device == "cuda":
+        bundle["GPU"] = per_node
+    bundle = {name: amount for name, amount in bundle.items() if amount > 0}
+    strategy = "STRICT_SPREAD" if layout.num_nodes > 1 else "PACK"
+    what = f"{layout.num_nodes} trainer node(s) x {per_node} rank(s) ({bundle} per node, {strategy})"
+    alive = [node for node in ray.nodes() if node["Alive"]]
+    if layout.num_nodes > len(alive):
+        raise MegatronGroupError(f"cannot place {what}: the Ray cluster has {len(alive)} node(s) alive "
+                                 f"({', '.join(n['NodeManagerAddress'] for n in alive)})")
+    group = placement_group([dict(bundle) for _ in range(layout.num_nodes)], strategy=strategy)
+    if not group.wait(timeout_seconds=timeout_s):
+        remove_placement_group(group)
+        free = {f"{n['NodeManagerAddress']}": {k: v for k, v in n["Resources"].items() if k in ("CPU", "GPU")}
+                for n in alive}
+        raise MegatronGroupError(f"cannot place {what} within {timeout_s:.0f}s (node resources: {free}; other "
+                                 "actors may hold them)")
+    return group
+
+
+def _bundle(group, index: int):
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    return PlacementGroupSchedulingStrategy(placement_group=group, placement_group_bundle_index=index)
+
+
+def _wait_actors_dead(actor_ids: list[str], timeout_s: float) -> set[str]:
+    """Poll Ray's actor table until every actor is DEAD (or absent); returns those that are not."""
+    from ray._private import state
+
+    deadline = time.monotonic() + timeout_s
+    left = set(actor_ids)
+    while left:
+        left = {a for a in left if (state.actors(actor_id=a) or {}).get("State", "DEAD") != "DEAD"}
+        if not left or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    return left

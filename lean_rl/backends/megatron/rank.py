@@ -37,16 +37,21 @@ from lean_rl.backends.megatron.distributed import (
     open_rendezvous_store,
 )
 from lean_rl.backends.megatron.scoring_plan import ScoringBatch
+from lean_rl.utils.net import service_host, set_socket_interface_env
 
 
 class MegatronRank:
     """Methods run in lockstep on all ranks (the group calls them together, through `call`)."""
 
     def __init__(self, rank: int, world_size: int, config: MegatronConfig, device_type: str, seed: int,
-                 num_threads: int):
+                 num_threads: int, on_cluster: bool = False):
         if device_type == "cuda" and not torch.cuda.is_available():
             raise RuntimeError(f"rank {rank}: device 'cuda' requested but this process sees no GPU")
         self.rank, self.world_size, self.config, self.seed = rank, world_size, config, seed
+        # on a Ray cluster, what this rank serves (the rendezvous store, a weight-update group) binds
+        # its node's address, not loopback (utils.net.service_host)
+        self.on_cluster = on_cluster
+        self.socket_env: dict[str, str] = {}  # GLOO/NCCL_SOCKET_IFNAME in effect (set by init_distributed)
         self.device = torch.device("cuda", 0) if device_type == "cuda" else torch.device("cpu")
         torch.set_num_threads(num_threads)
         # Megatron warns at import about every optional accelerator library it did not find (TE, Apex,
@@ -79,15 +84,27 @@ class MegatronRank:
     def pid(self) -> int:
         return os.getpid()
 
-    def open_rendezvous(self, timeout_s: float) -> int:
-        """Rank 0 only: start the store server; returns its port for the other ranks."""
+    def location(self) -> dict:
+        """Where this rank runs: its node's address (as Ray knows it), its pid, and (after
+        init_distributed) the socket-interface settings gloo / NCCL were created with."""
+        import ray
+
+        return {"node_ip": ray.util.get_node_ip_address(), "pid": os.getpid(), "socket_env": dict(self.socket_env)}
+
+    def open_rendezvous(self, timeout_s: float) -> tuple[str, int]:
+        """Rank 0 only: start the store server on this rank's service address; returns (host, port)
+        for the other ranks to dial."""
         if self.rank != 0:
             raise RuntimeError(f"open_rendezvous called on rank {self.rank}; only rank 0 hosts the store")
-        self._store, port = open_rendezvous_store(self.world_size, timeout_s)
-        return port
+        host = service_host(self.on_cluster)
+        self._store, port = open_rendezvous_store(self.world_size, timeout_s, host)
+        return host, port
 
-    def init_distributed(self, port: int, timeout_s: float) -> RankLayout:
-        store = self._store if self.rank == 0 else connect_rendezvous_store(port, self.world_size, timeout_s)
+    def init_distributed(self, host: str, port: int, timeout_s: float) -> RankLayout:
+        # gloo / NCCL: the interface that holds the address this rank is reached at, before the
+        # process groups exist (they read the environment when created)
+        self.socket_env = set_socket_interface_env(service_host(self.on_cluster))
+        store = self._store if self.rank == 0 else connect_rendezvous_store(port, self.world_size, timeout_s, host)
         self.layout = init_distributed(self.rank, self.world_size, store, self.config.parallel, self.device,
                                        self.seed, timeout_s)
         return self.layout

@@ -182,29 +182,42 @@ class PlacementConfig:
             value = getattr(self, name)
             _require(isinstance(value, int) and value >= 1,
                      f"{flag_of(PlacementConfig, name)} must be >= 1, got {value!r}")
-        # distributed.py binds the rendezvous store to 127.0.0.1 (ranks on other nodes cannot reach
-        # it) and gloo / NCCL to the loopback interface: one node until those follow the node address.
-        _require(self.actor_num_nodes == 1,
-                 f"--actor-num-nodes {self.actor_num_nodes}: the trainer runs on one node in this version")
 
-    def layout(self, parallel: ParallelConfig, device: str) -> TrainerLayout:
+    def layout(self, parallel: ParallelConfig, device: str, on_cluster: bool = False) -> TrainerLayout:
+        """`on_cluster`: the run joined a Ray cluster (--ray-address); more than one trainer node needs one."""
         per_node = self.actor_num_gpus_per_node if device == "cuda" else self.actor_num_procs_per_node
-        return TrainerLayout.derive(parallel, self.actor_num_nodes * per_node, device)
+        return TrainerLayout.derive(parallel, self.actor_num_nodes * per_node, device,
+                                    num_nodes=self.actor_num_nodes, on_cluster=on_cluster)
 
 
 @dataclass(frozen=True)
 class TrainerLayout:
     """Where the trainer's ranks run, derived once at start-up: the device, the number of ranks and
-    the data-parallel size of the layout (which validates the world size against it)."""
+    the data-parallel size of the layout (which validates the world size against it), over how many
+    nodes (ranks of node k are ranks k * ranks_per_node ...), and whether the run is on a Ray cluster
+    (--ray-address: services bind the node's address, utils.net.service_host) or on this node alone."""
 
     device: str  # "cpu" | "cuda"
     world_size: int
     data_parallel_size: int
+    num_nodes: int = 1
+    on_cluster: bool = False
+
+    @property
+    def ranks_per_node(self) -> int:
+        return self.world_size // self.num_nodes
 
     @classmethod
-    def derive(cls, parallel: ParallelConfig, world_size: int, device: str) -> TrainerLayout:
+    def derive(cls, parallel: ParallelConfig, world_size: int, device: str, num_nodes: int = 1,
+               on_cluster: bool = False) -> TrainerLayout:
         _require(device in ("cpu", "cuda"), f"device must be 'cpu' or 'cuda', got {device!r}")
-        return cls(device, world_size, parallel.data_parallel_size(world_size))
+        _require(isinstance(num_nodes, int) and num_nodes >= 1, f"--actor-num-nodes must be >= 1, got {num_nodes!r}")
+        _require(num_nodes == 1 or on_cluster,
+                 f"--actor-num-nodes {num_nodes} needs a Ray cluster (--ray-address HOST:PORT): without one "
+                 "the run starts a Ray of its own on this node only")
+        _require(world_size % num_nodes == 0,
+                 f"{world_size} trainer ranks do not split evenly over --actor-num-nodes {num_nodes}")
+        return cls(device, world_size, parallel.data_parallel_size(world_size), num_nodes, on_cluster)
 
 
 @dataclass(frozen=True)

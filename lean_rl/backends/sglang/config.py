@@ -107,7 +107,9 @@ class EngineConfig:
                                           "the two flags below)")
     num_gpus: int | None = option(None, flag="--rollout-num-gpus", help="GPUs for rollout in total (GPU only)")
     gpus_per_engine: int = option(1, flag="--rollout-num-gpus-per-engine", help="tensor-parallel size of one engine")
-    host: str = option(DEFAULT_HOST, flag="--sglang-host", help="address the servers and the router bind")
+    host: str = option(DEFAULT_HOST, flag="--sglang-host",
+                       help="address the servers and the router bind (one node; with --ray-address each "
+                            "binds the Ray address of the node it runs on)")
     base_port: int | None = option(None, flag="--sglang-base-port",
                                    help="engine i listens on this + i (default: free ports)")
     router_port: int | None = option(None, flag="--router-port", help="sglang-router port (default: a free port)")
@@ -136,6 +138,15 @@ class EngineConfig:
     # (measured: 2 engines on 2 cores, ~900 -> ~10 tok/s). Default: an equal share of the cores with
     # one share left for the trainer and driver.
     threads_per_cpu_engine: int = field(init=False)
+    # Multi-node (--ray-address): every engine is a Ray actor (engine_actor.py) that binds its node's
+    # Ray address on a port free there, and the router binds the driver's; the ports above are then
+    # not used. engine_nodes pins engine i to the Ray node at that IP (tests) instead of a SPREAD
+    # placement group. Once the group runs, it records the URLs its engines reported here
+    # (EngineGroup.config), and engine_urls / router_url return those.
+    on_cluster: bool = field(default=False, kw_only=True)
+    engine_nodes: tuple[str, ...] = field(default=(), kw_only=True)
+    reported_engine_urls: tuple[str, ...] = field(default=(), kw_only=True)
+    reported_router_url: str | None = field(default=None, kw_only=True)
 
     def __post_init__(self):
         if self.device == "cpu":
@@ -152,11 +163,15 @@ class EngineConfig:
 
     @property
     def router_url(self) -> str:
+        if self.reported_router_url is not None:
+            return self.reported_router_url
         self._require_ports()
         return f"http://{self.host}:{self.resolved_router_port}"
 
     @property
     def engine_urls(self) -> tuple[str, ...]:
+        if self.reported_engine_urls:
+            return self.reported_engine_urls
         self._require_ports()
         return tuple(f"http://{self.host}:{port}" for port in self.engine_ports)
 
@@ -231,6 +246,10 @@ def validate_engine_config(config: EngineConfig) -> None:
         fail("--engine-request-timeout", f"must be > 0 seconds, got {config.request_timeout_s}")
     if config.cpu_threads is not None and config.cpu_threads < 1:
         fail("--engine-cpu-threads", f"must be >= 1, got {config.cpu_threads}")
+    if config.engine_nodes and len(config.engine_nodes) != config.num_engines:
+        fail("engine nodes", f"{len(config.engine_nodes)} nodes for {config.num_engines} engines")
+    if config.engine_nodes and not config.on_cluster:
+        fail("engine nodes", "pinning engines to nodes needs a cluster (--ray-address)")
     if config.ports_resolved != bool(config.engine_ports) or len(config.engine_ports) not in (0, config.num_engines):
         fail("engine ports", f"{len(config.engine_ports)} engine ports and router port {config.resolved_router_port} "
                              f"for {config.num_engines} engines (use resolve_ports)")

@@ -8,12 +8,20 @@ Every server is `python -m lean_rl.backends.sglang.launch <flags>` (CPU patches 
 on a 127.0.0.1 port; its log is run_dir/engine-<i>.log, the router's run_dir/router.log. Start-up is
 parallel: the router starts while the servers import, and each server joins the router once healthy.
 Children die with this process (see processes.py), so a crashed driver leaves no orphans.
+
+On a cluster (`config.on_cluster`, from --ray-address) each server is owned instead by a Ray actor
+(engine_actor.py) placed on a cluster node by a placement group (one bundle per engine, SPREAD) or
+pinned to `config.engine_nodes`: it binds that node's Ray address on a port free there and reports
+its URL; the router stays a child of this process and binds this node's Ray address
+(utils.net.service_host). `self.config` then carries the reported URLs (config.engine_urls /
+router_url), for code that only holds the config.
 """
 
 from __future__ import annotations
 
 import atexit
 import concurrent.futures
+import dataclasses
 import logging
 import os
 import shutil
@@ -27,7 +35,7 @@ from lean_rl.backends.sglang.config import EngineConfig, flags_to_dict, resolve_
 from lean_rl.backends.sglang.model_check import ModelDirInfo, check_model_dir
 from lean_rl.backends.sglang.processes import ChildProcess, ChildStartError, stop_all, wait_until_healthy
 from lean_rl.backends.sglang.router import RouterAdmin
-from lean_rl.utils.net import find_free_port, require_free_port
+from lean_rl.utils.net import find_free_port, require_free_port, service_host
 
 logger = logging.getLogger(__name__)
 
@@ -60,20 +68,30 @@ class EngineGroup:
         self._server_tmp_dirs: dict[int, str] = {}
         self._started = False
         self._spawner: concurrent.futures.ThreadPoolExecutor | None = None
+        # cluster path: one engine actor per engine, the URLs they reported, their placement group
+        self.on_cluster = config.on_cluster
+        self._actors: list = []
+        self._urls: list[str] = []
+        self._placement_group = None
+        self._router_host = config.host
 
     # ------------------------------------------------------------------ addresses
     @property
     def engine_urls(self) -> list[str]:
+        if self.on_cluster:
+            return list(self._urls)
         return [self.engine_url(i) for i in range(len(self.engine_ports))]
 
     def engine_url(self, index: int) -> str:
+        if self.on_cluster:
+            return self._urls[index]
         return f"http://{self.config.host}:{self.engine_ports[index]}"
 
     @property
     def router_url(self) -> str:
         if self.router_port is None:
             raise RuntimeError("EngineGroup is not started")
-        return f"http://{self.config.host}:{self.router_port}"
+        return f"http://{self._router_host}:{self.router_port}"
 
     @property
     def router(self) -> RouterAdmin:
@@ -91,12 +109,40 @@ class EngineGroup:
     def pids(self) -> dict[str, list[int]]:
         """Live pids of every process tree this group started, by name (engine-<i>, router)."""
         children = [c for c in [*self._servers, self._router] if c is not None]
-        return {c.name: c.tree_pids() for c in children}
+        pids = {c.name: c.tree_pids() for c in children}
+        if self.on_cluster:
+            import ray
+
+            for index, actor in enumerate(self._actors):
+                try:
+                    pids[f"engine-{index}"] = ray.get(actor.tree_pids.remote(), timeout=30)
+                except Exception:  # noqa: BLE001 - a dead actor has no server left (PDEATHSIG)
+                    pids[f"engine-{index}"] = []
+        return pids
 
     def engine_log_path(self, index: int) -> Path:
         return self.run_dir / f"engine-{index}.log"
 
+    def engine_log_tail(self, index: int, lines: int = 40) -> str:
+        """The last lines of engine `index`'s server log (read by its actor on a cluster)."""
+        if self.on_cluster:
+            import ray
+
+            try:
+                return ray.get(self._actors[index].log_tail.remote(lines), timeout=30)
+            except Exception as exc:  # noqa: BLE001
+                return f"<engine {index}: no log tail ({type(exc).__name__}: {exc})>"
+        server = self._servers[index]
+        return "" if server is None else server.log_tail(lines)
+
     def engine_alive(self, index: int) -> bool:
+        if self.on_cluster:  # the actor answers, and its server process lives
+            import ray
+
+            try:
+                return bool(ray.get(self._actors[index].alive.remote(), timeout=30))
+            except Exception:  # noqa: BLE001 - actor dead, node gone, or no answer: not alive
+                return False
         server = self._servers[index]
         return server is not None and server.alive()
 
@@ -112,6 +158,8 @@ class EngineGroup:
             skip_tokenizer_init="--skip-tokenizer-init" in server_flags,
         )
         self.run_dir.mkdir(parents=True, exist_ok=True)
+        if self.on_cluster:
+            return self._start_on_cluster()
         self._choose_ports()
         atexit.register(self.stop)
         t0 = time.monotonic()
@@ -137,7 +185,11 @@ class EngineGroup:
         children = [c for c in [self._router, *self._servers] if c is not None]
         t0 = time.monotonic()
         try:
-            stop_all(children, self.stop_timeout_s)
+            try:
+                stop_all(children, self.stop_timeout_s)
+            finally:
+                if self._actors or self._placement_group is not None:
+                    self._stop_actors()
         finally:
             for index in list(self._server_tmp_dirs):
                 self._remove_tmp_dir(index)
@@ -166,6 +218,10 @@ class EngineGroup:
         """Remove engine `index` from the router, restart its server on the same port, re-add it.
         Returns the seconds until it was healthy again."""
         self.remove_engine(index)
+        if self.on_cluster:
+            seconds = self._restart_actor_engine(index)
+            self.add_engine(index)
+            return seconds
         old = self._servers[index]
         if old is not None:
             old.stop(self.stop_timeout_s)
@@ -215,10 +271,12 @@ class EngineGroup:
     def _spawn_router(self) -> ChildProcess:
         # Its metrics port is nobody else's business: chosen now, not in the config, so that it has
         # no time to be taken (a router that cannot bind it panics at start).
-        metrics_port = find_free_port(self.config.host)
+        host = self._router_host
+        metrics_port = find_free_port(host)
         while metrics_port in (*self.engine_ports, self.router_port):
-            metrics_port = find_free_port(self.config.host)
-        flags = self.config.router_flags(self.router_port, metrics_port)
+            metrics_port = find_free_port(host)
+        config = self.config if host == self.config.host else dataclasses.replace(self.config, host=host)
+        flags = config.router_flags(self.router_port, metrics_port)
         cmd = [sys.executable, "-m", "sglang_router.launch_router", *flags]
         return self._start_child("router", cmd, self.run_dir / "router.log", self._child_env())
 
@@ -245,3 +303,135 @@ class EngineGroup:
             return wait_until_healthy([(self._router, f"{self.router_url}/health")], timeout_s)
         except ChildStartError as exc:
             raise EngineStartError(f"sglang-router failed to start: {exc}") from None
+
+    # ------------------------------------------------------------------ cluster path (engine actors)
+    def _start_on_cluster(self) -> EngineGroup:
+        import ray
+
+        if not ray.is_initialized():
+            raise RuntimeError("EngineGroup on a cluster (--ray-address) needs ray.init first (utils.ray_utils.init_ray)")
+        atexit.register(self.stop)
+        t0 = time.monotonic()
+        try:
+            self._router_host = service_host(on_cluster=True)
+            self.router_port = self.config.router_port or find_free_port(self._router_host)
+            router_flag = "--router-port" if self.config.router_port is not None else "the router port chosen at start-up"
+            require_free_port(self.router_port, router_flag, self._router_host)
+            self._router = self._spawn_router()
+            self._create_placement()
+            self._actors = [self._new_actor(i) for i in range(self.config.num_engines)]
+            self._urls = list(ray.get([actor.start.remote() for actor in self._actors], timeout=self.config.start_timeout_s))
+            self._wait_router_healthy(self.config.start_timeout_s)
+            self.timings["router_healthy"] = time.monotonic() - t0
+            self._wait_actors_healthy(list(range(self.config.num_engines)))
+            self.timings["servers_healthy"] = time.monotonic() - t0
+            for url in self._urls:
+                self.router.add_worker(url)
+            self._publish_urls()
+        except BaseException:
+            self.stop()
+            raise
+        self.timings["total"] = time.monotonic() - t0
+        logger.info("engine actors %s and router %s ready in %.1f s", self._urls, self.router_url, self.timings["total"])
+        return self
+
+    def _publish_urls(self) -> None:
+        self.config = dataclasses.replace(self.config, reported_engine_urls=tuple(self._urls),
+                                          reported_router_url=self.router_url)
+
+    def _bundle(self) -> dict[str, float]:
+        if self.config.device == "cpu":
+            return {"CPU": float(self.config.threads_per_cpu_engine)}
+        return {"GPU": float(self.config.gpus_per_engine)}
+
+    def _create_placement(self) -> None:
+        if self.config.engine_nodes:
+            return  # pinned by node resource instead
+        import ray
+        from ray.util.placement_group import placement_group
+
+        pg = placement_group([self._bundle() for _ in range(self.config.num_engines)], strategy="SPREAD",
+                             name=f"lean_rl-engines-{os.getpid()}")
+        self._placement_group = pg
+        if not pg.wait(timeout_seconds=self.config.start_timeout_s):
+            raise EngineStartError(f"no room in the Ray cluster for {self.config.num_engines} engines of "
+                                   f"{self._bundle()} each (placement group not ready after "
+                                   f"{self.config.start_timeout_s:.0f} s); cluster resources: {ray.cluster_resources()}")
+
+    def _new_actor(self, index: int):
+        import ray
+
+        from lean_rl.backends.sglang.engine_actor import EngineActor
+
+        bundle = self._bundle()
+        # max_concurrency: alive / log_tail answer while a start or restart waits for health.
+        options: dict = {"num_cpus": bundle.get("CPU", 0), "num_gpus": bundle.get("GPU", 0), "max_concurrency": 4}
+        if self.config.engine_nodes:
+            options["resources"] = {f"node:{self.config.engine_nodes[index]}": 0.001}
+        else:
+            from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+            options["scheduling_strategy"] = PlacementGroupSchedulingStrategy(
+                placement_group=self._placement_group, placement_group_bundle_index=index)
+        actor_cls = ray.remote(EngineActor).options(**options)
+        return actor_cls.remote(self.config, index, str(self.engine_log_path(index)), on_cluster=True,
+                                stop_timeout_s=self.stop_timeout_s)
+
+    def _wait_actors_healthy(self, indices: list[int]) -> float:
+        import ray
+
+        t0 = time.monotonic()
+        refs = [self._actors[i].wait_healthy.remote() for i in indices]
+        try:
+            ray.get(refs, timeout=self.config.start_timeout_s + 30)
+        except ray.exceptions.RayTaskError as exc:
+            raise EngineStartError(str(exc)) from None
+        return time.monotonic() - t0
+
+    def _restart_actor_engine(self, index: int) -> float:
+        """Restart through the actor (same port); a dead actor (its node gone) is replaced by a new one,
+        whose URL may differ: the group's and its config's URLs follow."""
+        import ray
+
+        try:
+            return ray.get(self._actors[index].restart.remote(), timeout=self.config.start_timeout_s + 60)
+        except ray.exceptions.RayActorError:
+            logger.warning("engine %d: its actor is gone; starting a new one", index)
+        except ray.exceptions.RayTaskError as exc:
+            raise EngineStartError(str(exc)) from None
+        self._kill_actor(self._actors[index])
+        t0 = time.monotonic()
+        self._actors[index] = self._new_actor(index)
+        self._urls[index] = ray.get(self._actors[index].start.remote(), timeout=self.config.start_timeout_s)
+        self._wait_actors_healthy([index])
+        self._publish_urls()
+        return time.monotonic() - t0
+
+    def _kill_actor(self, actor) -> None:
+        import ray
+
+        try:
+            ray.kill(actor, no_restart=True)
+        except Exception:  # noqa: BLE001 - already gone
+            pass
+
+    def _stop_actors(self) -> None:
+        """Each actor stops its server (bounded), then the actors and the placement group go."""
+        import ray
+
+        actors, self._actors = self._actors, []
+        refs = [actor.shutdown.remote() for actor in actors]
+        try:
+            ray.get(refs, timeout=self.stop_timeout_s + 15)
+        except Exception as exc:  # noqa: BLE001 - killing the actor still takes its server down (PDEATHSIG)
+            logger.warning("engine actors did not all stop their servers cleanly: %s", exc)
+        for actor in actors:
+            self._kill_actor(actor)
+        if self._placement_group is not None:
+            from ray.util.placement_group import remove_placement_group
+
+            try:
+                remove_placement_group(self._placement_group)
+            except Exception:  # noqa: BLE001
+                pass
+            self._placement_group = None

@@ -1,0 +1,144 @@
+"""One SGLang server owned by a Ray actor on the node it runs on (the multi-node engine path).
+
+EngineGroup on a cluster (`EngineConfig.on_cluster`, i.e. --ray-address) makes this plain class a
+Ray actor, one per engine, placed by a placement group (or pinned to a node). The actor:
+
+- binds its server to `service_host(on_cluster)` (the node's Ray address) on a port free *on that
+  node* (`find_free_port(host)`), or --sglang-base-port + index when the user fixed the ports;
+- starts the server exactly as the single-node path does (processes.ChildProcess: same command line
+  `python -m lean_rl.backends.sglang.launch <flags>`, env, log file, own session, PDEATHSIG), from one
+  spawner thread that lives as long as the actor, so the server dies with the actor's process;
+- answers url / alive / health wait / log tail / pids, restarts its server on the same port, and
+  stops it (bounded: SIGTERM, wait, SIGKILL).
+
+Errors come back as EngineStartError raised in the actor; Ray re-raises them in the caller wrapped in
+a RayTaskError whose message holds the original one (with the log tail).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import os
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+from lean_rl.backends.sglang.config import EngineConfig, _merge_flags, flags_to_dict
+from lean_rl.backends.sglang.processes import ChildProcess, ChildStartError, stop_all, wait_until_healthy
+from lean_rl.utils.net import find_free_port, require_free_port, service_host
+
+# Same as engines.py (kept in sync there): log lines after which a server hangs instead of exiting.
+_SERVER_FATAL_LOG_LINES = {
+    "error while attempting to bind on address": "cannot bind its port (another process took it)",
+}
+_MAX_TMP_BASE_LEN = 70
+
+
+class EngineActorStartError(RuntimeError):
+    """The server failed to start or become healthy; the message holds the tail of its log."""
+
+
+class EngineActor:
+    def __init__(self, config: EngineConfig, index: int, log_path: str, *, on_cluster: bool = True,
+                 stop_timeout_s: float = 15.0):
+        self.config = config
+        self.index = index
+        self.log_path = Path(log_path)
+        self.stop_timeout_s = stop_timeout_s
+        self.host = service_host(on_cluster)
+        if config.base_port is not None:
+            self.port = config.base_port + index
+            require_free_port(self.port, "--sglang-base-port", self.host)
+        else:
+            self.port = find_free_port(self.host)
+        self._server: ChildProcess | None = None
+        self._tmp_dir: str | None = None
+        # The server dies with the thread that forked it (PDEATHSIG): fork from one thread that lives
+        # exactly as long as this actor, not from Ray's task threads.
+        self._spawner = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="lean_rl-engine")
+
+    # ------------------------------------------------------------------ facts
+    @property
+    def _url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def url(self) -> str:
+        return self._url
+
+    def node_ip(self) -> str:
+        return self.host
+
+    def server_pid(self) -> int | None:
+        return None if self._server is None else self._server.pid
+
+    def tree_pids(self) -> list[int]:
+        return [] if self._server is None else self._server.tree_pids()
+
+    def alive(self) -> bool:
+        return self._server is not None and self._server.alive()
+
+    def log_tail(self, lines: int = 40) -> str:
+        return "" if self._server is None else self._server.log_tail(lines)
+
+    # ------------------------------------------------------------------ lifecycle
+    def start(self) -> str:
+        """Start the server (does not wait for it); returns its URL."""
+        if self._server is not None and self._server.alive():
+            raise RuntimeError(f"engine {self.index}: already running at {self._url}")
+        self._server = self._spawner.submit(self._spawn).result()
+        return self._url
+
+    def wait_healthy(self, timeout_s: float | None = None) -> float:
+        """Seconds until /health answered 200; raises EngineActorStartError with the log tail."""
+        try:
+            return wait_until_healthy([(self._server, f"{self._url}/health")],
+                                      self.config.start_timeout_s if timeout_s is None else timeout_s,
+                                      fatal_log_lines=_SERVER_FATAL_LOG_LINES)
+        except ChildStartError as exc:
+            raise EngineActorStartError(f"SGLang server {self.index} at {self._url} failed to start: {exc}") from None
+
+    def restart(self) -> float:
+        """Stop the server, start it again on the same port, wait until healthy; returns the seconds."""
+        self.stop_server()
+        require_free_port(self.port, f"engine {self.index} restart", self.host)
+        self.start()
+        return self.wait_healthy()
+
+    def stop_server(self) -> None:
+        """Stop the server tree (SIGTERM, wait stop_timeout_s, SIGKILL). Safe to call twice."""
+        server, self._server = self._server, None
+        try:
+            if server is not None:
+                stop_all([server], self.stop_timeout_s)
+        finally:
+            if self._tmp_dir is not None:
+                shutil.rmtree(self._tmp_dir, ignore_errors=True)
+                self._tmp_dir = None
+
+    def shutdown(self) -> None:
+        """Stop the server and the spawner thread; the actor can then be killed."""
+        try:
+            self.stop_server()
+        finally:
+            self._spawner.shutdown(wait=True)
+
+    # ------------------------------------------------------------------ internals
+    def _server_flags(self) -> list[str]:
+        flags = flags_to_dict(self.config.server_flags(self.index, self.port))
+        flags["--host"] = [self.host]
+        if self.config.device != "cpu" and "--base-gpu-id" in flags:
+            # Ray gives the actor its GPUs as CUDA_VISIBLE_DEVICES: they are 0..tp-1 in here.
+            flags["--base-gpu-id"] = ["0"]
+        return _merge_flags(flags, {})
+
+    def _spawn(self) -> ChildProcess:
+        cmd = [sys.executable, "-m", "lean_rl.backends.sglang.launch", *self._server_flags()]
+        # A private TMPDIR for SGLang's ipc sockets (see engines.py), next to the log when short enough.
+        base = self.log_path.parent
+        base.mkdir(parents=True, exist_ok=True)
+        self._tmp_dir = tempfile.mkdtemp(prefix=f"lean_rl_sglang{self.index}_",
+                                         dir=base if len(str(base.resolve())) <= _MAX_TMP_BASE_LEN else None)
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", "NO_COLOR": "1", **self.config.server_env(),
+               "TMPDIR": self._tmp_dir}
+        return ChildProcess(f"engine-{self.index}", cmd, self.log_path, env=env)
