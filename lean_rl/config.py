@@ -118,15 +118,30 @@ def parse_config(argv: list[str]) -> Config:
     train = read_options(TrainConfig, args, checkpoint=checkpoint, seed=data.seed,
                          temperature=training_temperature(rollout.sampling.temperature))
     layout = train.placement.layout(megatron.parallel, detect_device(), on_cluster=run.ray_address is not None)
+    engines = resolve_ports(read_options(EngineConfig, args, device=layout.device, server_passthrough=passthrough.server,
+                                         router_passthrough=passthrough.router, on_cluster=bool(run.ray_address)))
+    if run.colocate and layout.on_cluster and not (run.debug_rollout_only or run.debug_train_only):
+        layout.colocated_engine_nodes(engines.num_engines, engines.gpus_per_engine)  # fails now if they do not fit
     batch_plan = BatchPlan(train.batch, layout.data_parallel_size,
                            samples_per_rollout=rollout.rollout_batch_size * rollout.n_samples_per_prompt)
+    weight_sync = read_options(WeightSyncConfig, args, colocate=run.colocate)
+    if weight_sync.transport == "tensor" and layout.device == "cuda" and layout.num_nodes > 1:
+        # CUDA IPC handles are only valid on the GPU's own node: colocated across nodes, weights go
+        # through the process group (NCCL) instead (auto), or the run refuses (tensor asked for).
+        if args.weight_sync_transport != "auto":
+            raise ConfigError("--weight-sync-transport tensor (CUDA IPC) works within one node; with "
+                              f"--actor-num-nodes {layout.num_nodes} use distributed (the default) or disk")
+        weight_sync = dataclasses.replace(weight_sync, transport="distributed")
+    if run.ray_address and weight_sync.transport == "disk" and not weight_sync.disk_dir:
+        # the trainer's stage leads write the files on their nodes and each engine reads them on its own
+        raise ConfigError("--weight-sync-transport disk on a Ray cluster (--ray-address) needs "
+                          "--weight-sync-disk-dir: a directory on a filesystem every node shares")
     if run.async_mode == "full" and rollout.rollout_function_path != "lean_rl.rollout.default.generate_rollout":
         raise ConfigError("--async-mode full generates with the built-in continuous generator; "
                           "--rollout-function-path is not used there (use --custom-generate-function-path)")
     return Config(
         run=run,
-        engines=resolve_ports(read_options(EngineConfig, args, device=layout.device, server_passthrough=passthrough.server,
-                                           router_passthrough=passthrough.router, on_cluster=bool(run.ray_address))),
+        engines=engines,
         data=data,
         rollout=rollout,
         reward=reward,
@@ -134,7 +149,7 @@ def parse_config(argv: list[str]) -> Config:
         megatron=megatron,
         train=train,
         algorithm=read_options(AlgorithmConfig, args, max_response_len=rollout.sampling.max_response_len),
-        weight_sync=read_options(WeightSyncConfig, args, colocate=run.colocate),
+        weight_sync=weight_sync,
         layout=layout,
         batch_plan=batch_plan,
     )

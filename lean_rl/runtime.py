@@ -6,6 +6,10 @@ checked by parse_config / load_extensions; then Ray (an unreachable --ray-addres
 buffer (a bad dataset fails here), the trainer (weights, optimizer, resume), the engines (plus their
 health monitor), and weight sync, whose first update puts the trainer's weights on the engines and
 proves it with the probe before any rollout.
+
+The trainer starts before the engines also because --colocate on a cluster places the engines into
+the trainer's placement group (engine i into the bundle of the trainer node it shares devices with:
+_engine_placement); on one node colocated engines and ranks simply share the node.
 """
 
 from __future__ import annotations
@@ -97,7 +101,9 @@ class Runtime:
         from lean_rl.backends.megatron.train_driver import initialize_for_training
 
         cfg = self.cfg
-        group = MegatronGroup(cfg.megatron, layout=cfg.layout, seed=cfg.train.seed)
+        # the actor's bundles also hold the colocated engines on a cluster (see _engine_placement)
+        colocated = role == "actor" and self._colocated_on_cluster
+        group = MegatronGroup(cfg.megatron, layout=cfg.layout, seed=cfg.train.seed, colocated=colocated)
         try:
             step, state = initialize_for_training(group, cfg.train, cfg.algorithm, role=role,
                                                   actor_step=self.start_step, batch_plan=cfg.batch_plan)
@@ -115,12 +121,43 @@ class Runtime:
         from lean_rl.backends.sglang.engines import EngineGroup
         from lean_rl.backends.sglang.health import EngineMonitor
 
-        self.engines = EngineGroup(self.cfg.engines, self.output_dir / "engines").start()
+        self.engines = EngineGroup(self.cfg.engines, self.output_dir / "engines",
+                                   placement=self._engine_placement()).start()
+        if self.cfg.engines.on_cluster:
+            from urllib.parse import urlparse
+
+            logger.info("placement: engines on nodes %s; trainer ranks on nodes %s%s",
+                        [urlparse(url).hostname for url in self.engines.engine_urls],
+                        self.trainer.rank_nodes() if self.trainer is not None else [],
+                        " (colocated: engines in the trainer's bundles)" if self._colocated_on_cluster else "")
         # On a cluster the engines' URLs are known only now (each actor picked its node's address and
         # port): the rollout functions read cfg.engines.engine_urls / router_url, so hand them the
         # group's config, which carries the reported URLs (on one node it equals the old one).
         self.cfg = dataclasses.replace(self.cfg, engines=self.engines.config)
         self.monitor = EngineMonitor(self.engines).start()
+
+    @property
+    def _colocated_on_cluster(self) -> bool:
+        return self.cfg.run.colocate and self.cfg.layout.on_cluster and not self.cfg.run.debug_rollout_only
+
+    def _engine_placement(self):
+        """--colocate on a cluster: engine i goes into the trainer's bundle of node
+        layout.colocated_engine_nodes()[i], with the share of it the ranks leave (None otherwise:
+        the engines get placement groups of their own, or share the one node)."""
+        from lean_rl.backends.sglang.engines import EnginePlacement
+
+        if not self._colocated_on_cluster or self.trainer is None:
+            return None
+        engines = self.cfg.engines
+        nodes = self.cfg.layout.colocated_engine_nodes(engines.num_engines, engines.gpus_per_engine)
+        on_node = {node: nodes.count(node) for node in nodes}
+        slots = [nodes[:i].count(node) for i, node in enumerate(nodes)]
+        gpus = ()
+        if self.cfg.layout.device == "cuda":
+            gpus = tuple(tuple(self.trainer.colocated_engine_gpus(node, slot, engines.gpus_per_engine))
+                         for node, slot in zip(nodes, slots))
+        return EnginePlacement(self.trainer.placement_group, tuple(nodes),
+                               tuple(self.trainer.colocated_engine_resources(on_node[node]) for node in nodes), gpus)
 
     def close(self) -> None:
         for closer in (

@@ -164,3 +164,26 @@ class SimulatedCluster:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+_ACTOR_TABLE = """
+import json, sys, ray
+from lean_rl.utils.ray_utils import init_ray
+init_ray(sys.argv[1])
+rows = [{"class": a.get("ActorClassName") or a.get("ClassName", ""), "ip": a["Address"]["IPAddress"],
+         "node_id": a["Address"].get("NodeID"), "pid": a.get("Pid"), "state": a.get("State")}
+        for a in ray._private.state.actors().values()]
+print(json.dumps(rows))
+"""
+
+
+def actor_table(address: str, timeout_s: float = 60.0) -> list[dict]:
+    """Every actor the cluster at `address` knows (dead ones included, for a while): class name, node
+    IP, pid and state, read from Ray's GCS by a short-lived driver (this process may hold another Ray)."""
+    import json
+
+    result = subprocess.run([sys.executable, "-c", _ACTOR_TABLE, address], capture_output=True, text=True,
+                            timeout=timeout_s)
+    if result.returncode != 0:
+        raise RuntimeError(f"reading the actor table of {address} failed:\n{result.stderr[-2000:]}")
+    return json.loads(result.stdout.strip().splitlines()[-1])

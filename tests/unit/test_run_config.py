@@ -30,6 +30,10 @@ def base(tiny_qwen2, tmp_path):
     (["--save-debug-rollout-data", "/tmp/x.jsonl"], "must contain \\{rollout_id\\}"),
     (["--num-layers", "7"], "--num-layers gives num_layers=7 but the HF config \\(num_hidden_layers\\) gives 2"),
     (["--async-mode", "full", "--max-staleness", "1", "--rollout-function-path", "x.y"], "--rollout-function-path is not used"),
+    (["--colocate", "--ray-address", "127.0.0.1:1", "--actor-num-nodes", "2", "--tensor-model-parallel-size", "2",
+      "--rollout-num-engines", "3"], r"--rollout-num-engines \(3\) must be a multiple of --actor-num-nodes \(2\)"),
+    (["--ray-address", "127.0.0.1:1", "--weight-sync-transport", "disk"], "needs --weight-sync-disk-dir"),
+    (["--actor-num-nodes", "2", "--tensor-model-parallel-size", "2"], "--actor-num-nodes 2"),
 ])
 def test_contradictory_flags_name_the_flags(base, flags, message):
     with pytest.raises(ValueError, match=message):
@@ -61,3 +65,18 @@ def test_unreachable_ray_address_fails_at_once_and_starts_nothing(base, tmp_path
     assert result.returncode != 0
     assert "--ray-address 127.0.0.1:1: nothing answers at 127.0.0.1:1" in result.stderr
     assert not (out / "engines").exists()  # no engine was started
+
+
+def test_colocated_across_gpu_nodes_syncs_through_the_process_group(base, monkeypatch):
+    """CUDA IPC handles do not cross nodes: auto picks distributed there; tensor asked for is refused."""
+    import lean_rl.config
+
+    monkeypatch.setattr(lean_rl.config, "detect_device", lambda: "cuda")
+    flags = base + ["--colocate", "--ray-address", "127.0.0.1:1", "--actor-num-nodes", "2",
+                    "--actor-num-gpus-per-node", "2", "--tensor-model-parallel-size", "2",
+                    "--rollout-num-gpus", "4", "--rollout-num-gpus-per-engine", "1"]
+    assert parse_config(flags).weight_sync.transport == "distributed"
+    with pytest.raises(ConfigError, match="CUDA IPC"):
+        parse_config(flags + ["--weight-sync-transport", "tensor"])
+    single = ["--colocate", "--actor-num-gpus-per-node", "2", "--rollout-num-gpus", "2"]
+    assert parse_config(base + single).weight_sync.transport == "tensor"

@@ -84,6 +84,22 @@ def test_several_trainer_nodes_on_a_cluster():
     assert (one.num_nodes, one.on_cluster) == (1, False)
 
 
+def test_colocated_engines_go_to_trainer_nodes():
+    def nodes(num_nodes, device="cpu", per_node=1):
+        return PlacementConfig(actor_num_nodes=num_nodes, actor_num_gpus_per_node=per_node).layout(
+            ParallelConfig(), device, on_cluster=True)
+
+    assert nodes(2).colocated_engine_nodes(2) == [0, 1]
+    assert nodes(2).colocated_engine_nodes(4) == [0, 0, 1, 1]  # engines numbered node by node
+    assert nodes(4).colocated_engine_nodes(2) == [0, 2]
+    assert nodes(1).colocated_engine_nodes(3) == [0, 0, 0]
+    with pytest.raises(ConfigError, match=r"--rollout-num-engines \(3\) must be a multiple of --actor-num-nodes \(2\)"):
+        nodes(2).colocated_engine_nodes(3)
+    assert nodes(2, "cuda", per_node=4).colocated_engine_nodes(4, gpus_per_engine=2) == [0, 0, 1, 1]
+    with pytest.raises(ConfigError, match="--rollout-num-gpus-per-engine 4 per trainer node need more GPUs"):
+        nodes(2, "cuda", per_node=4).colocated_engine_nodes(4, gpus_per_engine=4)
+
+
 def test_steps_per_rollout_from_either_flag():
     assert BatchPlan(BatchConfig(global_batch_size=8, micro_batch_size=2), 2).steps_for(16) == 2
     assert BatchPlan(BatchConfig(num_steps_per_rollout=4), 2).steps_for(16) == 4

@@ -5,16 +5,22 @@ set up by setup_training; train_driver.py trains on a rollout with one or both.
 Placement: one placement-group bundle per trainer node (TrainerLayout.num_nodes; STRICT_SPREAD over
 distinct Ray nodes when there are several, PACK for one), each holding that node's ranks; ranks are
 numbered node by node (node k runs ranks k * ranks_per_node, ...). Each rank records its node's
-address and pid (rank_nodes(), rank_pids()).
+address and pid (rank_nodes(), rank_pids()). With `colocated` (--colocate on a cluster) the ranks take
+COLOCATED_RANK_SHARE of their devices and the SGLang engines go into the same bundles (runtime.py).
 
 Lifetime: actors are ordinary (non-detached) Ray actors owned by this driver, so Ray kills them when
 the driver exits; any failed or timed-out call kills the whole group before the error propagates
 (the other ranks would otherwise sit in a collective until the gloo/NCCL timeout), and shutdown()
 waits for the actor processes to be gone: with psutil for ranks on the driver's node, through Ray's
-actor table (state DEAD) for ranks on other nodes. Every wait has a deadline."""
+actor table (state DEAD) for ranks on other nodes. Every wait has a deadline.
+
+Node loss: when a rank dies, or a collective loses its peer, the error names the group's nodes that
+Ray reports dead and their ranks, waiting for Ray's verdict at most node_loss_wait_s (Ray declares a
+node dead only after some missed health checks); ranks on a dead node are not waited for at shutdown."""
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +37,11 @@ from lean_rl.backends.megatron.scoring_plan import plan_scoring
 from lean_rl.backends.megatron.train_config import BatchPlan, TrainConfig, TrainerLayout
 from lean_rl.utils.device import detect_device
 
+logger = logging.getLogger(__name__)
+
+# --colocate on a cluster: a rank's share of its GPU (or CPUs); engines in its bundle get the rest.
+COLOCATED_RANK_SHARE = 0.75
+
 
 class MegatronGroupError(RuntimeError):
     """A call failed or timed out on some rank; the group has been shut down."""
@@ -45,11 +56,14 @@ class LogProbOutput:
 class MegatronGroup:
     def __init__(self, config: MegatronConfig, *, layout: TrainerLayout | None = None, world_size: int | None = None,
                  device: str | None = None, num_cpus_per_actor: float = 0.5, seed: int = 1234, num_threads: int = 1,
-                 start_timeout_s: float = 300.0, call_timeout_s: float = 600.0, dist_timeout_s: float = 300.0):
+                 start_timeout_s: float = 300.0, call_timeout_s: float = 600.0, dist_timeout_s: float = 300.0,
+                 colocated: bool = False, node_loss_wait_s: float = 45.0):
         """Start one actor per rank, initialise torch.distributed + parallel_state on each and build
         the model (random weights). `layout`: as a run derived it at start-up (cfg.layout); a group
         used on its own gives `world_size` (default: the smallest world for the parallel layout) and
-        `device` (default: utils.device.detect_device())."""
+        `device` (default: utils.device.detect_device()). `colocated` (--colocate on a cluster): the
+        ranks take only COLOCATED_RANK_SHARE of their devices, leaving the rest of each node's bundle
+        to the engines placed into it (colocated_engine_resources)."""
         import ray
 
         if not ray.is_initialized():
@@ -63,6 +77,7 @@ class MegatronGroup:
         self.world_size, self.data_parallel_size, self.device = layout.world_size, layout.data_parallel_size, layout.device
         device = layout.device
         self.call_timeout_s = call_timeout_s
+        self.node_loss_wait_s = node_loss_wait_s
         self.family: str | None = None
         # set by setup_training: TrainConfig, AlgorithmConfig, and the model served: "actor" | "critic"
         self.train_config = None
@@ -74,6 +89,9 @@ class MegatronGroup:
         self._pids: list[int] = []
         self._nodes: list[str] = []  # per rank: its node's address, as Ray knows it
         self._placement_group = None
+        self._gpu_ids: list[list] = []  # per rank: the GPU ids Ray gave it (on its node)
+        self.colocated = colocated
+        self.cpus_per_rank = num_cpus_per_actor
         if device != "cuda" and num_cpus_per_actor <= 0:
             raise ValueError(f"MegatronGroup: num_cpus_per_actor must be > 0 on CPU, got {num_cpus_per_actor}")
         # OMP threads per rank. The gloo / NCCL socket interface is set by each rank (init_distributed),
@@ -82,9 +100,12 @@ class MegatronGroup:
         try:
             self._placement_group = _reserve_nodes(layout, num_cpus_per_actor, start_timeout_s)
             per_node = layout.ranks_per_node
+            # colocated: a fraction of a GPU (> 1/2, so that two ranks never share one) or of the CPUs
+            share = COLOCATED_RANK_SHARE if colocated else 1
             for rank in range(self.world_size):
                 actor_cls = ray.remote(MegatronRank).options(
-                    num_cpus=num_cpus_per_actor, num_gpus=1 if device == "cuda" else 0, max_restarts=0,
+                    num_cpus=num_cpus_per_actor if device == "cuda" else num_cpus_per_actor * share,
+                    num_gpus=share if device == "cuda" else 0, max_restarts=0,
                     max_concurrency=1, runtime_env={"env_vars": env},
                     scheduling_strategy=_bundle(self._placement_group, rank // per_node))
                 self._actors.append(actor_cls.remote(rank, self.world_size, config, device, seed, num_threads,
@@ -93,6 +114,8 @@ class MegatronGroup:
             locations = self.call_all("location", timeout_s=start_timeout_s)
             self._nodes = [where["node_ip"] for where in locations]
             self._pids = [where["pid"] for where in locations]
+            self._gpu_ids = [list(where.get("gpu_ids", ())) for where in locations]
+            logger.info("trainer ranks on nodes %s (rank i on the i-th)", self._nodes)
             host, port = self._wait([self._actors[0].call.remote("open_rendezvous", dist_timeout_s)],
                                     start_timeout_s, "open_rendezvous")[0]
             self.rendezvous_host: str = host
@@ -234,6 +257,31 @@ class MegatronGroup:
         """Per rank, the address of the Ray node it runs on."""
         return list(self._nodes)
 
+    @property
+    def placement_group(self):
+        """The trainer's placement group: bundle k holds the ranks of trainer node k."""
+        return self._placement_group
+
+    def colocated_engine_resources(self, engines_on_node: int) -> dict[str, float]:
+        """Ray resources of one of `engines_on_node` engines placed into a trainer node's bundle
+        beside its ranks (colocated): what the ranks leave of the bundle, split evenly. On GPU each
+        engine's fraction fits on one GPU even if Ray packs them all there; its server's devices are
+        set by colocated_engine_gpus, not by Ray."""
+        if not self.colocated:
+            raise RuntimeError("colocated_engine_resources: the group was not started with colocated=True")
+        free = 1 - COLOCATED_RANK_SHARE
+        if self.device == "cuda":
+            return {"CPU": 0.0, "GPU": round(free * 0.8 / engines_on_node, 4)}
+        per_node = self.trainer_layout.ranks_per_node
+        return {"CPU": round(per_node * self.cpus_per_rank * free / engines_on_node, 4), "GPU": 0.0}
+
+    def colocated_engine_gpus(self, node: int, slot: int, gpus_per_engine: int) -> list[str]:
+        """GPU: the GPU ids (on trainer node `node`) of the `slot`-th engine there: those of the
+        node's ranks slot * gpus_per_engine, ... (the devices it takes turns on with them)."""
+        per_node = self.trainer_layout.ranks_per_node
+        ranks = range(node * per_node + slot * gpus_per_engine, node * per_node + (slot + 1) * gpus_per_engine)
+        return [str(gpu) for rank in ranks for gpu in self._gpu_ids[rank]]
+
     def rank_actor_ids(self) -> list[str]:
         """Per rank, its Ray actor id (hex), as in Ray's actor table."""
         return list(self._actor_ids)
@@ -262,9 +310,12 @@ class MegatronGroup:
         if not num_actors:
             return
         here = ray.util.get_node_ip_address()
-        # a rank whose location is unknown (it failed to start) is waited for through Ray
+        # a rank whose location is unknown (it failed to start) is waited for through Ray; one on a
+        # node Ray reports dead is gone with its node (no raylet left to confirm it)
+        lost = self._lost_nodes(0.0)
         remote = [(rank, actor_id) for rank, actor_id in enumerate(self._actor_ids[:num_actors])
-                  if rank >= len(self._nodes) or self._nodes[rank] != here]
+                  if (rank >= len(self._nodes) or self._nodes[rank] != here)
+                  and not (rank < len(self._nodes) and self._nodes[rank] in lost)]
         deadline = time.monotonic() + wait_s
         processes = []
         for pid in [pid for pid, node in zip(self._pids, self._nodes) if node == here]:
@@ -304,7 +355,8 @@ class MegatronGroup:
         return self._wait(refs, self.call_timeout_s if timeout_s is None else timeout_s, method)
 
     def _wait(self, refs: list, timeout_s: float, what: str) -> list:
-        """Results in rank order; the first failure (not the last) ends the wait and the group."""
+        """Results in rank order; the first failure (not the last) ends the wait and the group. When
+        a rank's node is gone (Ray reports it dead), the error says so: node, ranks lost."""
         import ray
 
         deadline = time.monotonic() + timeout_s
@@ -315,19 +367,80 @@ class MegatronGroup:
             ready = ray.wait(list(pending), num_returns=1, timeout=max(left, 0))[0] if left > 0 else []
             if not ready:
                 ranks = sorted(pending.values())
-                self.shutdown()
-                raise MegatronGroupError(f"{what}: ranks {ranks} did not finish within {timeout_s:.0f}s; "
+                lost = self._lost_node_note(self._lost_nodes(0.0))
+                self._shutdown_after_failure()
+                raise MegatronGroupError(f"{what}: {lost}ranks {ranks} did not finish within {timeout_s:.0f}s; "
                                          "group shut down")
             for ref in ready:
                 rank = pending.pop(ref)
                 try:
                     results[rank] = ray.get(ref, timeout=max(deadline - time.monotonic(), 1.0))
                 except Exception as error:
-                    self.shutdown()
                     cause = getattr(error, "cause", None) or error  # RayTaskError wraps the rank's exception
-                    raise MegatronGroupError(f"{what} failed on rank {rank} ({type(cause).__name__}: {cause}); "
-                                             "group shut down") from error
+                    message = self._failure_message(what, rank, error, cause)
+                    self._shutdown_after_failure()
+                    raise MegatronGroupError(message) from error
         return results
+
+    def _failure_message(self, what: str, rank: int, error: BaseException, cause: BaseException) -> str:
+        import ray
+
+        text = str(cause).strip().splitlines()[0][:300] if str(cause).strip() else ""
+        first = f"rank {rank} ({type(cause).__name__}: {text})"
+        died = isinstance(error, ray.exceptions.RayActorError)
+        # A rank that died, or a peer's collective that lost its connection: wait (bounded) for Ray to
+        # tell whether a node went (it notices a dead raylet only after a few missed health checks).
+        peer_lost = died or any(word in str(cause) for word in _PEER_LOST)
+        lost = self._lost_nodes(self.node_loss_wait_s if peer_lost else 0.0)
+        if lost:
+            return f"{what}: {self._lost_node_note(lost)}first failure: {first}; group shut down"
+        if died:
+            node = self._nodes[rank] if rank < len(self._nodes) else "?"
+            return (f"{what}: rank {rank} (MegatronRank) on node {node} died ({type(cause).__name__}: {text}); "
+                    f"Ray still reports node {node} alive; group shut down")
+        return f"{what} failed on rank {rank} ({type(cause).__name__}: {cause}); group shut down"
+
+    def _lost_nodes(self, wait_s: float) -> dict[str, list[int]]:
+        """The group's nodes that Ray reports dead, each with its ranks; polled up to `wait_s` for one,
+        or until Ray reports a rank's actor dead on a live node (a crashed process, not a lost node)."""
+        from ray._private import state
+
+        deadline = time.monotonic() + wait_s
+        while self._nodes:
+            try:
+                lost = self._dead_nodes_now()
+                if lost or time.monotonic() >= deadline:
+                    return lost
+                if any((state.actors(actor_id=a) or {}).get("State") == "DEAD" for a in self._actor_ids):
+                    return self._dead_nodes_now()  # once more: the node may have been declared dead meanwhile
+            except Exception:  # noqa: BLE001 - no answer from the GCS: say nothing rather than guess
+                return {}
+            time.sleep(0.5)
+        return {}
+
+    def _dead_nodes_now(self) -> dict[str, list[int]]:
+        import ray
+
+        alive = {node["NodeManagerAddress"] for node in ray.nodes() if node["Alive"]}
+        return {ip: [r for r, node in enumerate(self._nodes) if node == ip] for ip in sorted(set(self._nodes) - alive)}
+
+    @staticmethod
+    def _lost_node_note(lost: dict[str, list[int]]) -> str:
+        return "".join(f"node {ip} is lost (Ray reports it dead): ranks {ranks} (MegatronRank) died; "
+                       for ip, ranks in lost.items())
+
+    def _shutdown_after_failure(self) -> None:
+        """Shut down, bounded; a shutdown that cannot confirm every actor gone is logged, so that the
+        error that ended the group (not this one) is what the caller sees."""
+        try:
+            self.shutdown()
+        except Exception as error:  # noqa: BLE001
+            logger.warning("trainer group shutdown after a failure: %s", error)
+
+
+# what a gloo / NCCL collective reports when a peer rank's process (or node) went away
+_PEER_LOST = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "ECONNRESET",
+              "Connection refused", "NCCL communicator was aborted", "remote process exited")
 
 
 def _reserve_nodes(layout: TrainerLayout, cpus_per_rank: float, timeout_s: float):

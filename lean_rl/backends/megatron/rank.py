@@ -85,11 +85,12 @@ class MegatronRank:
         return os.getpid()
 
     def location(self) -> dict:
-        """Where this rank runs: its node's address (as Ray knows it), its pid, and (after
+        """Where this rank runs: its node's address (as Ray knows it), its pid, its GPU ids, and (after
         init_distributed) the socket-interface settings gloo / NCCL were created with."""
         import ray
 
-        return {"node_ip": ray.util.get_node_ip_address(), "pid": os.getpid(), "socket_env": dict(self.socket_env)}
+        return {"node_ip": ray.util.get_node_ip_address(), "pid": os.getpid(), "socket_env": dict(self.socket_env),
+                "gpu_ids": [str(gpu) for gpu in ray.get_gpu_ids()]}
 
     def open_rendezvous(self, timeout_s: float) -> tuple[str, int]:
         """Rank 0 only: start the store server on this rank's service address; returns (host, port)

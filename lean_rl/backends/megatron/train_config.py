@@ -219,6 +219,24 @@ class TrainerLayout:
                  f"{world_size} trainer ranks do not split evenly over --actor-num-nodes {num_nodes}")
         return cls(device, world_size, parallel.data_parallel_size(world_size), num_nodes, on_cluster)
 
+    def colocated_engine_nodes(self, num_engines: int, gpus_per_engine: int = 0) -> list[int]:
+        """--colocate on a cluster: per engine, the trainer node (placement-group bundle) it shares
+        devices with. E engines over N trainer nodes: E a multiple of N (E / N engines per node,
+        engines numbered node by node) or a divisor of N (engine i on node i * N / E)."""
+        n = self.num_nodes
+        _require(num_engines % n == 0 or n % num_engines == 0,
+                 f"--colocate on a cluster places every engine on a trainer node: --rollout-num-engines "
+                 f"({num_engines}) must be a multiple of --actor-num-nodes ({n}) or divide it evenly")
+        per_node = max(num_engines // n, 1)
+        if self.device == "cuda":
+            _require(per_node * gpus_per_engine <= self.ranks_per_node,
+                     f"--colocate: {per_node} engine(s) x --rollout-num-gpus-per-engine {gpus_per_engine} per "
+                     f"trainer node need more GPUs than the node's {self.ranks_per_node} "
+                     "(--actor-num-gpus-per-node)")
+        if num_engines >= n:
+            return [i // per_node for i in range(num_engines)]
+        return [i * (n // num_engines) for i in range(num_engines)]
+
 
 @dataclass(frozen=True)
 class TrainConfig:

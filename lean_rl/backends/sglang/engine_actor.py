@@ -41,11 +41,13 @@ class EngineActorStartError(RuntimeError):
 
 class EngineActor:
     def __init__(self, config: EngineConfig, index: int, log_path: str, *, on_cluster: bool = True,
-                 stop_timeout_s: float = 15.0):
+                 stop_timeout_s: float = 15.0, visible_devices: str | None = None):
         self.config = config
         self.index = index
         self.log_path = Path(log_path)
         self.stop_timeout_s = stop_timeout_s
+        # colocated on GPU: the devices the server uses (the trainer ranks' it shares), not Ray's pick
+        self.visible_devices = visible_devices
         self.host = service_host(on_cluster)
         if config.base_port is not None:
             self.port = config.base_port + index
@@ -141,4 +143,6 @@ class EngineActor:
                                          dir=base if len(str(base.resolve())) <= _MAX_TMP_BASE_LEN else None)
         env = {**os.environ, "PYTHONUNBUFFERED": "1", "NO_COLOR": "1", **self.config.server_env(),
                "TMPDIR": self._tmp_dir}
+        if self.visible_devices is not None:
+            env["CUDA_VISIBLE_DEVICES"] = self.visible_devices
         return ChildProcess(f"engine-{self.index}", cmd, self.log_path, env=env)

@@ -15,6 +15,10 @@ pinned to `config.engine_nodes`: it binds that node's Ray address on a port free
 its URL; the router stays a child of this process and binds this node's Ray address
 (utils.net.service_host). `self.config` then carries the reported URLs (config.engine_urls /
 router_url), for code that only holds the config.
+
+With --colocate on a cluster the engines go instead into the trainer's placement group
+(`EnginePlacement`, built by runtime.py from the MegatronGroup): engine i into the bundle of the
+trainer node whose devices it takes turns on, with the share of that bundle the ranks leave free.
 """
 
 from __future__ import annotations
@@ -28,7 +32,10 @@ import shutil
 import sys
 import tempfile
 import time
+import urllib.parse
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from lean_rl.backends.sglang.client import EngineClient
 from lean_rl.backends.sglang.config import EngineConfig, flags_to_dict, resolve_ports
@@ -50,12 +57,26 @@ SERVER_FATAL_LOG_LINES = {
 _MAX_TMP_BASE_LEN = 70
 
 
+@dataclass(frozen=True)
+class EnginePlacement:
+    """Engines placed into another group's placement group (the trainer's, colocated): per engine its
+    bundle index, its Ray resources there ({"CPU": .., "GPU": ..}, fractions of the bundle) and, on
+    GPU, the GPU ids its server uses (CUDA_VISIBLE_DEVICES; Ray's own choice for a fraction is one
+    GPU). The placement group belongs to its creator: stop() leaves it alone."""
+
+    placement_group: Any
+    bundle_indices: tuple[int, ...]
+    resources: tuple[dict[str, float], ...]
+    visible_devices: tuple[tuple[str, ...], ...] = ()
+
+
 class EngineStartError(ChildStartError):
     """A server or the router failed to start; the message holds the tail of its log."""
 
 
 class EngineGroup:
-    def __init__(self, config: EngineConfig, run_dir: str | Path, *, stop_timeout_s: float = 15.0):
+    def __init__(self, config: EngineConfig, run_dir: str | Path, *, stop_timeout_s: float = 15.0,
+                 placement: EnginePlacement | None = None):
         self.config = config
         self.run_dir = Path(run_dir)
         self.stop_timeout_s = stop_timeout_s
@@ -72,7 +93,12 @@ class EngineGroup:
         self.on_cluster = config.on_cluster
         self._actors: list = []
         self._urls: list[str] = []
-        self._placement_group = None
+        self._placement_group = None  # our own (SPREAD); not set when `placement` is given
+        self._placement = placement
+        if placement is not None and (not self.on_cluster or config.engine_nodes
+                                      or len(placement.bundle_indices) != config.num_engines):
+            raise ValueError(f"EngineGroup: a placement for {len(placement.bundle_indices)} engines needs a cluster "
+                             f"config of as many engines ({config.num_engines}) and no engine_nodes")
         self._router_host = config.host
 
     # ------------------------------------------------------------------ addresses
@@ -345,8 +371,8 @@ class EngineGroup:
         return {"GPU": float(self.config.gpus_per_engine)}
 
     def _create_placement(self) -> None:
-        if self.config.engine_nodes:
-            return  # pinned by node resource instead
+        if self.config.engine_nodes or self._placement is not None:
+            return  # pinned by node resource, or placed into the given (trainer's) placement group
         import ray
         from ray.util.placement_group import placement_group
 
@@ -363,10 +389,19 @@ class EngineGroup:
 
         from lean_rl.backends.sglang.engine_actor import EngineActor
 
-        bundle = self._bundle()
+        bundle = self._bundle() if self._placement is None else self._placement.resources[index]
         # max_concurrency: alive / log_tail answer while a start or restart waits for health.
         options: dict = {"num_cpus": bundle.get("CPU", 0), "num_gpus": bundle.get("GPU", 0), "max_concurrency": 4}
-        if self.config.engine_nodes:
+        visible_devices = None
+        if self._placement is not None:
+            from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+            options["scheduling_strategy"] = PlacementGroupSchedulingStrategy(
+                placement_group=self._placement.placement_group,
+                placement_group_bundle_index=self._placement.bundle_indices[index])
+            if self._placement.visible_devices:
+                visible_devices = ",".join(self._placement.visible_devices[index])
+        elif self.config.engine_nodes:
             options["resources"] = {f"node:{self.config.engine_nodes[index]}": 0.001}
         else:
             from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
@@ -375,7 +410,7 @@ class EngineGroup:
                 placement_group=self._placement_group, placement_group_bundle_index=index)
         actor_cls = ray.remote(EngineActor).options(**options)
         return actor_cls.remote(self.config, index, str(self.engine_log_path(index)), on_cluster=True,
-                                stop_timeout_s=self.stop_timeout_s)
+                                stop_timeout_s=self.stop_timeout_s, visible_devices=visible_devices)
 
     def _wait_actors_healthy(self, indices: list[int]) -> float:
         import ray
@@ -396,7 +431,11 @@ class EngineGroup:
         try:
             return ray.get(self._actors[index].restart.remote(), timeout=self.config.start_timeout_s + 60)
         except ray.exceptions.RayActorError:
-            logger.warning("engine %d: its actor is gone; starting a new one", index)
+            url = self._urls[index] if index < len(self._urls) else "?"
+            node = urllib.parse.urlsplit(url).hostname or "?"
+            logger.warning("engine %d (%s) on node %s: its actor is gone%s; starting a new engine where Ray "
+                           "places it (a new URL)", index, url, node,
+                           " (node lost: Ray reports it dead)" if node in _dead_nodes() else "")
         except ray.exceptions.RayTaskError as exc:
             raise EngineStartError(str(exc)) from None
         self._kill_actor(self._actors[index])
@@ -435,3 +474,15 @@ class EngineGroup:
             except Exception:  # noqa: BLE001
                 pass
             self._placement_group = None
+
+
+def _dead_nodes() -> set[str]:
+    """Addresses of the nodes Ray reports dead (and not alive again); empty when Ray cannot say."""
+    import ray
+
+    try:
+        nodes = ray.nodes()
+    except Exception:  # noqa: BLE001
+        return set()
+    alive = {n["NodeManagerAddress"] for n in nodes if n["Alive"]}
+    return {n["NodeManagerAddress"] for n in nodes if not n["Alive"]} - alive

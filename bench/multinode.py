@@ -1,0 +1,70 @@
+"""The same tiny run on one simulated Ray node vs three, in one run of this script.
+
+    .venv/bin/python bench/multinode.py [--steps 8]
+
+Both runs: TP2 trainer (two ranks), one SGLang engine, GRPO on the toy task, `--ray-address` of a
+simulated cluster (lean_rl/testing/ray_cluster.py: one Ray node per loopback address). One node: the
+two ranks and the engine share 127.0.0.2. Three nodes: one rank on each of two nodes, the engine on
+the third (one CPU per node forces it), so rendezvous, gloo, the weight-update group, the router and
+the rollout cross node addresses. On one machine the ratio should be near 1: the point is that
+nothing serialises through the driver or waits on a node. Reported over the steps after the first:
+step time, train time, sync time (incl. probe), generate time; ratio = three nodes / one node.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from lean_rl.testing.ray_cluster import SimulatedCluster, actor_table
+from lean_rl.testing.tiny_model import make_tiny_model
+from lean_rl.testing.toy_task import write_dataset
+
+REPO = Path(__file__).resolve().parents[1]
+KEYS = ("time/step", "time/train", "time/sync", "time/generate")
+
+
+def run(name: str, cluster: SimulatedCluster, work: Path, model: Path, data: Path, args, extra: list[str]):
+    out = work / name
+    flags = ["--hf-checkpoint", str(model), "--output-dir", str(out), "--no-tensorboard", "--prompt-data",
+             str(data), "--rollout-shuffle", "--num-rollout", str(args.steps),
+             "--custom-rm-path", "lean_rl.testing.toy_task.kind_fraction_reward",
+             "--rollout-batch-size", "8", "--n-samples-per-prompt", "8", "--rollout-max-response-len", "32",
+             "--lr", "1e-4", "--micro-batch-size", "8", "--rollout-num-engines", "1",
+             "--tensor-model-parallel-size", "2", "--ray-address", cluster.address, *extra]
+    result = subprocess.run([sys.executable, "-m", "lean_rl.train", *flags], cwd=REPO, capture_output=True,
+                            text=True, timeout=args.timeout, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    if result.returncode != 0:
+        raise RuntimeError(f"{name} failed:\n{result.stderr[-4000:]}")
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line][1:]
+    placement = sorted({(a["class"], a["ip"]) for a in actor_table(cluster.address)})
+    return {key: sum(r.get(key, 0.0) for r in rows) / len(rows) for key in KEYS}, placement
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument("--timeout", type=float, default=900)
+    args = parser.parse_args(argv)
+    work = Path(tempfile.mkdtemp(prefix="lean_rl_bench_multinode_"))
+    model = make_tiny_model(work / "model", preset="tiny")
+    data = write_dataset(work / "train.jsonl", 512, seed=0)
+    with SimulatedCluster(num_nodes=1, cpus_per_node=3) as one:
+        single, single_at = run("one_node", one, work, model, data, args, ["--actor-num-procs-per-node", "2"])
+    with SimulatedCluster(num_nodes=3, cpus_per_node=1) as three:
+        multi, multi_at = run("three_nodes", three, work, model, data, args, ["--actor-num-nodes", "2"])
+    print(f"\nper step, mean of steps 2..{args.steps} (tiny model, TP2 + 1 engine, 64 samples x <= 32 tokens)")
+    print(f"  one node:    {single_at}\n  three nodes: {multi_at}")
+    print(f"{'figure':16s} {'1 node s':>9s} {'3 nodes s':>10s} {'ratio':>7s}")
+    for key in KEYS:
+        print(f"{key:16s} {single[key]:9.3f} {multi[key]:10.3f} {multi[key] / single[key]:6.2f}x")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
