@@ -21,8 +21,6 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch
-
 from lean_rl.utils.net import service_host
 from lean_rl.weight_sync.buckets import Bucket, iter_buckets, standalone
 from lean_rl.weight_sync.engine_calls import submit_all, wait_all

@@ -49,3 +49,25 @@ def reward_gain(rows: list[dict]) -> tuple[float, float]:
     """(mean reward of the first 2 steps, of the last 2)."""
     rewards = [r["rollout/reward_mean"] for r in rows]
     return sum(rewards[:2]) / 2, sum(rewards[-2:]) / 2
+
+
+def assert_each_prompt_trained_once(out: Path, model: Path, data: Path, steps: int, batch: int) -> None:
+    """Across a killed run and its resume, every step trained on `batch` fresh prompts and each prompt of
+    the shuffled order (seed 42) was trained exactly once: exactly the first steps * batch of the order,
+    none lost (steps after the last checkpoint were redone and their sample dumps rewritten)."""
+    import transformers
+
+    from lean_rl.buffer.config import DataConfig
+    from lean_rl.buffer.prompt_source import PromptSource, load_prompts
+
+    trained = []
+    for step in range(steps):
+        lines = (out / "run" / "samples" / f"step_{step:06d}.jsonl").read_text().splitlines()
+        groups = {(s["metadata"]["epoch"], s["metadata"]["prompt_row"]) for s in map(json.loads, lines)}
+        assert len(groups) == batch
+        trained += sorted(groups)
+    assert len(set(trained)) == len(trained) == steps * batch
+    config = DataConfig(prompt_data=str(data / "train.jsonl"))
+    records, _ = load_prompts(config.prompt_data, config, transformers.AutoTokenizer.from_pretrained(model))
+    source = PromptSource(records, shuffle=True, seed=42)
+    assert set(trained) == {(0, source.next()[1].row) for _ in range(steps * batch)}

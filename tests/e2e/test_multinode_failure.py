@@ -10,11 +10,7 @@ import sys
 import time
 
 import pytest
-import transformers
-from conftest import REPO, read_metrics, run_flags, run_lean_rl
-
-from lean_rl.buffer.config import DataConfig
-from lean_rl.buffer.prompt_source import PromptSource, load_prompts
+from conftest import REPO, assert_each_prompt_trained_once, read_metrics, run_flags, run_lean_rl
 
 pytestmark = pytest.mark.e2e
 
@@ -99,16 +95,4 @@ def test_node_lost_mid_run_then_resume(simulated_cluster, tiny_qwen2, toy_data, 
     assert f"resumed from {ckpt} at step {saved}" in log
     assert [r["step"] for r in read_metrics(tmp_path)] == list(range(STEPS))  # each step once
 
-    # each step trained on BATCH fresh prompts; across both runs every prompt of the shuffled order
-    # was trained on exactly once (steps >= the last checkpoint were redone and re-dumped)
-    trained = []
-    for step in range(STEPS):
-        lines = (tmp_path / "run" / "samples" / f"step_{step:06d}.jsonl").read_text().splitlines()
-        groups = {(s["metadata"]["epoch"], s["metadata"]["prompt_row"]) for s in map(json.loads, lines)}
-        assert len(groups) == BATCH
-        trained += sorted(groups)
-    assert len(set(trained)) == len(trained) == STEPS * BATCH
-    data = DataConfig(prompt_data=str(toy_data / "train.jsonl"))
-    records, _ = load_prompts(data.prompt_data, data, transformers.AutoTokenizer.from_pretrained(tiny_qwen2))
-    source = PromptSource(records, shuffle=True, seed=42)
-    assert set(trained) == {(0, source.next()[1].row) for _ in range(STEPS * BATCH)}
+    assert_each_prompt_trained_once(tmp_path, tiny_qwen2, toy_data, STEPS, BATCH)

@@ -1,7 +1,6 @@
 """kill -9 the driver mid-run, rerun the same command: it continues from the last checkpoint, no prompt
 is lost or repeated, the metrics continue, and the killed run left no engine or trainer behind."""
 
-import json
 import os
 import signal
 import subprocess
@@ -10,11 +9,7 @@ import time
 
 import psutil
 import pytest
-import transformers
-from conftest import REPO, read_metrics, run_flags, run_lean_rl
-
-from lean_rl.buffer.prompt_source import PromptSource, load_prompts
-from lean_rl.buffer.config import DataConfig
+from conftest import REPO, assert_each_prompt_trained_once, read_metrics, run_flags, run_lean_rl
 
 pytestmark = pytest.mark.e2e
 
@@ -58,20 +53,7 @@ def test_kill_9_and_rerun_resumes_exactly(tiny_qwen2, toy_data, tmp_path):
     rows = read_metrics(tmp_path)
     assert [r["step"] for r in rows] == list(range(STEPS))  # the metrics continue, each step once
 
-    # every step trained on BATCH fresh prompts; across the killed and the resumed run, each prompt of
-    # the shuffled order was trained on exactly once (steps >= SAVE_EVERY were redone and re-dumped)
-    trained = []
-    for step in range(STEPS):
-        lines = (tmp_path / "run" / "samples" / f"step_{step:06d}.jsonl").read_text().splitlines()
-        groups = {(s["metadata"]["epoch"], s["metadata"]["prompt_row"]) for s in map(json.loads, lines)}
-        assert len(groups) == BATCH
-        trained += sorted(groups)
-    assert len(set(trained)) == len(trained) == STEPS * BATCH
-    data = DataConfig(prompt_data=str(toy_data / "train.jsonl"))
-    records, _ = load_prompts(data.prompt_data, data, transformers.AutoTokenizer.from_pretrained(tiny_qwen2))
-    source = PromptSource(records, shuffle=True, seed=42)
-    expected = {(0, source.next()[1].row) for _ in range(STEPS * BATCH)}
-    assert set(trained) == expected  # none lost: exactly the first STEPS * BATCH prompts of the order
+    assert_each_prompt_trained_once(tmp_path, tiny_qwen2, toy_data, STEPS, BATCH)
 
     # once more: the run is complete, so it says so and starts no engine, and the metrics stay as they are
     assert "engines serve the trainer's weights" in resumed.stderr + resumed.stdout

@@ -126,7 +126,6 @@ def train_on_rollout(actor: "MegatronGroup", groups: list[list[Sample]], policy_
     train/skipped_steps, train/reward_mean, rollout/trained_tokens ..., critic/... for PPO)."""
     actor.require_training()
     algo: AlgorithmConfig = actor.algorithm_config
-    train: TrainConfig = actor.train_config
     if algo.needs_critic and (critic is None or critic.role != "critic"):
         raise ValueError("--advantage-estimator ppo needs a critic group (set up with role='critic'): "
                          "train_on_rollout(..., critic=...)")
