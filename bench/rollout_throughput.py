@@ -42,11 +42,13 @@ def write_prompts(path: Path, n: int) -> Path:
     return path
 
 
-async def floor_round(router_url: str, prompts: list[list[int]], samples: int, params: dict, concurrency: int) -> tuple[float, int]:
-    """Bare concurrent /generate posts: (seconds, output tokens)."""
+async def floor_round(router_url: str, prompts: list[list[int]], samples: int, params: dict, concurrency: int,
+                      headers: dict[str, str]) -> tuple[float, int]:
+    """Bare concurrent /generate posts (with the run's auth `headers`): (seconds, output tokens)."""
     semaphore = asyncio.Semaphore(concurrency)
     limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
-    async with httpx.AsyncClient(base_url=router_url, timeout=600, limits=limits, trust_env=False) as http:
+    async with httpx.AsyncClient(base_url=router_url, timeout=600, limits=limits, trust_env=False,
+                                 headers=headers) as http:
         async def one(ids):
             async with semaphore:
                 reply = await http.post("/generate", json={"input_ids": ids, "sampling_params": params,
@@ -94,14 +96,15 @@ def main(argv: list[str] | None = None) -> int:
 
     results: dict[str, list[float]] = {"ours": [], "floor": []}
     with EngineGroup(engines_cfg, work / "engines") as engines:
-        asyncio.run(floor_round(engines.router_url, prompt_ids[:4], 1, params, args.concurrency))  # warm-up
+        headers = engines_cfg.auth_headers()
+        asyncio.run(floor_round(engines.router_url, prompt_ids[:4], 1, params, args.concurrency, headers))  # warm-up
         for _ in range(args.rounds):
             for name in ("ours", "floor"):
                 if name == "ours":
                     seconds, tokens = asyncio.run(ours_round(cfg))
                 else:
                     seconds, tokens = asyncio.run(floor_round(engines.router_url, prompt_ids, args.samples,
-                                                              params, args.concurrency))
+                                                              params, args.concurrency, headers))
                 expected = args.prompts * args.samples * args.max_new_tokens
                 if tokens != expected:
                     raise RuntimeError(f"{name}: {tokens} tokens generated, expected {expected}")

@@ -134,7 +134,7 @@ def run_preset(preset: str, args, work: Path) -> list[dict]:
                                    disk_dir=str(work / f"sync-{preset}"), timeout_s=1800)
             floor = BroadcastFloor(nbytes, engines_n, args.rounds) if transport == "distributed" else None
             ours, floors, reports = [], [], []
-            with WeightSync.create(cfg, trainer, engines.engine_urls) as sync:
+            with WeightSync.create(cfg, trainer, engines.engine_urls, api_key=config.api_key) as sync:
                 sync.update(0)  # warm-up: first-touch allocations on both sides
                 for step in range(1, args.rounds + 1):
                     report = sync.update(step)

@@ -18,7 +18,6 @@ flags, when given (e.g. from scripts/models/*.sh), must agree with it.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,7 +25,7 @@ from lean_rl.algorithms.config import AlgorithmConfig
 from lean_rl.backends.megatron.config import MegatronConfig, ModelFlags, ParallelConfig
 from lean_rl.backends.megatron.train_config import (BatchPlan, CheckpointConfig, TrainConfig, TrainerLayout,
                                                     training_temperature)
-from lean_rl.backends.sglang.config import EngineConfig, resolve_ports, split_passthrough
+from lean_rl.backends.sglang.config import EngineConfig, resolve_api_key, resolve_ports, split_passthrough
 from lean_rl.buffer.config import DataConfig
 from lean_rl.options import ConfigError, add_options, read_options
 from lean_rl.rollout.config import EvalConfig, RewardConfig, RolloutConfig
@@ -102,10 +101,7 @@ def parse_config(argv: list[str]) -> Config:
     data = read_options(DataConfig, args)
     rollout = read_options(RolloutConfig, args)
     reward = read_options(RewardConfig, args)
-    evaluation = read_options(EvalConfig, args, sampling=dataclasses.replace(
-        rollout.sampling,
-        temperature=rollout.sampling.temperature if args.eval_temperature is None else args.eval_temperature,
-        max_response_len=args.eval_max_response_len or rollout.sampling.max_response_len))
+    evaluation = read_options(EvalConfig, args).with_rollout_sampling(rollout.sampling)
     _check_run_against_rollout(run, rollout)
     for flag, path in [("--prompt-data", data.prompt_data)] + [
             (f"--eval-prompt-data {name}", p) for name, p in evaluation.datasets]:
@@ -118,24 +114,16 @@ def parse_config(argv: list[str]) -> Config:
     train = read_options(TrainConfig, args, checkpoint=checkpoint, seed=data.seed,
                          temperature=training_temperature(rollout.sampling.temperature))
     layout = train.placement.layout(megatron.parallel, detect_device(), on_cluster=run.ray_address is not None)
-    engines = resolve_ports(read_options(EngineConfig, args, device=layout.device, server_passthrough=passthrough.server,
-                                         router_passthrough=passthrough.router, on_cluster=bool(run.ray_address)))
-    if run.colocate and layout.on_cluster and not (run.debug_rollout_only or run.debug_train_only):
+    # the ports and the services' API key (--sglang-api-key, else $LEAN_RL_API_KEY, else random), chosen once
+    engines = resolve_api_key(resolve_ports(read_options(
+        EngineConfig, args, device=layout.device, server_passthrough=passthrough.server,
+        router_passthrough=passthrough.router, on_cluster=bool(run.ray_address))))
+    if run.colocate and not (run.debug_rollout_only or run.debug_train_only):
         layout.colocated_engine_nodes(engines.num_engines, engines.gpus_per_engine)  # fails now if they do not fit
     batch_plan = BatchPlan(train.batch, layout.data_parallel_size,
                            samples_per_rollout=rollout.rollout_batch_size * rollout.n_samples_per_prompt)
-    weight_sync = read_options(WeightSyncConfig, args, colocate=run.colocate)
-    if weight_sync.transport == "tensor" and layout.device == "cuda" and layout.num_nodes > 1:
-        # CUDA IPC handles are only valid on the GPU's own node: colocated across nodes, weights go
-        # through the process group (NCCL) instead (auto), or the run refuses (tensor asked for).
-        if args.weight_sync_transport != "auto":
-            raise ConfigError("--weight-sync-transport tensor (CUDA IPC) works within one node; with "
-                              f"--actor-num-nodes {layout.num_nodes} use distributed (the default) or disk")
-        weight_sync = dataclasses.replace(weight_sync, transport="distributed")
-    if run.ray_address and weight_sync.transport == "disk" and not weight_sync.disk_dir:
-        # the trainer's stage leads write the files on their nodes and each engine reads them on its own
-        raise ConfigError("--weight-sync-transport disk on a Ray cluster (--ray-address) needs "
-                          "--weight-sync-disk-dir: a directory on a filesystem every node shares")
+    weight_sync = read_options(WeightSyncConfig, args, colocate=run.colocate, device=layout.device,
+                               trainer_nodes=layout.num_nodes, on_cluster=layout.on_cluster)
     if run.async_mode == "full" and rollout.rollout_function_path != "lean_rl.rollout.default.generate_rollout":
         raise ConfigError("--async-mode full generates with the built-in continuous generator; "
                           "--rollout-function-path is not used there (use --custom-generate-function-path)")

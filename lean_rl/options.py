@@ -35,14 +35,15 @@ def _spec(kind: str, **spec: Any) -> dict:
 def option(default: Any = dataclasses.MISSING, *, flag: str | None = None, help: str | None = None,
            choices: typing.Sequence | None = None, metavar: Any = None, nargs: Any = None, action: str | None = None,
            positive: bool = False, at_least: float | None = None, convert: Callable[[Any], Any] | None = None,
-           suppress_default_in_help: bool = False) -> Any:
+           suppress_default_in_help: bool = False, secret: bool = False) -> Any:
     """A field set by one command-line flag. `positive` / `at_least` reject values out of range
-    (None, the unset value, is always allowed); `convert` maps the parsed value to the field's."""
+    (None, the unset value, is always allowed); `convert` maps the parsed value to the field's;
+    `secret` keeps the value out of the config's repr (and so out of logs and tracebacks)."""
     spec = _spec("option", flag=flag, help=help, choices=choices, metavar=metavar, nargs=nargs, action=action,
                  positive=positive, at_least=at_least, convert=convert)
     if isinstance(default, (list, dict, set)):
         raise TypeError("option defaults must be immutable (use a tuple)")
-    return dataclasses.field(default=default, metadata=spec)
+    return dataclasses.field(default=default, metadata=spec, repr=not secret)
 
 
 def group(cls: type, title: str | None = None) -> Any:

@@ -112,17 +112,18 @@ def run(args: argparse.Namespace) -> dict:
     config = json.loads((checkpoint / "config.json").read_text())
     report: dict = {"checkpoint": str(checkpoint), "layouts": {}}
     run_dir = Path(args.run_dir or tempfile.mkdtemp(prefix="lean_rl_parity_"))
+    # Ray before the engine group: its engine is a Ray actor, the Megatron ranks after it too
+    init_ray(num_cpus=max(2, max(LAYOUTS[name][0] * LAYOUTS[name][1] * LAYOUTS[name][2] for name in args.layouts)))
     with EngineGroup(engine_config_for_tests(checkpoint, "--rollout-num-engines", "1"), run_dir / "engines") as engines:
         report["engine_start_s"] = engines.timings["total"]
         special = {config.get("bos_token_id"), config.get("eos_token_id"), config.get("pad_token_id")}
         prompts = random_prompts(args.num_prompts, config["vocab_size"], args.seed, special)
-        client = EngineClient(engines.router_url, timeout_s=300)
+        client = EngineClient(engines.router_url, timeout_s=300, api_key=engines.config.api_key)
         sequences = asyncio.run(sample_with_engine(client, prompts, args.max_new_tokens, args.seed))
     engine_lp = [torch.tensor(s.engine_log_probs) for s in sequences]
     hf_lp = transformers_log_probs(checkpoint, sequences)
     report["num_tokens"] = sum(len(s.output_ids) for s in sequences)
     report["sglang_vs_transformers"] = asdict(diff(engine_lp, hf_lp))
-    init_ray(num_cpus=max(2, max(LAYOUTS[name][0] * LAYOUTS[name][1] * LAYOUTS[name][2] for name in args.layouts)))
     for layout in args.layouts:
         mg_lp, start_s = megatron_log_probs(checkpoint, layout, sequences)
         report["layouts"][layout] = {

@@ -89,7 +89,7 @@ class Runtime:
             from lean_rl.weight_sync import WeightSync
 
             self.weight_sync = WeightSync.create(cfg.weight_sync, self.trainer, self.engines.engine_urls,
-                                                 tokenizer_path=cfg.engines.model_path)
+                                                 tokenizer_path=cfg.engines.model_path, api_key=cfg.engines.api_key)
             report = self.sync_weights(self.start_step)
             logger.info("engines serve the trainer's weights (version %d): probe max |Δ log p| %.2e",
                         self.start_step, report.probe.max_abs_diff)
@@ -101,8 +101,8 @@ class Runtime:
         from lean_rl.backends.megatron.train_driver import initialize_for_training
 
         cfg = self.cfg
-        # the actor's bundles also hold the colocated engines on a cluster (see _engine_placement)
-        colocated = role == "actor" and self._colocated_on_cluster
+        # the actor's bundles also hold the colocated engines (see _engine_placement)
+        colocated = role == "actor" and self._colocated
         group = MegatronGroup(cfg.megatron, layout=cfg.layout, seed=cfg.train.seed, colocated=colocated)
         try:
             step, state = initialize_for_training(group, cfg.train, cfg.algorithm, role=role,
@@ -129,24 +129,23 @@ class Runtime:
             logger.info("placement: engines on nodes %s; trainer ranks on nodes %s%s",
                         [urlparse(url).hostname for url in self.engines.engine_urls],
                         self.trainer.rank_nodes() if self.trainer is not None else [],
-                        " (colocated: engines in the trainer's bundles)" if self._colocated_on_cluster else "")
-        # On a cluster the engines' URLs are known only now (each actor picked its node's address and
+                        " (colocated: engines in the trainer's bundles)" if self._colocated else "")
+        # The engines' URLs are known only now (on a cluster each actor picked its node's address and
         # port): the rollout functions read cfg.engines.engine_urls / router_url, so hand them the
-        # group's config, which carries the reported URLs (on one node it equals the old one).
+        # group's config, which carries the reported URLs.
         self.cfg = dataclasses.replace(self.cfg, engines=self.engines.config)
         self.monitor = EngineMonitor(self.engines).start()
 
     @property
-    def _colocated_on_cluster(self) -> bool:
-        return self.cfg.run.colocate and self.cfg.layout.on_cluster and not self.cfg.run.debug_rollout_only
+    def _colocated(self) -> bool:
+        return self.cfg.run.colocate and not self.cfg.run.debug_rollout_only
 
     def _engine_placement(self):
-        """--colocate on a cluster: engine i goes into the trainer's bundle of node
-        layout.colocated_engine_nodes()[i], with the share of it the ranks leave (None otherwise:
-        the engines get placement groups of their own, or share the one node)."""
+        """--colocate: engine i goes into the trainer's bundle of node layout.colocated_engine_nodes()[i],
+        with the share of it the ranks leave (None otherwise: the engines get a placement group of their own)."""
         from lean_rl.backends.sglang.engines import EnginePlacement
 
-        if not self._colocated_on_cluster or self.trainer is None:
+        if not self._colocated or self.trainer is None:
             return None
         engines = self.cfg.engines
         nodes = self.cfg.layout.colocated_engine_nodes(engines.num_engines, engines.gpus_per_engine)

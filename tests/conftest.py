@@ -34,7 +34,7 @@ def tiny_model_factory(tiny_models_root):
 
 @pytest.fixture(scope="session")
 def ray_cluster():
-    """Ray on this machine, bound to loopback, started once per session (reused if already up)."""
+    """Ray on this machine (this process's own local Ray), started once per session (reused if already up)."""
     import ray
 
     from lean_rl.utils.ray_utils import init_ray

@@ -93,13 +93,19 @@ def load_extensions(cfg: Config) -> Extensions:
 
 
 @functools.lru_cache(maxsize=64)
-def engine_client(url: str, timeout_s: float) -> EngineClient:
-    """One client (one connection pool) per server URL and process."""
-    return EngineClient(url, timeout_s=timeout_s)
+def engine_client(url: str, timeout_s: float, api_key: str | None) -> EngineClient:
+    """One client (one connection pool) per server URL and process; `api_key`: the run's
+    (cfg.engines.api_key), which every server and the router require."""
+    return EngineClient(url, timeout_s=timeout_s, api_key=api_key)
 
 
 def router_client(cfg: Config) -> EngineClient:
-    return engine_client(cfg.engines.router_url, cfg.engines.request_timeout_s)
+    return engine_client(cfg.engines.router_url, cfg.engines.request_timeout_s, cfg.engines.api_key)
+
+
+def engine_clients(cfg: Config) -> list[EngineClient]:
+    """One client per engine (abort, pause / continue and weight updates are not routed)."""
+    return [engine_client(url, cfg.engines.request_timeout_s, cfg.engines.api_key) for url in cfg.engines.engine_urls]
 
 
 def parse_weight_version(version: str | None) -> int:

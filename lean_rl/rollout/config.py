@@ -4,6 +4,8 @@ once, on the field that holds it (lean_rl/options.py); the prompt data flags liv
 
 from __future__ import annotations
 
+import dataclasses
+
 from dataclasses import dataclass, field
 
 from lean_rl.options import ConfigError, group, option
@@ -102,5 +104,13 @@ class EvalConfig:
     temperature: float | None = option(None, flag="--eval-temperature", help="default: --rollout-temperature")
     max_response_len: int | None = option(None, flag="--eval-max-response-len", positive=True,
                                           help="default: --rollout-max-response-len")
-    # Derived once by config.parse_config: the rollout's sampling with the two eval overrides.
+    # Derived once by config.parse_config (with_rollout_sampling): the rollout's sampling with the two eval overrides.
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
+
+    def with_rollout_sampling(self, rollout: SamplingConfig) -> "EvalConfig":
+        """This config with `sampling` derived from the rollout's: --eval-temperature and
+        --eval-max-response-len override it when given."""
+        return dataclasses.replace(self, sampling=dataclasses.replace(
+            rollout,
+            temperature=rollout.temperature if self.temperature is None else self.temperature,
+            max_response_len=self.max_response_len or rollout.max_response_len))

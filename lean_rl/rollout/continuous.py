@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import time
 
-from lean_rl.rollout.base import engine_client
+from lean_rl.rollout.base import engine_clients
 from lean_rl.rollout.default import GroupRunner
 from lean_rl.sample import Sample
 
@@ -137,4 +137,4 @@ class ContinuousGenerator:
                 task.result()  # a bug in our code must not pass silently
 
     def _engine_clients(self):
-        return [engine_client(url, self.cfg.engines.request_timeout_s) for url in self.cfg.engines.engine_urls]
+        return engine_clients(self.cfg)

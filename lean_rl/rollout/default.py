@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 from lean_rl.backends.sglang.client import EngineConnectionError, EngineHTTPError, EngineTimeoutError
 from lean_rl.buffer.prompt_source import load_tokenizer
-from lean_rl.rollout.base import (Extensions, RolloutOutput, engine_client, load_extensions, parse_weight_version,
+from lean_rl.rollout.base import (Extensions, RolloutOutput, engine_clients, load_extensions, parse_weight_version,
                                   router_client)
 from lean_rl.rollout.evaluation import run_evaluation
 from lean_rl.rollout.rewards import score_group
@@ -149,8 +149,7 @@ class GroupRunner:
 
     async def abort_all(self) -> None:
         # The router does not forward /abort_request: abort on every engine directly.
-        clients = [engine_client(url, self.cfg.engines.request_timeout_s) for url in self.cfg.engines.engine_urls]
-        await asyncio.gather(*(c.abort_request(abort_all=True) for c in clients))
+        await asyncio.gather(*(c.abort_request(abort_all=True) for c in engine_clients(self.cfg)))
 
 
 def rollout_metrics(groups: list[list[Sample]], seconds: float | None = None,

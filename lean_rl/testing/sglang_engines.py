@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from lean_rl.backends.sglang.config import EngineConfig, resolve_ports, split_passthrough
+from lean_rl.backends.sglang.config import EngineConfig, resolve_api_key, resolve_ports, split_passthrough
 from lean_rl.utils.device import detect_device
 from lean_rl.options import add_options, read_options
 
@@ -23,11 +23,13 @@ TEST_ENGINE_FLAGS = (
 
 
 def engine_config_for_tests(model_path: str | Path, *extra_flags: str) -> EngineConfig:
-    """EngineConfig for `model_path` from TEST_ENGINE_FLAGS, its ports chosen; later flags in `extra_flags` win."""
+    """EngineConfig for `model_path` from TEST_ENGINE_FLAGS, its ports and API key chosen (as in a run:
+    --sglang-api-key, else $LEAN_RL_API_KEY, else random); later flags in `extra_flags` win."""
     parser = add_options(argparse.ArgumentParser(allow_abbrev=False), EngineConfig)
     args, unknown = parser.parse_known_args(["--hf-checkpoint", str(model_path), *TEST_ENGINE_FLAGS, *extra_flags])
     passthrough = split_passthrough(unknown)
     if passthrough.rest:
         raise ValueError(f"unrecognized engine flags: {' '.join(passthrough.rest)}")
-    return resolve_ports(read_options(EngineConfig, args, device=detect_device(), server_passthrough=passthrough.server,
-                                      router_passthrough=passthrough.router))
+    return resolve_api_key(resolve_ports(read_options(EngineConfig, args, device=detect_device(),
+                                                      server_passthrough=passthrough.server,
+                                                      router_passthrough=passthrough.router)))

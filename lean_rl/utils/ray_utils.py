@@ -4,8 +4,13 @@ from __future__ import annotations
 
 
 def init_ray(address: str | None = None, num_cpus: int | None = None) -> bool:
-    """Join the cluster at `address` (--ray-address), or start a local Ray bound to loopback.
-    Returns True when this call started Ray (so the caller knows to shut it down)."""
+    """Join the cluster at `address` (--ray-address), or start a local Ray of this process's own.
+    Returns True when this call started Ray (so the caller knows to shut it down).
+
+    A local Ray cannot be confined to loopback: Ray rewrites a loopback node address to the routed one
+    (ray/_private/services.py resolve_ip_for_localhost) and its GCS, raylet and agents listen on all
+    interfaces whatever the node address; Ray 2.60 guards them with its token auth, on by default.
+    lean_rl's own services (engines, router, rendezvous) bind loopback on one node (utils.net)."""
     import ray
 
     if ray.is_initialized():
@@ -18,7 +23,10 @@ def init_ray(address: str | None = None, num_cpus: int | None = None) -> bool:
         except (ConnectionError, RuntimeError, ValueError) as err:
             raise ConnectionError(f"--ray-address {address}: cannot connect to Ray ({err})") from err
         return True
-    ray.init(num_cpus=num_cpus, include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=True,
+    # address="local": a Ray of our own, always. Without it ray.init joins whatever $RAY_ADDRESS or
+    # <ray temp dir>/ray_current_cluster names (ray/_private/services.py get_ray_address_from_environment),
+    # e.g. a cluster that died without `ray stop`: minutes of "Failed to connect to GCS", then a ValueError.
+    ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=True,
              configure_logging=False)
     return True
 

@@ -1,10 +1,14 @@
 """Weight-sync flags, parsed once into a frozen dataclass.
 
     add_options(parser, WeightSyncConfig, "weight sync (trainer -> SGLang engines)")
-    cfg = read_options(WeightSyncConfig, args, colocate=run.colocate)   # colocate: derived, from --colocate
+    cfg = read_options(WeightSyncConfig, args, colocate=run.colocate, device=layout.device,
+                       trainer_nodes=layout.num_nodes, on_cluster=layout.on_cluster)   # derived at start-up
 
 `--weight-sync-transport auto` resolves in __post_init__, once, the way slime chooses: colocated (train and
 generate share the devices) -> `tensor`, disaggregated -> `distributed`; `disk` is always available.
+Two rules of a cluster: CUDA IPC handles (tensor on GPU) are valid on their own node only, so colocated
+trainer nodes > 1 on GPU go through the process group (auto) or refuse an explicit tensor; and the disk
+transport needs a directory every node shares.
 """
 
 from __future__ import annotations
@@ -42,9 +46,18 @@ class WeightSyncConfig:
         600.0, flag="--weight-sync-timeout", help="seconds allowed for one bucket / one engine call during a sync")
     # derived (--colocate): engines share the trainer's devices (GPU: release memory while training)
     colocate: bool = False
+    # derived (the trainer's layout): its device, its number of nodes, and whether the run is on a Ray cluster
+    device: str = "cpu"
+    trainer_nodes: int = 1
+    on_cluster: bool = False
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "transport", resolve_transport(self.transport, self.colocate))
+        object.__setattr__(self, "transport", resolve_transport(
+            self.transport, self.colocate, ipc_across_nodes=self.device == "cuda" and self.trainer_nodes > 1))
+        if self.on_cluster and self.transport == "disk" and not self.disk_dir:
+            # the trainer's stage leads write the files on their nodes and each engine reads them on its own
+            raise ConfigError("--weight-sync-transport disk on a Ray cluster (--ray-address) needs "
+                              "--weight-sync-disk-dir: a directory on a filesystem every node shares")
         if not isinstance(self.buffer_size_bytes, int) or self.buffer_size_bytes < 1:
             raise ConfigError(f"--update-weight-buffer-size must be a positive number of bytes, "
                               f"got {self.buffer_size_bytes!r}")
@@ -62,10 +75,15 @@ class WeightSyncConfig:
         return DEFAULT_PROBE_TOL[dtype]
 
 
-def resolve_transport(requested: str, colocate: bool) -> str:
+def resolve_transport(requested: str, colocate: bool, ipc_across_nodes: bool = False) -> str:
+    """The transport for --weight-sync-transport `requested`. `ipc_across_nodes`: tensor would mean
+    CUDA IPC between nodes (colocated on GPU over several trainer nodes), which cannot work."""
     if requested not in TRANSPORT_CHOICES:
         raise ConfigError(f"--weight-sync-transport: expected one of {', '.join(TRANSPORT_CHOICES)}, "
                           f"got {requested!r}")
+    if requested == "tensor" and ipc_across_nodes:
+        raise ConfigError("--weight-sync-transport tensor (CUDA IPC) works within one node; with several "
+                          "trainer nodes (--actor-num-nodes) use distributed (the default) or disk")
     if requested == "auto":
-        return "tensor" if colocate else "distributed"
+        return "tensor" if colocate and not ipc_across_nodes else "distributed"
     return requested

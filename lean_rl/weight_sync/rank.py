@@ -18,7 +18,7 @@ from __future__ import annotations
 import base64
 import pickle
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from lean_rl.utils.net import service_host
@@ -41,6 +41,7 @@ class RankSyncPlan:
     family: str
     group_prefix: str  # unique per WeightSync: process-group names are global in a process
     backend: str  # gloo (CPU) | nccl (GPU)
+    api_key: str | None = field(default=None, repr=False)  # the run's, which the engines require
 
     def group_name(self, stage: int) -> str:
         return f"{self.group_prefix}_pp{stage}"
@@ -186,7 +187,8 @@ class _RankSync:
         self.plan = plan
         stage = self._layout.pipeline_rank
         if self._is_lead(stage) and plan.transport != "disk":
-            self.clients = [BlockingEngineClient(url, timeout_s=plan.timeout_s) for url in plan.engine_urls]
+            self.clients = [BlockingEngineClient(url, timeout_s=plan.timeout_s, api_key=plan.api_key)
+                            for url in plan.engine_urls]
         if self._is_lead(stage) and plan.transport == "tensor" and self.worker.device.type == "cuda":
             from lean_rl.backends.sglang.compat import patch_torch_cuda_ipc_reductions
 

@@ -1,6 +1,6 @@
 """Ship the trainer's weights to the SGLang engines, and prove they arrived.
 
-    sync = WeightSync.create(cfg, actor_group, engine_urls)   # connect: engine facts, groups, probe
+    sync = WeightSync.create(cfg, actor_group, engine_urls, api_key=key)   # connect: engine facts, groups, probe
     report = sync.update(step)       # every engine serves the trainer's weights as version str(step)
     sync.close()
 
@@ -57,13 +57,16 @@ class SyncReport:
 
 
 class WeightSync:
-    def __init__(self, cfg: WeightSyncConfig, actor_group, engine_urls, *, tokenizer_path: str | None = None):
+    def __init__(self, cfg: WeightSyncConfig, actor_group, engine_urls, *, tokenizer_path: str | None = None,
+                 api_key: str | None = None):
+        """`api_key`: the run's (EngineConfig.api_key), which the engines require."""
         if not engine_urls:
             raise WeightSyncError("weight sync needs at least one engine URL")
         self.cfg = cfg
         self.actor_group = actor_group
         self.engine_urls = tuple(str(u).rstrip("/") for u in engine_urls)
         self.tokenizer_path = tokenizer_path
+        self.api_key = api_key
         self.clients: list = []
         self.engines: tuple[EngineInfo, ...] = ()
         self.plan: RankSyncPlan | None = None
@@ -99,7 +102,7 @@ class WeightSync:
             raise WeightSyncError("weight sync needs the trainer's HF family: load an HF checkpoint into the "
                                   "actor group first (MegatronGroup.from_hf_checkpoint / load_hf_checkpoint)")
         timeout = self.cfg.timeout_s
-        self.clients = [BlockingEngineClient(url, timeout_s=timeout) for url in self.engine_urls]
+        self.clients = [BlockingEngineClient(url, timeout_s=timeout, api_key=self.api_key) for url in self.engine_urls]
         servers = call_all(self.clients, timeout, "server_info")
         models = call_all(self.clients, timeout, "model_info")
         self.engines = tuple(self._engine_info(*info) for info in zip(self.engine_urls, servers, models))
@@ -116,7 +119,7 @@ class WeightSync:
             transport=self.cfg.transport, engine_urls=self.engine_urls,
             engine_tp_sizes=tuple(e.tp_size for e in self.engines), buffer_size_bytes=self.cfg.buffer_size_bytes,
             timeout_s=timeout, family=self.actor_group.family, group_prefix=f"lean_rl_ws_{uuid.uuid4().hex[:8]}",
-            backend="nccl" if self.actor_group.device == "cuda" else "gloo")
+            backend="nccl" if self.actor_group.device == "cuda" else "gloo", api_key=self.api_key)
         # each rank hosts one RankWeightSync (shared by every WeightSync of the group), built from the
         # class given here: the Megatron backend does not import the weight sync
         self.actor_group.call_all("attach", "weight_sync", RankWeightSync)

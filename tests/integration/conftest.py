@@ -9,7 +9,7 @@ from lean_rl.testing.sglang_engines import engine_config_for_tests
 
 
 @pytest.fixture(scope="session")
-def engine_group(tiny_qwen2, tmp_path_factory):
+def engine_group(tiny_qwen2, tmp_path_factory, ray_cluster):  # engines are Ray actors: the session's Ray
     with EngineGroup(engine_config_for_tests(tiny_qwen2), tmp_path_factory.mktemp("sglang_engines")) as group:
         print(f"\nengine group ready: {group.timings}")
         yield group

@@ -114,7 +114,7 @@ def test_sglang_serves_a_converted_checkpoint(engine_group, tiny_qwen2, tiny_mod
     convert_megatron_to_hf(tmp_path / "mg", tmp_path / "hf", max_shard_bytes=150_000)
     assert len(list((tmp_path / "hf").glob("model-*.safetensors"))) > 1
     prompt = transformers.AutoTokenizer.from_pretrained(tiny_qwen2)("the cat sat on the mat")["input_ids"]
-    engine = BlockingEngineClient(engine_group.engine_urls[0])
+    engine = BlockingEngineClient(engine_group.engine_urls[0], api_key=engine_group.config.api_key)
     try:
         before = engine.generate(prompt, GREEDY, return_logprob=True)
         assert engine.update_weights_from_disk(str(tmp_path / "hf"), weight_version="converted")["success"]

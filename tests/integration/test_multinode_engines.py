@@ -27,7 +27,8 @@ _DRIVER = textwrap.dedent("""
 
     def generate(url):
         body = {"input_ids": [1, 2, 3, 4], "sampling_params": {"max_new_tokens": 4, "temperature": 0.0}}
-        response = httpx.post(f"{url}/generate", json=body, timeout=120, trust_env=False)
+        response = httpx.post(f"{url}/generate", json=body, headers=cfg.auth_headers(), timeout=120,
+                              trust_env=False)
         response.raise_for_status()
         return response.json()["meta_info"]["completion_tokens"]
 

@@ -18,7 +18,7 @@ pytestmark = pytest.mark.integration
 def sampled(engine_group, tiny_qwen2):
     config = json.loads((tiny_qwen2 / "config.json").read_text())
     prompts = random_prompts(12, config["vocab_size"], seed=1, special_ids={0, 1, 2, 3})
-    client = EngineClient(engine_group.router_url, timeout_s=300)
+    client = EngineClient(engine_group.router_url, timeout_s=300, api_key=engine_group.config.api_key)
     sequences = asyncio.run(sample_with_engine(client, prompts, max_new_tokens=24, seed=1))
     assert all(len(s.output_ids) == 24 == len(s.engine_log_probs) for s in sequences)
     return sequences

@@ -137,7 +137,7 @@ def test_partial_rollout_resumes_and_keeps_per_token_versions(engine_group, prom
                    "--rollout-max-response-len", "1500", "--rollout-ignore-eos", "--partial-rollout", "--rm-type", "exact")
     buffer = create_data_buffer(cfg)
     groups = buffer.get_prompt_groups(2)
-    clients = [BlockingEngineClient(url) for url in engine_group.engine_urls]
+    clients = [BlockingEngineClient(url, api_key=engine_group.config.api_key) for url in engine_group.engine_urls]
 
     async def generate_then_abort():
         params = cfg.rollout.sampling.to_sglang()

@@ -22,7 +22,7 @@ from lean_rl.utils.net import find_free_port
 
 from lean_rl.testing.sglang_engines import engine_config_for_tests
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("ray_cluster")]  # engines are Ray actors
 
 
 def assert_all_gone(pids, timeout_s=20.0):

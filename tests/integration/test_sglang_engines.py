@@ -96,7 +96,7 @@ def test_pause_in_place_holds_requests_and_continue_finishes_them(engine_group, 
     sampling = {"temperature": 1.0, "max_new_tokens": 400, "ignore_eos": True}
 
     async def scenario():
-        async with EngineClient(engine_group.engine_urls[0]) as client:
+        async with EngineClient(engine_group.engine_urls[0], api_key=engine_group.config.api_key) as client:
             try:
                 task = asyncio.create_task(client.generate(prompts[1], sampling))
                 await wait_until_running(client)
@@ -128,7 +128,7 @@ def test_pause_in_place_holds_requests_and_continue_finishes_them(engine_group, 
 def test_flush_cache_empties_the_prefix_cache(engine_group, prompts):
     prompt = prompts[0] * 6
     one_token = {"temperature": 0.0, "max_new_tokens": 1}
-    with BlockingEngineClient(engine_group.engine_urls[1]) as client:
+    with BlockingEngineClient(engine_group.engine_urls[1], api_key=engine_group.config.api_key) as client:
         client.flush_cache()
         assert client.generate(prompt, one_token).cached_tokens == 0
         assert client.generate(prompt, one_token).cached_tokens >= len(prompt) - 1
@@ -140,8 +140,8 @@ def test_update_weights_from_disk_changes_greedy_output_and_restoring_restores_i
     engine_group, prompts, tiny_qwen2, tiny_model_factory
 ):
     other_model = tiny_model_factory("qwen2", seed=1)
-    clients = [BlockingEngineClient(url) for url in engine_group.engine_urls]
-    router = BlockingEngineClient(engine_group.router_url)
+    clients = [BlockingEngineClient(url, api_key=engine_group.config.api_key) for url in engine_group.engine_urls]
+    router = BlockingEngineClient(engine_group.router_url, api_key=engine_group.config.api_key)
     try:
         before = router.generate(prompts[0], GREEDY, return_logprob=True)
         for client in clients:
@@ -189,7 +189,8 @@ def test_tensor_and_distributed_updates_load_the_same_weights_as_disk(engine_gro
 
     other_model = tiny_model_factory("qwen2", seed=2)
     state = load_file(str(other_model / "model.safetensors"))
-    engine0, engine1 = (BlockingEngineClient(url) for url in engine_group.engine_urls)
+    engine0, engine1 = (BlockingEngineClient(url, api_key=engine_group.config.api_key)
+                        for url in engine_group.engine_urls)
     try:
         before = engine0.generate(prompts[1], GREEDY, return_logprob=True)
         engine1.update_weights_from_disk(str(other_model), weight_version="disk-v2")
@@ -228,7 +229,7 @@ def test_tensor_and_distributed_updates_load_the_same_weights_as_disk(engine_gro
 
 
 def test_router_routes_around_a_removed_engine_and_back_after_readding(engine_group, prompts):
-    router = BlockingEngineClient(engine_group.router_url)
+    router = BlockingEngineClient(engine_group.router_url, api_key=engine_group.config.api_key)
 
     def send_and_count(n):
         counts_before = [generate_count(engine_group, i) for i in range(2)]
@@ -255,7 +256,7 @@ def test_restart_engine_brings_it_back_on_the_same_port(engine_group, prompts):
     new_pids = set(engine_group.pids()["engine-1"])
     assert new_pids and not (old_pids & new_pids)
     assert engine_group.router.worker_urls() == set(engine_group.engine_urls)
-    with BlockingEngineClient(engine_group.engine_urls[1]) as client:
+    with BlockingEngineClient(engine_group.engine_urls[1], api_key=engine_group.config.api_key) as client:
         assert client.generate(prompts[0], GREEDY).completion_tokens == GREEDY["max_new_tokens"]
 
 

@@ -51,7 +51,8 @@ def trainer(request, trainer_cache, ray_cluster, tiny_model_factory):
 @pytest.fixture
 def engines(engine_group, tiny_qwen2):
     """Engine clients; the engines get the seed-0 weights and their weight version back afterwards."""
-    clients = [BlockingEngineClient(url, timeout_s=120) for url in engine_group.engine_urls]
+    clients = [BlockingEngineClient(url, timeout_s=120, api_key=engine_group.config.api_key)
+               for url in engine_group.engine_urls]
     versions = [c.weight_version() for c in clients]
     yield clients
     for client, version in zip(clients, versions):
@@ -97,7 +98,8 @@ def send_inline(client, named: dict[str, torch.Tensor], version: str) -> None:
 def test_probe_names_the_engine_and_the_tensor(trainer, engines, engine_group, tiny_model_factory):
     seed1 = load_file(str(tiny_model_factory("qwen2", seed=1) / "model.safetensors"))
     urls = engine_group.engine_urls
-    with WeightSync.create(WeightSyncConfig(transport="tensor"), trainer, urls) as sync:
+    with WeightSync.create(WeightSyncConfig(transport="tensor"), trainer, urls,
+                           api_key=engine_group.config.api_key) as sync:
         sync.update(7)
         down = "model.layers.1.mlp.down_proj.weight"
         send_inline(engines[1], {down: seed1[down] + 0.5}, version="7")
@@ -122,7 +124,7 @@ def test_probe_names_the_engine_and_the_tensor(trainer, engines, engine_group, t
 
     # Weights bit-exact but a tolerance no float32 forward meets: the error says where the gap is.
     strict = WeightSyncConfig(transport="distributed", probe_tol=1e-12)
-    with WeightSync.create(strict, trainer, urls) as sync:
+    with WeightSync.create(strict, trainer, urls, api_key=engine_group.config.api_key) as sync:
         with pytest.raises(WeightSyncProbeError, match="parameters match the trainer's bytes") as error:
             sync.update(10)
         assert error.value.tensors == []
@@ -131,7 +133,8 @@ def test_probe_names_the_engine_and_the_tensor(trainer, engines, engine_group, t
 @pytest.mark.parametrize("trainer", ["tp2"], indirect=True)
 def test_a_refused_update_names_the_engine_and_closes_the_other_sessions(trainer, engines, engine_group):
     urls = engine_group.engine_urls
-    with WeightSync.create(WeightSyncConfig(transport="distributed"), trainer, urls) as sync:
+    with WeightSync.create(WeightSyncConfig(transport="distributed"), trainer, urls,
+                           api_key=engine_group.config.api_key) as sync:
         engines[0].begin_weight_update()  # someone else holds engine 0's session
         try:
             with pytest.raises(WeightSyncError, match=f"begin_weight_update: {urls[0]}.*already open"):
@@ -146,7 +149,8 @@ def test_a_refused_update_names_the_engine_and_closes_the_other_sessions(trainer
 @pytest.mark.parametrize("trainer", ["tp2"], indirect=True)
 def test_sync_while_paused_then_probe_after_resuming(trainer, engines, engine_group):
     """The fully async loop's order: pause, sync without the probe (it generates), continue, probe."""
-    with WeightSync.create(WeightSyncConfig(transport="distributed"), trainer, engine_group.engine_urls) as sync:
+    with WeightSync.create(WeightSyncConfig(transport="distributed"), trainer, engine_group.engine_urls,
+                           api_key=engine_group.config.api_key) as sync:
         for client in engines:
             client.pause_generation("in_place")
         try:
@@ -169,7 +173,8 @@ def test_every_transport_delivers_the_trainers_weights(trainer, engines, engine_
         assert all(max_diff_to_transformers(c, check_sequence) > 1.0 for c in engines)  # seed 0 serves now
         cfg = WeightSyncConfig(transport=transport, buffer_size_bytes=SMALL_BUCKETS)
         listening_before = listeners(trainer.rank_pids()[0])
-        with WeightSync.create(cfg, trainer, engine_group.engine_urls) as sync:
+        with WeightSync.create(cfg, trainer, engine_group.engine_urls,
+                               api_key=engine_group.config.api_key) as sync:
             with pytest.raises(WeightSyncProbeError, match="disagrees with the trainer"):
                 sync.probe(step)  # the probe has teeth: before the sync it fails
             opened = listeners(trainer.rank_pids()[0]) - listening_before
@@ -200,12 +205,12 @@ def test_expert_parallel_moe_to_its_own_engine(ray_cluster, trainer_cache, tiny_
     config = engine_config_for_tests(served, "--rollout-num-engines", "1")
     with EngineGroup(config, tmp_path / "moe_engine") as moe_engines, \
             MegatronGroup.from_hf_checkpoint(trained, ParallelConfig(expert_model_parallel_size=2)) as trainer:
-        client = BlockingEngineClient(moe_engines.engine_urls[0], timeout_s=120)
+        client = BlockingEngineClient(moe_engines.engine_urls[0], timeout_s=120, api_key=config.api_key)
         try:
             for step, transport in enumerate(["distributed", "tensor", "disk"], start=1):
                 restore([client], served)
                 cfg = WeightSyncConfig(transport=transport, buffer_size_bytes=SMALL_BUCKETS)
-                with WeightSync.create(cfg, trainer, moe_engines.engine_urls) as sync:
+                with WeightSync.create(cfg, trainer, moe_engines.engine_urls, api_key=config.api_key) as sync:
                     with pytest.raises(WeightSyncProbeError, match="experts.w13_weight"):
                         sync.probe(step)
                     report = sync.update(step)

@@ -1,14 +1,15 @@
-"""MegatronGroup's failure messages when a node is lost, with Ray's node / actor tables faked."""
+"""MegatronGroup's failure messages (rank_actors.RankActors) when a node is lost, with Ray's node / actor
+tables faked."""
 
 import ray
 from ray._private import state
 
-from lean_rl.backends.megatron.group import MegatronGroup
+from lean_rl.backends.megatron.rank_actors import RankActors
 
 
 def _group(nodes, wait_s=2.0):
-    group = object.__new__(MegatronGroup)
-    group._nodes, group._actor_ids, group.node_loss_wait_s = list(nodes), [f"a{i}" for i in range(len(nodes))], wait_s
+    group = RankActors(node_loss_wait_s=wait_s)
+    group.nodes, group.actor_ids = list(nodes), [f"a{i}" for i in range(len(nodes))]
     return group
 
 

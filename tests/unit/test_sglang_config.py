@@ -179,8 +179,10 @@ def test_cpu_engines_share_the_cores_with_one_share_left_for_the_trainer(monkeyp
     assert EngineConfig(model_path="/m", num_engines=1, device="cpu").threads_per_cpu_engine == 8
     assert EngineConfig(model_path="/m", num_engines=3, device="cpu").threads_per_cpu_engine == 4
     assert EngineConfig(model_path="/m", num_engines=20, device="cpu").threads_per_cpu_engine == 1
-    assert EngineConfig(model_path="/m", num_engines=1, device="cpu").server_env() == {"OMP_NUM_THREADS": "8"}
-    assert EngineConfig(model_path="/m", num_engines=1, device="cuda", gpus_per_engine=1).server_env() == {}
+    no_auth = {"api_key": ""}  # --sglang-api-key none (tests/unit/test_sglang_api_key.py: with a key)
+    assert EngineConfig(model_path="/m", num_engines=1, device="cpu", **no_auth).server_env() == {
+        "OMP_NUM_THREADS": "8"}
+    assert EngineConfig(model_path="/m", num_engines=1, device="cuda", gpus_per_engine=1, **no_auth).server_env() == {}
     config, _ = parse(["--hf-checkpoint", "/m", "--rollout-num-engines", "2", "--engine-cpu-threads", "6"])
     assert config.threads_per_cpu_engine == 6
     with pytest.raises(ConfigError, match="--engine-cpu-threads: must be >= 1, got 0"):
@@ -211,18 +213,31 @@ def test_engine_nodes_need_a_cluster_and_one_node_per_engine():
 
 
 def test_engine_actor_binds_its_own_host_and_port_and_gpu_zero(monkeypatch):
+    import dataclasses
+
     from lean_rl.backends.sglang import engine_actor
 
     monkeypatch.setattr(engine_actor, "service_host", lambda on_cluster: "10.0.0.7")
     monkeypatch.setattr(engine_actor, "find_free_port", lambda host: 41234)
     gpu = parse(["--hf-checkpoint", "/m", "--rollout-num-gpus", "4", "--rollout-num-gpus-per-engine", "2"],
                 device="cuda")[0]
-    actor = engine_actor.EngineActor(gpu, 1, "/tmp/unused/engine-1.log")
+    actor = engine_actor.EngineActor(dataclasses.replace(gpu, on_cluster=True), 1, "/tmp/unused/engine-1.log")
     try:
         assert actor.url() == "http://10.0.0.7:41234"
         flags = actor._server_flags()
         assert flag_values(flags, "--host") == ["10.0.0.7"] and flag_values(flags, "--port") == ["41234"]
         assert flag_values(flags, "--base-gpu-id") == ["0"] and flag_values(flags, "--tp-size") == ["2"]
         assert actor.alive() is False and actor.tree_pids() == [] and actor.log_tail() == ""
+    finally:
+        actor.shutdown()
+
+
+def test_on_one_node_an_engine_actor_binds_the_runs_host_and_port():
+    from lean_rl.backends.sglang import engine_actor
+
+    config = resolve_ports(parse(["--hf-checkpoint", "/m", "--rollout-num-engines", "2"])[0])
+    actor = engine_actor.EngineActor(config, 1, "/tmp/unused/engine-1.log")
+    try:
+        assert actor.url() == config.engine_urls[1] and actor.url().startswith("http://127.0.0.1:")
     finally:
         actor.shutdown()

@@ -2,49 +2,37 @@
 A MegatronGroup serves one model: the policy (role "actor") or PPO's value model (role "critic"), as
 set up by setup_training; train_driver.py trains on a rollout with one or both.
 
-Placement: one placement-group bundle per trainer node (TrainerLayout.num_nodes; STRICT_SPREAD over
-distinct Ray nodes when there are several, PACK for one), each holding that node's ranks; ranks are
-numbered node by node (node k runs ranks k * ranks_per_node, ...). Each rank records its node's
-address and pid (rank_nodes(), rank_pids()). With `colocated` (--colocate on a cluster) the ranks take
-COLOCATED_RANK_SHARE of their devices and the SGLang engines go into the same bundles (runtime.py).
-
-Lifetime: actors are ordinary (non-detached) Ray actors owned by this driver, so Ray kills them when
-the driver exits; any failed or timed-out call kills the whole group before the error propagates
-(the other ranks would otherwise sit in a collective until the gloo/NCCL timeout), and shutdown()
-waits for the actor processes to be gone: with psutil for ranks on the driver's node, through Ray's
-actor table (state DEAD) for ranks on other nodes. Every wait has a deadline.
-
-Node loss: when a rank dies, or a collective loses its peer, the error names the group's nodes that
-Ray reports dead and their ranks, waiting for Ray's verdict at most node_loss_wait_s (Ray declares a
-node dead only after some missed health checks); ranks on a dead node are not waited for at shutdown."""
+How the ranks live on Ray (one placement-group bundle per trainer node, ranks numbered node by node,
+where each runs, lockstep calls with deadlines, failures, node loss, shutdown) is rank_actors.py's
+RankActors; this module is what they do: load and gather weights, score, checkpoint, train. With
+`colocated` (--colocate on a cluster) the ranks take COLOCATED_RANK_SHARE of their devices and the
+SGLang engines go into the same bundles (runtime.py)."""
 
 from __future__ import annotations
 
 import logging
-import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Sequence
 
-import psutil
 import torch
 
 from lean_rl.backends.megatron.config import MegatronConfig, ParallelConfig
 from lean_rl.backends.megatron.distributed import RankLayout
 from lean_rl.backends.megatron.hf_config import arch_from_hf_config, check_arch_matches_checkpoint, hf_family
 from lean_rl.backends.megatron.rank import MegatronRank
+from lean_rl.backends.megatron.rank_actors import MegatronGroupError, RankActors
 from lean_rl.backends.megatron.scoring_plan import plan_scoring
 from lean_rl.backends.megatron.train_config import BatchPlan, TrainConfig, TrainerLayout
 from lean_rl.utils.device import detect_device
+
+# MegatronGroupError (defined in rank_actors.py): what a failed call raises; importable from here
+__all__ = ["COLOCATED_RANK_SHARE", "LogProbOutput", "MegatronGroup", "MegatronGroupError"]
 
 logger = logging.getLogger(__name__)
 
 # --colocate on a cluster: a rank's share of its GPU (or CPUs); engines in its bundle get the rest.
 COLOCATED_RANK_SHARE = 0.75
-
-
-class MegatronGroupError(RuntimeError):
-    """A call failed or timed out on some rank; the group has been shut down."""
 
 
 @dataclass(frozen=True)
@@ -77,19 +65,13 @@ class MegatronGroup:
         self.world_size, self.data_parallel_size, self.device = layout.world_size, layout.data_parallel_size, layout.device
         device = layout.device
         self.call_timeout_s = call_timeout_s
-        self.node_loss_wait_s = node_loss_wait_s
         self.family: str | None = None
         # set by setup_training: TrainConfig, AlgorithmConfig, and the model served: "actor" | "critic"
         self.train_config = None
         self.algorithm_config = None
         self.role: str | None = None
         self.batch_plan: BatchPlan | None = None
-        self._actors: list[Any] = []
-        self._actor_ids: list[str] = []
-        self._pids: list[int] = []
-        self._nodes: list[str] = []  # per rank: its node's address, as Ray knows it
-        self._placement_group = None
-        self._gpu_ids: list[list] = []  # per rank: the GPU ids Ray gave it (on its node)
+        self._ranks = RankActors(node_loss_wait_s)
         self.colocated = colocated
         self.cpus_per_rank = num_cpus_per_actor
         if device != "cuda" and num_cpus_per_actor <= 0:
@@ -98,26 +80,15 @@ class MegatronGroup:
         # from the address of the node it landed on.
         env = {"OMP_NUM_THREADS": str(num_threads)}
         try:
-            self._placement_group = _reserve_nodes(layout, num_cpus_per_actor, start_timeout_s)
-            per_node = layout.ranks_per_node
             # colocated: a fraction of a GPU (> 1/2, so that two ranks never share one) or of the CPUs
             share = COLOCATED_RANK_SHARE if colocated else 1
-            for rank in range(self.world_size):
-                actor_cls = ray.remote(MegatronRank).options(
-                    num_cpus=num_cpus_per_actor if device == "cuda" else num_cpus_per_actor * share,
-                    num_gpus=share if device == "cuda" else 0, max_restarts=0,
-                    max_concurrency=1, runtime_env={"env_vars": env},
-                    scheduling_strategy=_bundle(self._placement_group, rank // per_node))
-                self._actors.append(actor_cls.remote(rank, self.world_size, config, device, seed, num_threads,
-                                                     layout.on_cluster))
-                self._actor_ids.append(self._actors[-1]._actor_id.hex())
-            locations = self.call_all("location", timeout_s=start_timeout_s)
-            self._nodes = [where["node_ip"] for where in locations]
-            self._pids = [where["pid"] for where in locations]
-            self._gpu_ids = [list(where.get("gpu_ids", ())) for where in locations]
-            logger.info("trainer ranks on nodes %s (rank i on the i-th)", self._nodes)
-            host, port = self._wait([self._actors[0].call.remote("open_rendezvous", dist_timeout_s)],
-                                    start_timeout_s, "open_rendezvous")[0]
+            self._ranks.start(MegatronRank, lambda rank: (rank, self.world_size, config, device, seed, num_threads,
+                                                          layout.on_cluster), layout,
+                              num_cpus=num_cpus_per_actor if device == "cuda" else num_cpus_per_actor * share,
+                              num_gpus=share if device == "cuda" else 0, env=env, cpus_per_rank=num_cpus_per_actor,
+                              timeout_s=start_timeout_s)
+            logger.info("trainer ranks on nodes %s (rank i on the i-th)", self._ranks.nodes)
+            host, port = self._ranks.call_first("open_rendezvous", dist_timeout_s, timeout_s=start_timeout_s)
             self.rendezvous_host: str = host
             self.rendezvous_port: int = port
             self.layouts: list[RankLayout] = self.call_all("init_distributed", host, port, dist_timeout_s,
@@ -249,18 +220,29 @@ class MegatronGroup:
         if self.train_config is None:
             raise RuntimeError("call setup_training() (or initialize_for_training()) first")
 
+    # -- where the ranks run (rank_actors.RankActors), and engines beside them ----------------------
+
     def rank_pids(self) -> list[int]:
         """Per rank, its process id (on its own node: see rank_nodes)."""
-        return list(self._pids)
+        return list(self._ranks.pids)
 
     def rank_nodes(self) -> list[str]:
         """Per rank, the address of the Ray node it runs on."""
-        return list(self._nodes)
+        return list(self._ranks.nodes)
+
+    def rank_actor_ids(self) -> list[str]:
+        """Per rank, its Ray actor id (hex), as in Ray's actor table."""
+        return list(self._ranks.actor_ids)
 
     @property
     def placement_group(self):
         """The trainer's placement group: bundle k holds the ranks of trainer node k."""
-        return self._placement_group
+        return self._ranks.placement_group
+
+    @property
+    def node_loss_wait_s(self) -> float:
+        """How long a failure waits (at most) for Ray to tell whether a rank's node is lost."""
+        return self._ranks.node_loss_wait_s
 
     def colocated_engine_resources(self, engines_on_node: int) -> dict[str, float]:
         """Ray resources of one of `engines_on_node` engines placed into a trainer node's bundle
@@ -280,58 +262,12 @@ class MegatronGroup:
         node's ranks slot * gpus_per_engine, ... (the devices it takes turns on with them)."""
         per_node = self.trainer_layout.ranks_per_node
         ranks = range(node * per_node + slot * gpus_per_engine, node * per_node + (slot + 1) * gpus_per_engine)
-        return [str(gpu) for rank in ranks for gpu in self._gpu_ids[rank]]
-
-    def rank_actor_ids(self) -> list[str]:
-        """Per rank, its Ray actor id (hex), as in Ray's actor table."""
-        return list(self._actor_ids)
+        return [str(gpu) for rank in ranks for gpu in self._ranks.gpu_ids[rank]]
 
     def shutdown(self, wait_s: float = 30.0) -> None:
-        """Kill every actor and wait (bounded) until their processes are gone: psutil for the ranks
-        on the driver's node, Ray's actor table (DEAD) for the others. Then release the placement
-        group. Idempotent."""
-        import ray
-
-        actors, self._actors = self._actors, []
-        placement, self._placement_group = self._placement_group, None
-        for actor in actors:
-            ray.kill(actor, no_restart=True)
-        try:
-            self._wait_ranks_gone(len(actors), wait_s)
-        finally:
-            if placement is not None:
-                from ray.util.placement_group import remove_placement_group
-
-                remove_placement_group(placement)
-
-    def _wait_ranks_gone(self, num_actors: int, wait_s: float) -> None:
-        import ray
-
-        if not num_actors:
-            return
-        here = ray.util.get_node_ip_address()
-        # a rank whose location is unknown (it failed to start) is waited for through Ray; one on a
-        # node Ray reports dead is gone with its node (no raylet left to confirm it)
-        lost = self._lost_nodes(0.0)
-        remote = [(rank, actor_id) for rank, actor_id in enumerate(self._actor_ids[:num_actors])
-                  if (rank >= len(self._nodes) or self._nodes[rank] != here)
-                  and not (rank < len(self._nodes) and self._nodes[rank] in lost)]
-        deadline = time.monotonic() + wait_s
-        processes = []
-        for pid in [pid for pid, node in zip(self._pids, self._nodes) if node == here]:
-            try:
-                processes.append(psutil.Process(pid))
-            except psutil.NoSuchProcess:
-                pass
-        _, alive = psutil.wait_procs(processes, timeout=wait_s)
-        if alive:
-            raise MegatronGroupError(f"actor processes {[p.pid for p in alive]} still alive {wait_s}s after ray.kill")
-        left = _wait_actors_dead([actor_id for _, actor_id in remote], max(deadline - time.monotonic(), 1.0))
-        if left:
-            where = [f"rank {rank} on {self._nodes[rank] if rank < len(self._nodes) else '?'}"
-                     + (f" (pid {self._pids[rank]})" if rank < len(self._pids) else "")
-                     for rank, actor_id in remote if actor_id in left]
-            raise MegatronGroupError(f"actors {', '.join(where)} not reported dead by Ray {wait_s}s after ray.kill")
+        """Kill every rank and wait (bounded) until their processes are gone; then release the
+        placement group. Idempotent."""
+        self._ranks.shutdown(wait_s)
 
     def __enter__(self) -> "MegatronGroup":
         return self
@@ -344,147 +280,10 @@ class MegatronGroup:
     def call_all(self, method: str, *args, timeout_s: float | None = None) -> list:
         """`method` with the same `args` on every rank, in lockstep; results in rank order. `method`
         names a rank method ("build_model"), a trainer method ("trainer.train_step") or one of an
-        attached object ("weight_sync.setup"; rank.MegatronRank.call)."""
-        return self.call_each(method, [args] * len(self._actors), timeout_s)
+        attached object ("weight_sync.setup"; rank.MegatronRank.call). A failure or timeout on any
+        rank shuts the group down and raises MegatronGroupError (rank_actors.py)."""
+        return self._ranks.call_all(method, *args, timeout_s=self.call_timeout_s if timeout_s is None else timeout_s)
 
     def call_each(self, method: str, per_rank_args: Sequence[tuple], timeout_s: float | None = None) -> list:
         """As call_all, with one argument tuple per rank (rank order)."""
-        if not self._actors:
-            raise MegatronGroupError(f"{method}: the group is shut down")
-        refs = [actor.call.remote(method, *args) for actor, args in zip(self._actors, per_rank_args)]
-        return self._wait(refs, self.call_timeout_s if timeout_s is None else timeout_s, method)
-
-    def _wait(self, refs: list, timeout_s: float, what: str) -> list:
-        """Results in rank order; the first failure (not the last) ends the wait and the group. When
-        a rank's node is gone (Ray reports it dead), the error says so: node, ranks lost."""
-        import ray
-
-        deadline = time.monotonic() + timeout_s
-        pending = {ref: rank for rank, ref in enumerate(refs)}
-        results: list = [None] * len(refs)
-        while pending:
-            left = deadline - time.monotonic()
-            ready = ray.wait(list(pending), num_returns=1, timeout=max(left, 0))[0] if left > 0 else []
-            if not ready:
-                ranks = sorted(pending.values())
-                lost = self._lost_node_note(self._lost_nodes(0.0))
-                self._shutdown_after_failure()
-                raise MegatronGroupError(f"{what}: {lost}ranks {ranks} did not finish within {timeout_s:.0f}s; "
-                                         "group shut down")
-            for ref in ready:
-                rank = pending.pop(ref)
-                try:
-                    results[rank] = ray.get(ref, timeout=max(deadline - time.monotonic(), 1.0))
-                except Exception as error:
-                    cause = getattr(error, "cause", None) or error  # RayTaskError wraps the rank's exception
-                    message = self._failure_message(what, rank, error, cause)
-                    self._shutdown_after_failure()
-                    raise MegatronGroupError(message) from error
-        return results
-
-    def _failure_message(self, what: str, rank: int, error: BaseException, cause: BaseException) -> str:
-        import ray
-
-        text = str(cause).strip().splitlines()[0][:300] if str(cause).strip() else ""
-        first = f"rank {rank} ({type(cause).__name__}: {text})"
-        died = isinstance(error, ray.exceptions.RayActorError)
-        # A rank that died, or a peer's collective that lost its connection: wait (bounded) for Ray to
-        # tell whether a node went (it notices a dead raylet only after a few missed health checks).
-        peer_lost = died or any(word in str(cause) for word in _PEER_LOST)
-        lost = self._lost_nodes(self.node_loss_wait_s if peer_lost else 0.0)
-        if lost:
-            return f"{what}: {self._lost_node_note(lost)}first failure: {first}; group shut down"
-        if died:
-            node = self._nodes[rank] if rank < len(self._nodes) else "?"
-            return (f"{what}: rank {rank} (MegatronRank) on node {node} died ({type(cause).__name__}: {text}); "
-                    f"Ray still reports node {node} alive; group shut down")
-        return f"{what} failed on rank {rank} ({type(cause).__name__}: {cause}); group shut down"
-
-    def _lost_nodes(self, wait_s: float) -> dict[str, list[int]]:
-        """The group's nodes that Ray reports dead, each with its ranks; polled up to `wait_s` for one,
-        or until Ray reports a rank's actor dead on a live node (a crashed process, not a lost node)."""
-        from ray._private import state
-
-        deadline = time.monotonic() + wait_s
-        while self._nodes:
-            try:
-                lost = self._dead_nodes_now()
-                if lost or time.monotonic() >= deadline:
-                    return lost
-                if any((state.actors(actor_id=a) or {}).get("State") == "DEAD" for a in self._actor_ids):
-                    return self._dead_nodes_now()  # once more: the node may have been declared dead meanwhile
-            except Exception:  # noqa: BLE001 - no answer from the GCS: say nothing rather than guess
-                return {}
-            time.sleep(0.5)
-        return {}
-
-    def _dead_nodes_now(self) -> dict[str, list[int]]:
-        import ray
-
-        alive = {node["NodeManagerAddress"] for node in ray.nodes() if node["Alive"]}
-        return {ip: [r for r, node in enumerate(self._nodes) if node == ip] for ip in sorted(set(self._nodes) - alive)}
-
-    @staticmethod
-    def _lost_node_note(lost: dict[str, list[int]]) -> str:
-        return "".join(f"node {ip} is lost (Ray reports it dead): ranks {ranks} (MegatronRank) died; "
-                       for ip, ranks in lost.items())
-
-    def _shutdown_after_failure(self) -> None:
-        """Shut down, bounded; a shutdown that cannot confirm every actor gone is logged, so that the
-        error that ended the group (not this one) is what the caller sees."""
-        try:
-            self.shutdown()
-        except Exception as error:  # noqa: BLE001
-            logger.warning("trainer group shutdown after a failure: %s", error)
-
-
-# what a gloo / NCCL collective reports when a peer rank's process (or node) went away
-_PEER_LOST = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "ECONNRESET",
-              "Connection refused", "NCCL communicator was aborted", "remote process exited")
-
-
-def _reserve_nodes(layout: TrainerLayout, cpus_per_rank: float, timeout_s: float):
-    """A placement group of one bundle per trainer node (its ranks' CPUs, and GPUs on CUDA), on
-    distinct Ray nodes (STRICT_SPREAD) when there are several; ready, or an error that says why not."""
-    import ray
-    from ray.util.placement_group import placement_group, remove_placement_group
-
-    per_node = layout.ranks_per_node
-    bundle = {"CPU": per_node * cpus_per_rank}
-    if layout.device == "cuda":
-        bundle["GPU"] = per_node
-    bundle = {name: amount for name, amount in bundle.items() if amount > 0}
-    strategy = "STRICT_SPREAD" if layout.num_nodes > 1 else "PACK"
-    what = f"{layout.num_nodes} trainer node(s) x {per_node} rank(s) ({bundle} per node, {strategy})"
-    alive = [node for node in ray.nodes() if node["Alive"]]
-    if layout.num_nodes > len(alive):
-        raise MegatronGroupError(f"cannot place {what}: the Ray cluster has {len(alive)} node(s) alive "
-                                 f"({', '.join(n['NodeManagerAddress'] for n in alive)})")
-    group = placement_group([dict(bundle) for _ in range(layout.num_nodes)], strategy=strategy)
-    if not group.wait(timeout_seconds=timeout_s):
-        remove_placement_group(group)
-        free = {f"{n['NodeManagerAddress']}": {k: v for k, v in n["Resources"].items() if k in ("CPU", "GPU")}
-                for n in alive}
-        raise MegatronGroupError(f"cannot place {what} within {timeout_s:.0f}s (node resources: {free}; other "
-                                 "actors may hold them)")
-    return group
-
-
-def _bundle(group, index: int):
-    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
-
-    return PlacementGroupSchedulingStrategy(placement_group=group, placement_group_bundle_index=index)
-
-
-def _wait_actors_dead(actor_ids: list[str], timeout_s: float) -> set[str]:
-    """Poll Ray's actor table until every actor is DEAD (or absent); returns those that are not."""
-    from ray._private import state
-
-    deadline = time.monotonic() + timeout_s
-    left = set(actor_ids)
-    while left:
-        left = {a for a in left if (state.actors(actor_id=a) or {}).get("State", "DEAD") != "DEAD"}
-        if not left or time.monotonic() > deadline:
-            break
-        time.sleep(0.2)
-    return left
+        return self._ranks.call_each(method, per_rank_args, self.call_timeout_s if timeout_s is None else timeout_s)

@@ -220,12 +220,12 @@ class TrainerLayout:
         return cls(device, world_size, parallel.data_parallel_size(world_size), num_nodes, on_cluster)
 
     def colocated_engine_nodes(self, num_engines: int, gpus_per_engine: int = 0) -> list[int]:
-        """--colocate on a cluster: per engine, the trainer node (placement-group bundle) it shares
+        """--colocate: per engine, the trainer node (placement-group bundle) it shares
         devices with. E engines over N trainer nodes: E a multiple of N (E / N engines per node,
         engines numbered node by node) or a divisor of N (engine i on node i * N / E)."""
         n = self.num_nodes
         _require(num_engines % n == 0 or n % num_engines == 0,
-                 f"--colocate on a cluster places every engine on a trainer node: --rollout-num-engines "
+                 f"--colocate places every engine on a trainer node: --rollout-num-engines "
                  f"({num_engines}) must be a multiple of --actor-num-nodes ({n}) or divide it evenly")
         per_node = max(num_engines // n, 1)
         if self.device == "cuda":

@@ -12,7 +12,8 @@ Policy (shared by both): every call has a timeout; failures to *connect* are ret
 exponential backoff (the request never reached the server, so a retry cannot run it twice); a read
 timeout or a dropped connection mid-request is raised at once; HTTP errors raise with the server's
 own message. Generation goes through the router; weight updates, abort and pause/continue must go to
-each engine directly (sglang-router 0.3.2 does not forward them).
+each engine directly (sglang-router 0.3.2 does not forward them). With `api_key` (the run's,
+EngineConfig.api_key) every call carries `Authorization: Bearer <key>`.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from typing import Any
 
 import httpx
 
+from lean_rl.backends.sglang.config import auth_headers
 from lean_rl.backends.sglang.responses import (
     GenerateResult,
     ScoreResult,
@@ -94,6 +96,7 @@ class EngineClient:
     connect_timeout_s: float = 5.0
     retry: RetryPolicy = field(default_factory=RetryPolicy)
     max_connections: int = 4096  # the rollout keeps this many requests in flight at most
+    api_key: str | None = field(default=None, repr=False)  # the run's key (EngineConfig.api_key); None/"": none
     # httpx's async connection pool belongs to the event loop that first used it: when the running
     # loop changes (e.g. a second asyncio.run()), start a new pool instead of failing on the old one.
     _http: httpx.AsyncClient | None = field(default=None, init=False, repr=False)
@@ -107,7 +110,8 @@ class EngineClient:
         if self._http is None or self._http_loop is not loop:
             limits = httpx.Limits(max_connections=self.max_connections, max_keepalive_connections=256)
             # trust_env=False: a proxy from the environment must never sit between us and 127.0.0.1
-            self._http = httpx.AsyncClient(base_url=self.base_url, limits=limits, trust_env=False)
+            self._http = httpx.AsyncClient(base_url=self.base_url, limits=limits, trust_env=False,
+                                           headers=auth_headers(self.api_key))
             self._http_loop = loop
         return self._http
 

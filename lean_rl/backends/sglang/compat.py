@@ -59,8 +59,8 @@ def keep_single_process_store_local() -> None:
     # world_size=1) (sglang/srt/distributed/parallel_state.py:2517, reached from
     # sglang/srt/distributed/bootstrap.py:322). torch's TCPStore server always binds all interfaces
     # (*:<port>), which would give every engine a non-loopback listener. With one process there is
-    # nobody to rendezvous with, so an in-process HashStore is equivalent. Multi-process groups
-    # (tp > 1) are left alone.
+    # nobody to rendezvous with, so an in-process HashStore is equivalent. Applied on every device.
+    # Multi-process groups (tp > 1, GPU) are left alone: their store still listens on all interfaces.
     import torch.distributed as dist
 
     if getattr(dist.init_process_group, "_lean_rl_local_store", False):
@@ -80,6 +80,28 @@ def keep_single_process_store_local() -> None:
 
     init_process_group._lean_rl_local_store = True
     dist.init_process_group = init_process_group
+
+
+_SECRET_SERVER_ARGS = ("api_key", "admin_api_key")
+
+
+def redact_server_args_logging() -> None:
+    """Server side, every device. SGLang logs `server_args={...}` (its resolved args, the key included) when it starts
+    (sglang/srt/entrypoints/engine.py:1185, via _server_args_for_logging): log the key as '<redacted>'."""
+    from sglang.srt.entrypoints import engine
+
+    original = engine._server_args_for_logging
+    if getattr(original, "_lean_rl_redacts", False):
+        return
+
+    def for_logging(server_args):
+        values = original(server_args)
+        if isinstance(values, dict):
+            values = {k: ("<redacted>" if k in _SECRET_SERVER_ARGS and v else v) for k, v in values.items()}
+        return values
+
+    for_logging._lean_rl_redacts = True
+    engine._server_args_for_logging = for_logging
 
 
 def load_torchvision_fix() -> None:

@@ -7,10 +7,17 @@ dataclass that knows the exact command-line flags of every SGLang server and of 
     passthrough = split_passthrough(unknown)               # --sglang-<flag> / --router-<flag> -> the servers
     config = read_options(EngineConfig, args, device=detect_device(), server_passthrough=passthrough.server,
                           router_passthrough=passthrough.router)   # passthrough.rest: for the caller to reject
-    config = resolve_ports(config)                         # the ports, chosen once
+    config = resolve_api_key(resolve_ports(config))        # the ports and the API key, chosen once
 
-A declared `--sglang-*` flag (e.g. `--sglang-host`) is parsed by argparse and so never reaches the
-passthrough.
+A declared `--sglang-*` flag (e.g. `--sglang-host`, `--sglang-api-key`) is parsed by argparse and so
+never reaches the passthrough.
+
+Authentication: every server and the router require `Authorization: Bearer <key>` (SGLang's and
+sglang-router's own `api_key`), with one key per run: --sglang-api-key, else $LEAN_RL_API_KEY, else a
+random one chosen by resolve_api_key; `--sglang-api-key none` turns it off. The key never appears on
+a command line (other local users can read /proc/PID/cmdline): the children get it in their
+environment (`server_env()` / `router_env()`, read by launch.py / launch_router.py), and clients take
+it explicitly (`EngineClient(url, api_key=config.api_key)`, `auth_headers(config.api_key)`).
 
 The device is chosen at run time: CPU flags when torch sees no CUDA device, SGLang's GPU defaults
 otherwise. A user's `--sglang-<flag>` replaces our default for `--<flag>`.
@@ -20,6 +27,9 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
+import secrets
+import sys
 from dataclasses import dataclass, field
 
 from lean_rl.options import ConfigError, option
@@ -30,6 +40,16 @@ DEFAULT_HOST = "127.0.0.1"
 # for the tiny and small models and takes a few MB.
 DEFAULT_CPU_MAX_TOTAL_TOKENS = 16384
 
+# The run's API key: the flag, else this environment variable, else a random key (resolve_api_key).
+API_KEY_ENV = "LEAN_RL_API_KEY"
+# How a server (launch.py) and the router (launch_router.py) receive the key: their environment.
+CHILD_API_KEY_ENV = "LEAN_RL_SGLANG_API_KEY"
+# `--sglang-api-key none` (or LEAN_RL_API_KEY=none): no authentication. Stored as NO_API_KEY.
+API_KEY_OFF = "none"
+NO_API_KEY = ""
+# What goes into an HTTP header unquoted: printable ASCII, no spaces.
+_API_KEY_CHARS = re.compile(r"[\x21-\x7e]+")
+
 # Flags the launcher sets itself: passing them through would silently fight it.
 _MANAGED_SERVER_FLAGS = {
     "model-path": "--hf-checkpoint",
@@ -37,10 +57,14 @@ _MANAGED_SERVER_FLAGS = {
     "device": "nothing (the device follows torch.cuda.is_available())",
     "tp-size": "--rollout-num-gpus-per-engine",
     "base-gpu-id": "nothing (engine i uses GPUs i*per_engine ...)",
+    "api-key": "--sglang-api-key",
+    # with an admin key, SGLang refuses the run's key on the weight-update endpoints
+    "admin-api-key": "nothing (--sglang-api-key protects every endpoint)",
 }
 _MANAGED_ROUTER_FLAGS = {
     "host": "--sglang-host",
     "worker-urls": "nothing (the engine group adds its own servers)",
+    "api-key": "--sglang-api-key",
 }
 
 
@@ -110,6 +134,12 @@ class EngineConfig:
     host: str = option(DEFAULT_HOST, flag="--sglang-host",
                        help="address the servers and the router bind (one node; with --ray-address each "
                             "binds the Ray address of the node it runs on)")
+    # None until resolve_api_key; NO_API_KEY ("") when authentication is off. Kept out of the repr.
+    api_key: str | None = option(None, flag="--sglang-api-key", metavar="KEY", secret=True,
+                                 convert=lambda value: _api_key_value(value, "--sglang-api-key"),
+                                 help=f"key every SGLang server and the router require (Authorization: Bearer "
+                                      f"KEY); default ${API_KEY_ENV}, else a random key per run; "
+                                      f"'{API_KEY_OFF}': no authentication")
     base_port: int | None = option(None, flag="--sglang-base-port",
                                    help="engine i listens on this + i (default: free ports)")
     router_port: int | None = option(None, flag="--router-port", help="sglang-router port (default: a free port)")
@@ -179,10 +209,37 @@ class EngineConfig:
         if not self.ports_resolved:
             raise ConfigError("the engine ports are not chosen yet: use resolve_ports(config)")
 
+    @property
+    def api_key_resolved(self) -> bool:
+        return self.api_key is not None
+
+    def _require_api_key(self) -> str:
+        if self.api_key is None:
+            raise ConfigError("the API key is not chosen yet: use resolve_api_key(config)")
+        return self.api_key
+
+    def auth_headers(self) -> dict[str, str]:
+        """The HTTP headers every call to a server or the router carries ({} with authentication off)."""
+        return auth_headers(self._require_api_key())
+
+    def _child_key_env(self) -> dict[str, str]:
+        key = self._require_api_key()
+        return {CHILD_API_KEY_ENV: key} if key else {}
+
     def server_env(self) -> dict[str, str]:
         """Environment each server needs beyond the parent's: OpenMP and torch read their thread
-        count only from there."""
-        return {"OMP_NUM_THREADS": str(self.threads_per_cpu_engine)} if self.device == "cpu" else {}
+        count only from there; launch.py reads the API key from there (never from argv)."""
+        env = {"OMP_NUM_THREADS": str(self.threads_per_cpu_engine)} if self.device == "cpu" else {}
+        return {**env, **self._child_key_env()}
+
+    def router_env(self) -> dict[str, str]:
+        """Environment the router needs beyond the parent's: the API key, for launch_router.py."""
+        return self._child_key_env()
+
+    def router_command(self, port: int, prometheus_port: int) -> list[str]:
+        """The router's whole command line; start it with router_env() in its environment."""
+        flags = self.router_flags(port, prometheus_port)
+        return [sys.executable, "-m", "lean_rl.backends.sglang.launch_router", *flags]
 
     def server_flags(self, engine_index: int, port: int) -> list[str]:
         """Every flag of engine `engine_index`'s server (for `python -m lean_rl.backends.sglang.launch`)."""
@@ -208,7 +265,8 @@ class EngineConfig:
         return _merge_flags(flags, flags_to_dict(self.server_passthrough))
 
     def router_flags(self, port: int, prometheus_port: int) -> list[str]:
-        """Every flag of sglang-router (for `python -m sglang_router.launch_router`); workers come later."""
+        """Every flag of sglang-router (for `python -m lean_rl.backends.sglang.launch_router`, which
+        adds the API key from its environment); workers come later."""
         flags = {
             "--host": [self.host],
             "--port": [str(port)],
@@ -246,6 +304,18 @@ def validate_engine_config(config: EngineConfig) -> None:
         fail("--engine-request-timeout", f"must be > 0 seconds, got {config.request_timeout_s}")
     if config.cpu_threads is not None and config.cpu_threads < 1:
         fail("--engine-cpu-threads", f"must be >= 1, got {config.cpu_threads}")
+    if config.api_key:
+        _api_key_value(config.api_key, "--sglang-api-key")
+        server = flags_to_dict(config.server_passthrough)
+        # SGLang 0.5.23 enforces the key in single-tokenizer mode only (http_server.py asserts it is
+        # unset otherwise), and its gRPC listener bypasses the key (serving_hook.py refuses both).
+        workers = (server.get("--tokenizer-worker-num") or ["1"])[0]
+        if not workers.isdigit() or int(workers) > 1:
+            fail("--sglang-tokenizer-worker-num", f"SGLang checks API keys with one tokenizer worker only; "
+                                                  f"use 1 or --sglang-api-key {API_KEY_OFF}")
+        if "--grpc-port" in server:
+            fail("--sglang-grpc-port", f"SGLang's gRPC listener does not check API keys; "
+                                       f"use --sglang-api-key {API_KEY_OFF} to serve gRPC")
     if config.engine_nodes and len(config.engine_nodes) != config.num_engines:
         fail("engine nodes", f"{len(config.engine_nodes)} nodes for {config.num_engines} engines")
     if config.engine_nodes and not config.on_cluster:
@@ -280,6 +350,36 @@ def _num_engines(config: EngineConfig) -> int:
         raise ConfigError(f"--rollout-num-engines: {given} disagrees with --rollout-num-gpus "
                           f"{gpus} / --rollout-num-gpus-per-engine {per_engine} = {derived}")
     return derived
+
+
+def auth_headers(api_key: str | None) -> dict[str, str]:
+    """`Authorization: Bearer <key>`, the header SGLang and sglang-router check; {} for no key."""
+    return {"Authorization": f"Bearer {api_key}"} if api_key else {}
+
+
+def _api_key_value(value: str | None, source: str) -> str | None:
+    """A key as given (flag or environment): None (not given) stays None, 'none' turns
+    authentication off (NO_API_KEY), anything else must fit in an HTTP header."""
+    if value is None:
+        return None
+    if value.strip().lower() == API_KEY_OFF:
+        return NO_API_KEY
+    if not _API_KEY_CHARS.fullmatch(value):
+        # never echo the value: it is a secret
+        raise ConfigError(f"{source}: an API key is printable ASCII without spaces ({len(value)} characters "
+                          f"given); '{API_KEY_OFF}' turns authentication off")
+    return value
+
+
+def resolve_api_key(config: EngineConfig, environ: dict[str, str] | None = None) -> EngineConfig:
+    """`config` with its API key chosen: --sglang-api-key when given, else $LEAN_RL_API_KEY, else a
+    random key (secrets.token_urlsafe(32)). Call it once (config.parse_config does); a config whose key
+    is chosen (or turned off) is returned as is."""
+    if config.api_key_resolved:
+        return config
+    environ = os.environ if environ is None else environ
+    key = _api_key_value(environ.get(API_KEY_ENV) or None, f"${API_KEY_ENV}")
+    return dataclasses.replace(config, api_key=secrets.token_urlsafe(32) if key is None else key)
 
 
 def resolve_ports(config: EngineConfig) -> EngineConfig:

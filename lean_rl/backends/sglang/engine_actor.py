@@ -1,18 +1,20 @@
-"""One SGLang server owned by a Ray actor on the node it runs on (the multi-node engine path).
+"""One SGLang server owned by a Ray actor on the node it runs on.
 
-EngineGroup on a cluster (`EngineConfig.on_cluster`, i.e. --ray-address) makes this plain class a
-Ray actor, one per engine, placed by a placement group (or pinned to a node). The actor:
+EngineGroup makes this plain class a Ray actor, one per engine, placed by engine_placement.py, on one
+node as on a cluster. The actor:
 
-- binds its server to `service_host(on_cluster)` (the node's Ray address) on a port free *on that
-  node* (`find_free_port(host)`), or --sglang-base-port + index when the user fixed the ports;
-- starts the server exactly as the single-node path does (processes.ChildProcess: same command line
-  `python -m lean_rl.backends.sglang.launch <flags>`, env, log file, own session, PDEATHSIG), from one
-  spawner thread that lives as long as the actor, so the server dies with the actor's process;
+- binds its server to `--sglang-host` (loopback by default) on one node; on a cluster
+  (`config.on_cluster`, --ray-address) to its node's Ray address (`service_host`), never 0.0.0.0;
+- listens on the port the run chose (`config.engine_ports`, one node), or --sglang-base-port + index,
+  or a port free *on its node* (a cluster);
+- starts the server as `python -m lean_rl.backends.sglang.launch <flags>` (processes.ChildProcess: env,
+  log file, own session, PDEATHSIG) from one spawner thread that lives as long as the actor, so the
+  server dies with the actor's process (and the actor with the driver that owns it);
 - answers url / alive / health wait / log tail / pids, restarts its server on the same port, and
-  stops it (bounded: SIGTERM, wait, SIGKILL).
+  stops it (bounded: SIGTERM, wait, SIGKILL); its server's private TMPDIR goes with it.
 
-Errors come back as EngineStartError raised in the actor; Ray re-raises them in the caller wrapped in
-a RayTaskError whose message holds the original one (with the log tail).
+Errors come back as EngineActorStartError raised in the actor; Ray re-raises them in the caller wrapped
+in a RayTaskError whose message holds the original one (with the log tail).
 """
 
 from __future__ import annotations
@@ -28,10 +30,12 @@ from lean_rl.backends.sglang.config import EngineConfig, _merge_flags, flags_to_
 from lean_rl.backends.sglang.processes import ChildProcess, ChildStartError, stop_all, wait_until_healthy
 from lean_rl.utils.net import find_free_port, require_free_port, service_host
 
-# Same as engines.py (kept in sync there): log lines after which a server hangs instead of exiting.
-_SERVER_FATAL_LOG_LINES = {
+# Failures after which an SGLang server hangs instead of exiting (uvicorn fails to bind, then the
+# server waits forever in "Waiting for application shutdown"): detect them in the log.
+SERVER_FATAL_LOG_LINES = {
     "error while attempting to bind on address": "cannot bind its port (another process took it)",
 }
+# <base>/lean_rl_sglang<i>_XXXXXXXX/tmpXXXXXXXX must stay under the 107-byte unix socket path limit.
 _MAX_TMP_BASE_LEN = 70
 
 
@@ -40,16 +44,18 @@ class EngineActorStartError(RuntimeError):
 
 
 class EngineActor:
-    def __init__(self, config: EngineConfig, index: int, log_path: str, *, on_cluster: bool = True,
-                 stop_timeout_s: float = 15.0, visible_devices: str | None = None):
+    def __init__(self, config: EngineConfig, index: int, log_path: str, *, stop_timeout_s: float = 15.0,
+                 visible_devices: str | None = None):
         self.config = config
         self.index = index
         self.log_path = Path(log_path)
         self.stop_timeout_s = stop_timeout_s
         # colocated on GPU: the devices the server uses (the trainer ranks' it shares), not Ray's pick
         self.visible_devices = visible_devices
-        self.host = service_host(on_cluster)
-        if config.base_port is not None:
+        self.host = service_host(True) if config.on_cluster else config.host
+        if config.engine_ports and not config.on_cluster:
+            self.port = config.engine_ports[index]  # chosen by the run (resolve_ports), checked by EngineGroup
+        elif config.base_port is not None:
             self.port = config.base_port + index
             require_free_port(self.port, "--sglang-base-port", self.host)
         else:
@@ -96,7 +102,7 @@ class EngineActor:
         try:
             return wait_until_healthy([(self._server, f"{self._url}/health")],
                                       self.config.start_timeout_s if timeout_s is None else timeout_s,
-                                      fatal_log_lines=_SERVER_FATAL_LOG_LINES)
+                                      fatal_log_lines=SERVER_FATAL_LOG_LINES)
         except ChildStartError as exc:
             raise EngineActorStartError(f"SGLang server {self.index} at {self._url} failed to start: {exc}") from None
 
@@ -136,7 +142,10 @@ class EngineActor:
 
     def _spawn(self) -> ChildProcess:
         cmd = [sys.executable, "-m", "lean_rl.backends.sglang.launch", *self._server_flags()]
-        # A private TMPDIR for SGLang's ipc sockets (see engines.py), next to the log when short enough.
+        # SGLang names its ZMQ ipc sockets with tempfile.NamedTemporaryFile(delete=False) and never
+        # removes them (sglang/srt/server_args.py PortArgs.init_new): a private TMPDIR that
+        # stop_server() deletes, next to the log (so even a killed driver leaves nothing in /tmp)
+        # unless that path is too long for an ipc socket path (at most 107 bytes).
         base = self.log_path.parent
         base.mkdir(parents=True, exist_ok=True)
         self._tmp_dir = tempfile.mkdtemp(prefix=f"lean_rl_sglang{self.index}_",

@@ -2,9 +2,8 @@
 put it back. Requests that were on it fail and are retried by the rollout through the router, which
 by then routes only to live engines (see rollout/default.py), so no sample is lost or duplicated.
 
-Runs on its own thread for the life of the group. That thread also starts the replacement servers,
-and a server dies with the thread that started it (PR_SET_PDEATHSIG, see processes.py), so the
-thread must outlive them: stop the monitor only when the group stops.
+Runs on its own thread for the life of the group; the replacement servers are started by their engine
+actors (engine_actor.py), so the thread may stop before the group does.
 """
 
 from __future__ import annotations
@@ -12,12 +11,12 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
-import time
 from dataclasses import dataclass, field
 from typing import Iterator
 
 import httpx
 
+from lean_rl.backends.sglang.config import auth_headers
 from lean_rl.backends.sglang.engines import EngineGroup
 
 logger = logging.getLogger(__name__)
@@ -44,7 +43,9 @@ class EngineMonitor:
         self._stop = threading.Event()
         self._held = threading.Event()
         self._thread: threading.Thread | None = None
-        self._http = httpx.Client(timeout=health_timeout_s, trust_env=False)
+        # SGLang 0.5.23 leaves /health open even with an API key; sent anyway, should that change
+        self._http = httpx.Client(timeout=health_timeout_s, trust_env=False,
+                                  headers=auth_headers(group.config.api_key))
 
     def start(self) -> EngineMonitor:
         self._thread = threading.Thread(target=self._run, name="lean_rl-engine-monitor", daemon=True)

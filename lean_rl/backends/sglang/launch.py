@@ -6,6 +6,12 @@ the point: SGLang starts its scheduler and detokenizer with multiprocessing's "s
 the parent's sys.argv and then re-imports the parent's main module (this file, as `__mp_main__`), so
 the children patch themselves the same way. The decision comes from argv, not from an environment
 variable, so a GPU launch from the same shell is never patched.
+
+The API key is the exception: it comes from the environment ($LEAN_RL_SGLANG_API_KEY, set by
+EngineConfig.server_env), never from argv, which any local user can read in /proc/PID/cmdline. It
+becomes SGLang's `api_key`: every endpoint but /health*, /ready* and /metrics* then requires
+`Authorization: Bearer <key>` (sglang/srt/utils/auth.py decide_request_auth). SGLang logs its
+resolved server args at start-up; the key is redacted there.
 """
 
 from __future__ import annotations
@@ -28,6 +34,10 @@ if device_from_argv(sys.argv[1:]) == "cpu":
     from lean_rl.backends.sglang.compat import apply_cpu_patches
 
     apply_cpu_patches()
+else:  # on every device: a tp=1 server's process group needs no TCP store (see compat.py)
+    from lean_rl.backends.sglang.compat import keep_single_process_store_local
+
+    keep_single_process_store_local()
 
 
 def main(argv: list[str]) -> None:
@@ -36,8 +46,16 @@ def main(argv: list[str]) -> None:
     from sglang.srt.server_args import prepare_server_args
     from sglang.srt.utils import kill_process_tree
 
+    from lean_rl.backends.sglang.compat import redact_server_args_logging
+    from lean_rl.backends.sglang.config import CHILD_API_KEY_ENV
+
+    # Out of the environment SGLang's own children inherit; they get it with the pickled server args.
+    api_key = os.environ.pop(CHILD_API_KEY_ENV, None)
     load_plugins()
     server_args = prepare_server_args(argv)
+    if api_key:
+        server_args.api_key = api_key  # before run_server resolves (and seals) the args
+    redact_server_args_logging()  # compat.py: SGLang logs its args, the key included
     try:
         run_server(server_args)
     finally:

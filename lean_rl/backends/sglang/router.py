@@ -6,6 +6,9 @@ Because add and remove are asynchronous, each call here waits (with a deadline) 
 worker list shows the change, so the caller can rely on routing right after it returns.
 The router forwards /generate, /v1/*, /flush_cache; it does NOT forward /abort_request,
 /pause_generation, /continue_generation or the weight-update endpoints: call the engines for those.
+With the run's API key (EngineConfig.api_key) every call carries it, and each worker is added with
+it: the router then sends it on its discovery calls to the worker (/server_info, /model_info), which
+an SGLang server with a key refuses otherwise.
 """
 
 from __future__ import annotations
@@ -14,19 +17,26 @@ import time
 
 import httpx
 
+from lean_rl.backends.sglang.config import auth_headers
+
 
 class RouterError(RuntimeError):
     pass
 
 
 class RouterAdmin:
-    def __init__(self, router_url: str, timeout_s: float = 30.0):
+    def __init__(self, router_url: str, timeout_s: float = 30.0, *, api_key: str | None = None):
         self.url = router_url.rstrip("/")
         self.timeout_s = timeout_s
+        self._api_key = api_key  # the run's key (EngineConfig.api_key); None / "": no authentication
+
+    def __repr__(self) -> str:
+        return f"RouterAdmin({self.url!r})"
 
     def _call(self, method: str, path: str, **kwargs) -> httpx.Response:
         try:
-            with httpx.Client(timeout=self.timeout_s, trust_env=False) as http:
+            headers = auth_headers(self._api_key)
+            with httpx.Client(timeout=self.timeout_s, trust_env=False, headers=headers) as http:
                 response = http.request(method, self.url + path, **kwargs)
         except httpx.TransportError as exc:
             raise RouterError(f"router {self.url}{path}: {type(exc).__name__}: {exc}") from exc
@@ -45,7 +55,8 @@ class RouterAdmin:
         """Add a server and wait until the router lists it as healthy."""
         url = url.rstrip("/")
         if url not in self.worker_urls(healthy_only=False):
-            self._call("POST", "/workers", json={"url": url})
+            body = {"url": url, "api_key": self._api_key} if self._api_key else {"url": url}
+            self._call("POST", "/workers", json=body)
         self._wait(lambda: url in self.worker_urls(), f"worker {url} to be added and healthy", timeout_s)
 
     def remove_worker(self, url: str, timeout_s: float | None = None) -> None:

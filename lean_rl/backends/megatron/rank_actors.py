@@ -1,0 +1,267 @@
+"""The trainer's ranks as Ray actors: RankActors owns them, what is known of where they run, and their
+placement group, and calls them in lockstep; group.MegatronGroup uses it for what the ranks do.
+
+Placement: one placement-group bundle per trainer node (TrainerLayout.num_nodes; STRICT_SPREAD over
+distinct Ray nodes when there are several, PACK for one), each holding that node's ranks; ranks are
+numbered node by node (node k runs ranks k * ranks_per_node, ...). Each rank records its node's
+address, pid and GPU ids (`nodes`, `pids`, `gpu_ids`).
+
+Lifetime: actors are ordinary (non-detached) Ray actors owned by this driver, so Ray kills them when
+the driver exits; any failed or timed-out call kills all of them before the error propagates (the
+other ranks would otherwise sit in a collective until the gloo/NCCL timeout), and shutdown() waits
+for the actor processes to be gone: with psutil for ranks on the driver's node, through Ray's actor
+table (state DEAD) for ranks on other nodes. Every wait has a deadline.
+
+Node loss: when a rank dies, or a collective loses its peer, the error names the group's nodes that
+Ray reports dead and their ranks, waiting for Ray's verdict at most node_loss_wait_s (Ray declares a
+node dead only after some missed health checks); ranks on a dead node are not waited for at shutdown."""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any, Callable, Sequence
+
+import psutil
+
+from lean_rl.backends.megatron.train_config import TrainerLayout
+
+logger = logging.getLogger(__name__)
+
+# what a gloo / NCCL collective reports when a peer rank's process (or node) went away
+_PEER_LOST = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "ECONNRESET",
+              "Connection refused", "NCCL communicator was aborted", "remote process exited")
+
+
+class MegatronGroupError(RuntimeError):
+    """A call failed or timed out on some rank; the group has been shut down."""
+
+
+class RankActors:
+    """One Ray actor per trainer rank, started by start() and gone after shutdown() (module docstring)."""
+
+    def __init__(self, node_loss_wait_s: float = 45.0):
+        self.node_loss_wait_s = node_loss_wait_s
+        self.actors: list[Any] = []
+        self.actor_ids: list[str] = []  # per rank: its Ray actor id (hex), as in Ray's actor table
+        self.pids: list[int] = []
+        self.nodes: list[str] = []  # per rank: its node's address, as Ray knows it
+        self.gpu_ids: list[list] = []  # per rank: the GPU ids Ray gave it (on its node)
+        self.placement_group = None  # bundle k holds the ranks of trainer node k
+
+    def start(self, actor_class: type, rank_args: Callable[[int], tuple], layout: TrainerLayout, *,
+              num_cpus: float, num_gpus: float, env: dict[str, str], cpus_per_rank: float,
+              timeout_s: float) -> None:
+        """Reserve the nodes (`cpus_per_rank` each in their bundle), start actor_class(*rank_args(rank))
+        in its node's bundle for each rank, and record where each landed. On an error the caller
+        shuts down what was started."""
+        import ray
+
+        self.placement_group = _reserve_nodes(layout, cpus_per_rank, timeout_s)
+        for rank in range(layout.world_size):
+            actor_cls = ray.remote(actor_class).options(
+                num_cpus=num_cpus, num_gpus=num_gpus, max_restarts=0, max_concurrency=1,
+                runtime_env={"env_vars": env},
+                scheduling_strategy=_bundle(self.placement_group, rank // layout.ranks_per_node))
+            self.actors.append(actor_cls.remote(*rank_args(rank)))
+            self.actor_ids.append(self.actors[-1]._actor_id.hex())
+        locations = self.call_all("location", timeout_s=timeout_s)
+        self.nodes = [where["node_ip"] for where in locations]
+        self.pids = [where["pid"] for where in locations]
+        self.gpu_ids = [list(where.get("gpu_ids", ())) for where in locations]
+
+    # -- lockstep calls -------------------------------------------------------------------------
+
+    def call_all(self, method: str, *args, timeout_s: float) -> list:
+        return self.call_each(method, [args] * len(self.actors), timeout_s)
+
+    def call_each(self, method: str, per_rank_args: Sequence[tuple], timeout_s: float) -> list:
+        if not self.actors:
+            raise MegatronGroupError(f"{method}: the group is shut down")
+        refs = [actor.call.remote(method, *args) for actor, args in zip(self.actors, per_rank_args)]
+        return self._wait(refs, timeout_s, method)
+
+    def call_first(self, method: str, *args, timeout_s: float) -> Any:
+        """`method` on rank 0 only; a failure shuts down every rank, as in call_each."""
+        return self._wait([self.actors[0].call.remote(method, *args)], timeout_s, method)[0]
+
+    def _wait(self, refs: list, timeout_s: float, what: str) -> list:
+        """Results in rank order; the first failure (not the last) ends the wait and the group. When
+        a rank's node is gone (Ray reports it dead), the error says so: node, ranks lost."""
+        import ray
+
+        deadline = time.monotonic() + timeout_s
+        pending = {ref: rank for rank, ref in enumerate(refs)}
+        results: list = [None] * len(refs)
+        while pending:
+            left = deadline - time.monotonic()
+            ready = ray.wait(list(pending), num_returns=1, timeout=max(left, 0))[0] if left > 0 else []
+            if not ready:
+                ranks = sorted(pending.values())
+                lost = self._lost_node_note(self._lost_nodes(0.0))
+                self._shutdown_after_failure()
+                raise MegatronGroupError(f"{what}: {lost}ranks {ranks} did not finish within {timeout_s:.0f}s; "
+                                         "group shut down")
+            for ref in ready:
+                rank = pending.pop(ref)
+                try:
+                    results[rank] = ray.get(ref, timeout=max(deadline - time.monotonic(), 1.0))
+                except Exception as error:
+                    cause = getattr(error, "cause", None) or error  # RayTaskError wraps the rank's exception
+                    message = self._failure_message(what, rank, error, cause)
+                    self._shutdown_after_failure()
+                    raise MegatronGroupError(message) from error
+        return results
+
+    # -- failures and node loss -----------------------------------------------------------------
+
+    def _failure_message(self, what: str, rank: int, error: BaseException, cause: BaseException) -> str:
+        import ray
+
+        text = str(cause).strip().splitlines()[0][:300] if str(cause).strip() else ""
+        first = f"rank {rank} ({type(cause).__name__}: {text})"
+        died = isinstance(error, ray.exceptions.RayActorError)
+        # A rank that died, or a peer's collective that lost its connection: wait (bounded) for Ray to
+        # tell whether a node went (it notices a dead raylet only after a few missed health checks).
+        peer_lost = died or any(word in str(cause) for word in _PEER_LOST)
+        lost = self._lost_nodes(self.node_loss_wait_s if peer_lost else 0.0)
+        if lost:
+            return f"{what}: {self._lost_node_note(lost)}first failure: {first}; group shut down"
+        if died:
+            node = self.nodes[rank] if rank < len(self.nodes) else "?"
+            return (f"{what}: rank {rank} (MegatronRank) on node {node} died ({type(cause).__name__}: {text}); "
+                    f"Ray still reports node {node} alive; group shut down")
+        return f"{what} failed on rank {rank} ({type(cause).__name__}: {cause}); group shut down"
+
+    def _lost_nodes(self, wait_s: float) -> dict[str, list[int]]:
+        """The group's nodes that Ray reports dead, each with its ranks; polled up to `wait_s` for one,
+        or until Ray reports a rank's actor dead on a live node (a crashed process, not a lost node)."""
+        from ray._private import state
+
+        deadline = time.monotonic() + wait_s
+        while self.nodes:
+            try:
+                lost = self._dead_nodes_now()
+                if lost or time.monotonic() >= deadline:
+                    return lost
+                if any((state.actors(actor_id=a) or {}).get("State") == "DEAD" for a in self.actor_ids):
+                    return self._dead_nodes_now()  # once more: the node may have been declared dead meanwhile
+            except Exception:  # noqa: BLE001 - no answer from the GCS: say nothing rather than guess
+                return {}
+            time.sleep(0.5)
+        return {}
+
+    def _dead_nodes_now(self) -> dict[str, list[int]]:
+        import ray
+
+        alive = {node["NodeManagerAddress"] for node in ray.nodes() if node["Alive"]}
+        return {ip: [r for r, node in enumerate(self.nodes) if node == ip] for ip in sorted(set(self.nodes) - alive)}
+
+    @staticmethod
+    def _lost_node_note(lost: dict[str, list[int]]) -> str:
+        return "".join(f"node {ip} is lost (Ray reports it dead): ranks {ranks} (MegatronRank) died; "
+                       for ip, ranks in lost.items())
+
+    # -- shutdown -------------------------------------------------------------------------------
+
+    def shutdown(self, wait_s: float = 30.0) -> None:
+        """Kill every actor and wait (bounded) until their processes are gone: psutil for the ranks
+        on the driver's node, Ray's actor table (DEAD) for the others. Then release the placement
+        group. Idempotent."""
+        import ray
+
+        actors, self.actors = self.actors, []
+        placement, self.placement_group = self.placement_group, None
+        for actor in actors:
+            ray.kill(actor, no_restart=True)
+        try:
+            self._wait_ranks_gone(len(actors), wait_s)
+        finally:
+            if placement is not None:
+                from ray.util.placement_group import remove_placement_group
+
+                remove_placement_group(placement)
+
+    def _wait_ranks_gone(self, num_actors: int, wait_s: float) -> None:
+        import ray
+
+        if not num_actors:
+            return
+        here = ray.util.get_node_ip_address()
+        # a rank whose location is unknown (it failed to start) is waited for through Ray; one on a
+        # node Ray reports dead is gone with its node (no raylet left to confirm it)
+        lost = self._lost_nodes(0.0)
+        remote = [(rank, actor_id) for rank, actor_id in enumerate(self.actor_ids[:num_actors])
+                  if (rank >= len(self.nodes) or self.nodes[rank] != here)
+                  and not (rank < len(self.nodes) and self.nodes[rank] in lost)]
+        deadline = time.monotonic() + wait_s
+        processes = []
+        for pid in [pid for pid, node in zip(self.pids, self.nodes) if node == here]:
+            try:
+                processes.append(psutil.Process(pid))
+            except psutil.NoSuchProcess:
+                pass
+        _, alive = psutil.wait_procs(processes, timeout=wait_s)
+        if alive:
+            raise MegatronGroupError(f"actor processes {[p.pid for p in alive]} still alive {wait_s}s after ray.kill")
+        left = _wait_actors_dead([actor_id for _, actor_id in remote], max(deadline - time.monotonic(), 1.0))
+        if left:
+            where = [f"rank {rank} on {self.nodes[rank] if rank < len(self.nodes) else '?'}"
+                     + (f" (pid {self.pids[rank]})" if rank < len(self.pids) else "")
+                     for rank, actor_id in remote if actor_id in left]
+            raise MegatronGroupError(f"actors {', '.join(where)} not reported dead by Ray {wait_s}s after ray.kill")
+
+    def _shutdown_after_failure(self) -> None:
+        """Shut down, bounded; a shutdown that cannot confirm every actor gone is logged, so that the
+        error that ended the group (not this one) is what the caller sees."""
+        try:
+            self.shutdown()
+        except Exception as error:  # noqa: BLE001
+            logger.warning("trainer group shutdown after a failure: %s", error)
+
+
+def _reserve_nodes(layout: TrainerLayout, cpus_per_rank: float, timeout_s: float):
+    """A placement group of one bundle per trainer node (its ranks' CPUs, and GPUs on CUDA), on
+    distinct Ray nodes (STRICT_SPREAD) when there are several; ready, or an error that says why not."""
+    import ray
+    from ray.util.placement_group import placement_group, remove_placement_group
+
+    per_node = layout.ranks_per_node
+    bundle = {"CPU": per_node * cpus_per_rank}
+    if layout.device == "cuda":
+        bundle["GPU"] = per_node
+    bundle = {name: amount for name, amount in bundle.items() if amount > 0}
+    strategy = "STRICT_SPREAD" if layout.num_nodes > 1 else "PACK"
+    what = f"{layout.num_nodes} trainer node(s) x {per_node} rank(s) ({bundle} per node, {strategy})"
+    alive = [node for node in ray.nodes() if node["Alive"]]
+    if layout.num_nodes > len(alive):
+        raise MegatronGroupError(f"cannot place {what}: the Ray cluster has {len(alive)} node(s) alive "
+                                 f"({', '.join(n['NodeManagerAddress'] for n in alive)})")
+    group = placement_group([dict(bundle) for _ in range(layout.num_nodes)], strategy=strategy)
+    if not group.wait(timeout_seconds=timeout_s):
+        remove_placement_group(group)
+        free = {f"{n['NodeManagerAddress']}": {k: v for k, v in n["Resources"].items() if k in ("CPU", "GPU")}
+                for n in alive}
+        raise MegatronGroupError(f"cannot place {what} within {timeout_s:.0f}s (node resources: {free}; other "
+                                 "actors may hold them)")
+    return group
+
+
+def _bundle(group, index: int):
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    return PlacementGroupSchedulingStrategy(placement_group=group, placement_group_bundle_index=index)
+
+
+def _wait_actors_dead(actor_ids: list[str], timeout_s: float) -> set[str]:
+    """Poll Ray's actor table until every actor is DEAD (or absent); returns those that are not."""
+    from ray._private import state
+
+    deadline = time.monotonic() + timeout_s
+    left = set(actor_ids)
+    while left:
+        left = {a for a in left if (state.actors(actor_id=a) or {}).get("State", "DEAD") != "DEAD"}
+        if not left or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    return left
