@@ -21,6 +21,10 @@ class RunConfig:
                              help="off: generate then train; one-step: rollout k+1 overlaps training on k; "
                                   "full: generation never stops (bounded by --max-staleness)")
     output_dir: str = option("outputs/lean_rl", help="metrics, tensorboard, samples, engine logs")
+    stop_timeout_s: float = option(  # lean_rl/stop.py
+        120.0, flag="--stop-timeout", positive=True,
+        help="seconds from SIGTERM / SIGINT to exit: the running train step and sync finish, a checkpoint is "
+             "saved (with --save); past this the process exits at once")
     ray_address: str | None = option(None, help="join this Ray cluster instead of starting a local one")
     tensorboard: bool = option(True, flag="--no-tensorboard")
     use_wandb: bool = option(False)

@@ -15,6 +15,7 @@ _engine_placement); on one node colocated engines and ranks simply share the nod
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import inspect
 import json
@@ -27,7 +28,9 @@ from lean_rl.config import Config
 from lean_rl.rollout.base import RolloutOutput, load_extensions
 from lean_rl.rollout.default import rollout_metrics
 from lean_rl.sample import Sample
+from lean_rl.stop import RunStopped, StopSignals
 from lean_rl.utils.metrics import MetricsLogger, Timers, dump_samples
+from lean_rl.utils.threads import run_in_daemon_thread
 
 logger = logging.getLogger(__name__)
 
@@ -47,6 +50,8 @@ class Runtime:
         self.logger: MetricsLogger | None = None
         self.start_step = 0
         self.resume_state: dict | None = None  # extra state of the checkpoint resumed from
+        self.stop = StopSignals(cfg.run.stop_timeout_s)  # SIGTERM / SIGINT: see run_until_stopped
+        self._saved_step: int | None = None
         self._ray_started = False
 
     @property
@@ -86,10 +91,14 @@ class Runtime:
         if not cfg.run.debug_train_only:
             self._start_engines()
         if self.trainer is not None and self.engines is not None:
-            from lean_rl.weight_sync import WeightSync
+            from lean_rl.weight_sync.engine_weights import EngineWeights
 
-            self.weight_sync = WeightSync.create(cfg.weight_sync, self.trainer, self.engines.engine_urls,
-                                                 tokenizer_path=cfg.engines.model_path, api_key=cfg.engines.api_key)
+            # restarted engines get the current weights before they rejoin the router (engine_weights.py);
+            # colocated on GPU the trainer is offloaded while the engines generate: they wait for a sync
+            self.weight_sync = EngineWeights.start(
+                cfg.weight_sync, self.trainer, self.engines, self.monitor, version=self.start_step,
+                tokenizer_path=cfg.engines.model_path, api_key=cfg.engines.api_key,
+                defer_rejoin=cfg.run.colocate and cfg.layout.device == "cuda")
             report = self.sync_weights(self.start_step)
             logger.info("engines serve the trainer's weights (version %d): probe max |Δ log p| %.2e",
                         self.start_step, report.probe.max_abs_diff)
@@ -103,7 +112,10 @@ class Runtime:
         cfg = self.cfg
         # the actor's bundles also hold the colocated engines (see _engine_placement)
         colocated = role == "actor" and self._colocated
-        group = MegatronGroup(cfg.megatron, layout=cfg.layout, seed=cfg.train.seed, colocated=colocated)
+        placement = cfg.train.placement
+        group = MegatronGroup(cfg.megatron, layout=cfg.layout, seed=cfg.train.seed, colocated=colocated,
+                              call_timeout_s=placement.call_timeout_s,
+                              dist_timeout_s=placement.distributed_timeout_minutes * 60)
         try:
             step, state = initialize_for_training(group, cfg.train, cfg.algorithm, role=role,
                                                   actor_step=self.start_step, batch_plan=cfg.batch_plan)
@@ -182,10 +194,21 @@ class Runtime:
         With --load-debug-rollout-data: the saved rollout's metrics (take_train_groups reads its groups)."""
         if self.cfg.run.load_debug_rollout_data:
             return RolloutOutput(metrics=rollout_metrics(self._load_debug_rollout(step)))
-        fn = self.extensions.rollout
-        if inspect.iscoroutinefunction(fn):
-            return await fn(self.cfg, step, self.buffer, False)
-        return await asyncio.to_thread(fn, self.cfg, step, self.buffer, False)
+        return await self._call_rollout_function(step, self.buffer, False)
+
+    async def _call_rollout_function(self, step: int, buffer, evaluation: bool) -> RolloutOutput:
+        """The (possibly user-supplied) rollout function, within --rollout-timeout. A synchronous one
+        runs on a daemon thread: one that hangs past the deadline cannot keep the process from exiting."""
+        fn, timeout_s = self.extensions.rollout, self.cfg.rollout.timeout_s
+        call = fn(self.cfg, step, buffer, evaluation) if inspect.iscoroutinefunction(fn) else \
+            run_in_daemon_thread(fn, self.cfg, step, buffer, evaluation)
+        try:
+            return await asyncio.wait_for(call, timeout_s)
+        except asyncio.TimeoutError:
+            what = "evaluation" if evaluation else "rollout"
+            raise TimeoutError(f"{what} {step} ({self.cfg.rollout.rollout_function_path}) did not finish within "
+                               f"--rollout-timeout {timeout_s:g} s; nothing of it was trained (raise "
+                               "--rollout-timeout if rollouts are this long)") from None
 
     def take_train_groups(self, step: int) -> list[list[Sample]]:
         if self.cfg.run.load_debug_rollout_data:
@@ -204,11 +227,16 @@ class Runtime:
 
         if not groups:
             raise RuntimeError(f"step {step}: no training data (the prompt data is used up?)")
-        return train_on_rollout(self.trainer, groups, policy_version=step, critic=self.critic)
+        changing = self.weight_sync.trainer_changing(step + 1) if self.weight_sync else contextlib.nullcontext()
+        with changing:  # no engine is given the trainer's weights halfway through a step
+            return train_on_rollout(self.trainer, groups, policy_version=step, critic=self.critic)
 
     def sync_weights(self, version: int, probe: bool = True):
-        """probe=False while the engines are paused (the probe generates): call probe_weights after resuming."""
-        report = self.weight_sync.update(version, probe=probe)
+        """probe=False while the engines are paused (the probe generates): call probe_weights after resuming.
+        An engine lost during the sync is waited for and synced again (engine_weights.py)."""
+        report = self.weight_sync.sync(version, probe=probe)
+        if self.engines.config is not self.cfg.engines:  # an engine restarted elsewhere: its new URL
+            self.cfg = dataclasses.replace(self.cfg, engines=self.engines.config)
         if probe:
             self.timers.add("sync_probe", report.probe_seconds)
         return report
@@ -230,12 +258,33 @@ class Runtime:
             if group is not None:
                 group.onload()
 
+    async def run_until_stopped(self, loop) -> RunStopped | None:
+        """`await loop(self)` with SIGTERM / SIGINT handled (lean_rl/stop.py): on a signal the loop
+        stops at a step boundary and that step is saved (with --save). Returns the RunStopped, if any."""
+        self.stop.install()
+        try:
+            await loop(self)
+        except RunStopped as stopped:
+            logger.warning("%s", stopped)
+            self.save(stopped.step)
+            return stopped
+        return None
+
     def maybe_save(self, step: int) -> None:
-        """Every --save-interval rollouts and after the last. The critic first: the actor's checkpoint
-        (which holds the buffer state) is what a resume starts from, so its step must have a critic."""
+        """Every --save-interval rollouts and after the last."""
         ckpt = self.cfg.train.checkpoint
         if self.trainer is None or not ckpt.should_save(step, last=step == self.cfg.run.num_rollout):
             return
+        self.save(step)
+
+    def save(self, step: int) -> None:
+        """A checkpoint at `step` (rollouts trained), once, when --save is set. The critic first: the
+        actor's checkpoint (which holds the buffer state) is what a resume starts from, so its step must
+        have a critic. In-flight groups are saved as pending: a resume generates them again."""
+        ckpt = self.cfg.train.checkpoint
+        if self.trainer is None or not ckpt.save or self._saved_step == step or step <= self.start_step:
+            return
+        self._saved_step = step
         with self.timers("save"):
             if self.critic is not None:
                 self.critic.save_checkpoint(ckpt.critic_save_dir, step)
@@ -247,9 +296,7 @@ class Runtime:
         if not ev.datasets or not ev.interval or step % ev.interval or self.engines is None:
             return {}
         with self.timers("eval"):
-            fn = self.extensions.rollout
-            out = await fn(self.cfg, step, None, True) if inspect.iscoroutinefunction(fn) else \
-                await asyncio.to_thread(fn, self.cfg, step, None, True)
+            out = await self._call_rollout_function(step, None, True)
         return out.metrics
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
@@ -258,6 +305,10 @@ class Runtime:
             metrics.update({f"buffer/{k}": v for k, v in self.buffer.get_counters().items()})
         if self.monitor is not None:
             metrics["engines/restarts"] = self.monitor.total_restarts
+            metrics["engines/router_restarts"] = self.monitor.router_restarts
+        if self.weight_sync is not None:
+            metrics["engines/rejoins"] = self.weight_sync.rejoins  # restarted, then given the current weights
+            metrics["sync/recoveries"] = self.weight_sync.recoveries  # syncs done again after losing an engine
         self.logger.log(step, metrics)
 
     def _load_debug_rollout(self, step: int) -> list[list[Sample]]:

@@ -15,7 +15,7 @@ class Status(str, Enum):
     COMPLETED = "completed"  # the model stopped by itself (eos / stop string)
     TRUNCATED = "truncated"  # hit the response-length budget
     ABORTED = "aborted"  # interrupted (weight update, surplus after over-sampling); may resume
-    FAILED = "failed"  # generation or reward failed; reward is 0 and it is counted
+    FAILED = "failed"  # generation or reward failed: counted, never trained on nor in its group's statistics
 
 
 @dataclass

@@ -26,8 +26,10 @@ async def train(rt: Runtime) -> None:
         # 1. generate: the rollout function pulls prompts, generates, scores, and fills the buffer
         if cfg.run.colocate:
             rt.offload_trainers()  # no-op on CPU
-        with rt.timers("generate"):
-            rollout = await rt.rollout(step)  # --debug-train-only: replays the saved rollout
+        with rt.timers("generate"):  # --debug-train-only: replays the saved rollout
+            rollout = await rt.stop.unless_stopped(rt.rollout(step))
+        if rollout is None:  # SIGTERM / SIGINT came: nothing of this step is trained
+            rt.stop.check(step)
         groups = rt.take_train_groups(step)
 
         # 2. train on the groups (policy version `step` -> `step + 1`)
@@ -53,6 +55,7 @@ async def train(rt: Runtime) -> None:
         timers = rt.timers.pop()
         rt.log(step, step_metrics(time.perf_counter() - step_started, timers, rollout,
                                   train_metrics, eval_metrics, generate_active_s=timers.get("time/generate", 0.0)))
+        rt.stop.check(step + 1)  # after a signal: stop here, this step saved (lean_rl/stop.py)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -61,12 +64,15 @@ def main(argv: list[str] | None = None) -> None:
     if cfg.run.async_mode != "off":
         raise SystemExit(f"--async-mode {cfg.run.async_mode}: run python -m lean_rl.train_async")
     rt = Runtime(cfg).start()
+    stopped = None
     try:
         if not rt.finished:
-            asyncio.run(train(rt))
+            stopped = asyncio.run(rt.run_until_stopped(train))
     finally:
         rt.close()
     print_run_summary(cfg.run.output_dir)
+    if stopped is not None:
+        sys.exit(128 + stopped.signum)
 
 
 if __name__ == "__main__":  # the guard matters: checkpointing spawns processes that re-import __main__

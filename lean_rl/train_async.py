@@ -35,7 +35,10 @@ async def train_one_step_off(rt: Runtime) -> None:
 
         # 1. the rollout that generated while the previous step trained (on weights one version old)
         with rt.timers("wait_for_data"):
-            rollout, _ = await next_rollout
+            done = await rt.stop.unless_stopped(next_rollout)
+        if done is None:  # SIGTERM / SIGINT came: nothing of this step is trained
+            rt.stop.check(step)
+        rollout, _ = done
         groups = rt.take_train_groups(step)
 
         # 2. start the next rollout on the current weights, and train meanwhile
@@ -46,8 +49,9 @@ async def train_one_step_off(rt: Runtime) -> None:
         # 3. let that rollout finish, then sync (an update never lands mid-rollout)
         generate_s = 0.0
         if next_rollout is not None:
-            with rt.timers("wait_for_data"):
-                generate_s = (await asyncio.shield(next_rollout))[1]
+            with rt.timers("wait_for_data"):  # after a signal: cancelled, its groups saved as pending
+                done = await rt.stop.unless_stopped(next_rollout)
+            generate_s = done[1] if done is not None else 0.0
         with rt.timers("sync"):
             report = await asyncio.to_thread(rt.sync_weights, step + 1)
         train_metrics.update(staleness_metrics(groups, step))
@@ -58,6 +62,7 @@ async def train_one_step_off(rt: Runtime) -> None:
         eval_metrics = await rt.maybe_evaluate(step + 1)
         rt.log(step, step_metrics(time.perf_counter() - step_started, rt.timers.pop(), rollout, train_metrics,
                                   eval_metrics, generate_active_s=generate_s))
+        rt.stop.check(step + 1)
 
 
 async def _timed_rollout(rt: Runtime, step: int) -> tuple[RolloutOutput, float]:
@@ -78,7 +83,10 @@ async def train_fully_async(rt: Runtime) -> None:
 
             # 1. wait until the buffer holds a batch that is fresh enough for policy version `step`
             with rt.timers("wait_for_data"):
-                groups, counters = await generator.next_batch(step)
+                batch = await rt.stop.unless_stopped(generator.next_batch(step))
+            if batch is None:  # SIGTERM / SIGINT came: nothing of this step is trained
+                rt.stop.check(step)
+            groups, counters = batch
 
             # 2. train while generation goes on
             with rt.timers("train"):
@@ -103,6 +111,7 @@ async def train_fully_async(rt: Runtime) -> None:
             engine_busy = step_s - (generator.idle_s - idle_before) - timers.get("time/sync", 0.0)
             rt.log(step, step_metrics(step_s, timers, rollout, train_metrics, eval_metrics,
                                       generate_active_s=max(engine_busy, 0.0)))
+            rt.stop.check(step + 1)
     finally:
         await generator.stop()
 
@@ -113,12 +122,16 @@ def main(argv: list[str] | None = None) -> None:
     if cfg.run.async_mode == "off":
         raise SystemExit("--async-mode off: run python -m lean_rl.train (or pass --async-mode one-step|full)")
     rt = Runtime(cfg).start()
+    stopped = None
     try:
         if not rt.finished:
-            asyncio.run(train_fully_async(rt) if cfg.run.async_mode == "full" else train_one_step_off(rt))
+            loop = train_fully_async if cfg.run.async_mode == "full" else train_one_step_off
+            stopped = asyncio.run(rt.run_until_stopped(loop))
     finally:
         rt.close()
     print_run_summary(cfg.run.output_dir)
+    if stopped is not None:
+        sys.exit(128 + stopped.signum)
 
 
 if __name__ == "__main__":  # the guard matters: checkpointing spawns processes that re-import __main__

@@ -1,6 +1,7 @@
 """Advantage estimators. Inputs are the whole rollout (the driver has it): sequence rewards [B], the
-prompt group of each sequence [B], and response-aligned [B, T] tensors (T = longest response) with a
-mask that is 1 on tokens the loss trains (policy tokens of non-FAILED samples).
+prompt group of each sequence [B], response-aligned [B, T] tensors (T = longest response) with a
+mask that is 1 on tokens the loss trains, and `valid` [B]: False for a FAILED sample (generation or
+reward failed for infrastructure reasons; its reward means nothing).
 
     grpo                   A_i = (r_i - mean_g) / (std_g + eps)          (DeepSeekMath; std unbiased)
     dr_grpo                A_i = r_i - mean_g                            (Dr. GRPO: no std division)
@@ -12,8 +13,15 @@ mask that is 1 on tokens the loss trains (policy tokens of non-FAILED samples).
     ppo                    GAE(gamma, lambda) on the same token rewards with critic values
 
 Sequence advantages are broadcast to every token of the response. Tokens with mask 0 inside a
-response (tool output) are not time steps: returns and GAE pass through them unchanged. A group of
-one sequence has no baseline: mean 0 and std 1 (verl's convention), so A = r."""
+response (tool output) are not time steps: returns and GAE pass through them unchanged.
+
+Failed samples are not data: a group g is its valid members only (mean_g, std_g, the leave-one-out
+mean and the group size n_g are taken over them), the batch whitening sees only valid tokens, and a
+failed sample's advantage (and PPO return) is 0 on every token. So a group [1, 0, FAILED, 1] gives
+its three valid members exactly the advantages of the group [1, 0, 1]. A group of one valid member
+has no baseline: mean 0 and std 1 (verl's convention), so A = r, as a group of one sequence; a group
+of none trains nothing. The token-level estimators (reinforce_plus_plus, ppo) use no group: for
+them a failed sample only leaves the batch whitening."""
 
 from __future__ import annotations
 
@@ -25,37 +33,51 @@ GROUP_EPS = 1e-6
 WHITEN_EPS = 1e-8
 
 
-def _group_stats(rewards: torch.Tensor, group_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Per sequence: (size, mean, unbiased std) of its group."""
+def _all_valid(rewards: torch.Tensor, valid: torch.Tensor | None) -> torch.Tensor:
+    return torch.ones(rewards.shape[0], dtype=torch.bool) if valid is None else valid.bool()
+
+
+def _group_stats(rewards: torch.Tensor, group_ids: torch.Tensor,
+                 valid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per sequence: (size, mean, unbiased std) of the valid members of its group (size 0: mean 0)."""
     _, inverse = torch.unique(group_ids, return_inverse=True)
     num_groups = int(inverse.max()) + 1 if inverse.numel() else 0
-    rewards = rewards.double()
-    size = torch.zeros(num_groups, dtype=torch.float64).index_add_(0, inverse, torch.ones_like(rewards))
-    total = torch.zeros(num_groups, dtype=torch.float64).index_add_(0, inverse, rewards)
-    mean = total / size
-    squares = torch.zeros(num_groups, dtype=torch.float64).index_add_(0, inverse, (rewards - mean[inverse]) ** 2)
+    weight = valid.double()
+    rewards = torch.where(valid, rewards.double(), 0.0)  # a failed reward (even NaN) reaches no statistic
+
+    def per_group(values: torch.Tensor) -> torch.Tensor:
+        return torch.zeros(num_groups, dtype=torch.float64).index_add_(0, inverse, values)
+
+    size = per_group(weight)
+    mean = per_group(rewards) / size.clamp(min=1)
+    squares = per_group(weight * (rewards - mean[inverse]) ** 2)
     std = (squares / (size - 1).clamp(min=1)).sqrt()
     return size[inverse], mean[inverse], std[inverse]
 
 
-def group_normalized(rewards: torch.Tensor, group_ids: torch.Tensor, *, divide_by_std: bool) -> torch.Tensor:
-    """GRPO (divide_by_std) and Dr. GRPO sequence advantages [B]."""
-    size, mean, std = _group_stats(rewards, group_ids)
-    single = size == 1
+def group_normalized(rewards: torch.Tensor, group_ids: torch.Tensor, *, divide_by_std: bool,
+                     valid: torch.Tensor | None = None) -> torch.Tensor:
+    """GRPO (divide_by_std) and Dr. GRPO sequence advantages [B] over the valid members of each
+    group; 0 for invalid (FAILED) sequences."""
+    valid = _all_valid(rewards, valid)
+    size, mean, std = _group_stats(rewards, group_ids, valid)
+    single = size <= 1
     mean = torch.where(single, torch.zeros_like(mean), mean)
     advantages = rewards.double() - mean
     if divide_by_std:
         std = torch.where(single, torch.ones_like(std), std)
         advantages = advantages / (std + GROUP_EPS)
-    return advantages.float()
+    return torch.where(valid, advantages, 0.0).float()
 
 
-def leave_one_out(rewards: torch.Tensor, group_ids: torch.Tensor) -> torch.Tensor:
-    """RLOO: r_i minus the mean of the other members of its group (= n/(n-1) (r_i - mean_g))."""
-    size, mean, _ = _group_stats(rewards, group_ids)
+def leave_one_out(rewards: torch.Tensor, group_ids: torch.Tensor, valid: torch.Tensor | None = None) -> torch.Tensor:
+    """RLOO: r_i minus the mean of the other valid members of its group (= n/(n-1) (r_i - mean_g));
+    0 for invalid (FAILED) sequences."""
+    valid = _all_valid(rewards, valid)
+    size, mean, _ = _group_stats(rewards, group_ids, valid)
     others = (mean * size - rewards.double()) / (size - 1).clamp(min=1)
-    baseline = torch.where(size == 1, torch.zeros_like(others), others)
-    return (rewards.double() - baseline).float()
+    baseline = torch.where(size <= 1, torch.zeros_like(others), others)
+    return torch.where(valid, rewards.double() - baseline, 0.0).float()
 
 
 def broadcast(sequence_values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -121,16 +143,18 @@ def reinforce_plus_plus(rewards: torch.Tensor, kl: torch.Tensor, mask: torch.Ten
 
 
 def reinforce_plus_plus_baseline(rewards: torch.Tensor, group_ids: torch.Tensor, kl: torch.Tensor,
-                                 mask: torch.Tensor, kl_coef: float) -> torch.Tensor:
-    centred = group_normalized(rewards, group_ids, divide_by_std=False)
+                                 mask: torch.Tensor, kl_coef: float, valid: torch.Tensor | None = None) -> torch.Tensor:
+    centred = group_normalized(rewards, group_ids, divide_by_std=False, valid=valid)
     return masked_whiten(broadcast(centred, mask) - kl_coef * kl * mask.float(), mask)
 
 
 def compute_advantages(estimator: str, rewards: torch.Tensor, group_ids: torch.Tensor, mask: torch.Tensor, *,
-                       kl: torch.Tensor | None = None, kl_coef: float = 0.0, values: torch.Tensor | None = None,
-                       gamma: float = 1.0, lam: float = 1.0,
+                       valid: torch.Tensor | None = None, kl: torch.Tensor | None = None, kl_coef: float = 0.0,
+                       values: torch.Tensor | None = None, gamma: float = 1.0, lam: float = 1.0,
                        normalize: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """(advantages [B, T], returns [B, T] for the critic or None). `kl` ([B, T], old policy vs
+    """(advantages [B, T], returns [B, T] for the critic or None). `valid` ([B] bool, default all)
+    marks the sequences that are data: the others (FAILED samples) are left out of every group and
+    batch statistic and get advantage 0 (see the module docstring). `kl` ([B, T], old policy vs
     reference) is the KL-in-reward term of the token-level estimators (REINFORCE++ variants, PPO);
     the group estimators take KL as a loss term instead. `normalize` whitens the result over the batch
     (--normalize-advantages; REINFORCE++ variants are always whitened)."""
@@ -139,22 +163,24 @@ def compute_advantages(estimator: str, rewards: torch.Tensor, group_ids: torch.T
     if kl_coef != 0 and estimator not in KL_IN_REWARD_ESTIMATORS:
         raise ValueError(f"--kl-coef (KL in the reward) applies to {', '.join(KL_IN_REWARD_ESTIMATORS)}; "
                          f"with --advantage-estimator {estimator} use --kl-loss-coef")
-    kl = torch.zeros_like(mask, dtype=torch.float32) if kl is None else kl.float()
+    valid = _all_valid(rewards, valid)
+    mask = mask.float() * valid.unsqueeze(-1)  # from here on a failed sample has no token
+    kl = torch.zeros_like(mask) if kl is None else kl.float()
     returns = None
     if estimator in ("grpo", "gspo"):
-        advantages = broadcast(group_normalized(rewards, group_ids, divide_by_std=True), mask)
+        advantages = broadcast(group_normalized(rewards, group_ids, divide_by_std=True, valid=valid), mask)
     elif estimator == "dr_grpo":
-        advantages = broadcast(group_normalized(rewards, group_ids, divide_by_std=False), mask)
+        advantages = broadcast(group_normalized(rewards, group_ids, divide_by_std=False, valid=valid), mask)
     elif estimator == "rloo":
-        advantages = broadcast(leave_one_out(rewards, group_ids), mask)
+        advantages = broadcast(leave_one_out(rewards, group_ids, valid), mask)
     elif estimator == "reinforce_plus_plus":
         return reinforce_plus_plus(rewards, kl, mask, kl_coef, gamma), None
     elif estimator == "reinforce_plus_plus_baseline":
-        return reinforce_plus_plus_baseline(rewards, group_ids, kl, mask, kl_coef), None
+        return reinforce_plus_plus_baseline(rewards, group_ids, kl, mask, kl_coef, valid), None
     elif estimator == "ppo":
         if values is None:
             raise ValueError("--advantage-estimator ppo needs critic values")
-        token_rewards = -kl_coef * kl * mask.float() + last_token_rewards(rewards, mask)
+        token_rewards = -kl_coef * kl * mask + last_token_rewards(rewards, mask)
         advantages, returns = gae(token_rewards, values.float(), mask, gamma, lam)
     else:
         raise ValueError(f"--advantage-estimator {estimator!r}: choose one of {', '.join(ESTIMATORS)}")

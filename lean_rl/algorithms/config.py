@@ -51,6 +51,11 @@ class AlgorithmConfig:
     lambd: float = option(1.0, help="GAE lambda (PPO)")
     value_clip: float | None = option(0.2, help="critic value clip (PPO); <= 0 disables",
                                       convert=lambda clip: clip if clip is not None and clip > 0 else None)
+    # FAILED samples (engine / router / reward failures) are never trained on; past this share of a
+    # rollout the run stops instead (the engines or the reward function are broken)
+    max_failed_fraction: float = option(
+        0.5, help="stop the run when more than this fraction of a rollout's samples FAILED "
+                 "(1: train on whatever did not fail)")
     # given by the caller (--rollout-max-response-len): the default of loss_norm_length
     max_response_len: InitVar[int | None] = None
     # derived
@@ -89,6 +94,8 @@ class AlgorithmConfig:
         _require(0 <= self.gamma <= 1, f"--gamma must be in [0, 1], got {self.gamma}")
         _require(0 <= self.lambd <= 1, f"--lambd must be in [0, 1], got {self.lambd}")
         _require(self.value_clip is None or self.value_clip > 0, f"--value-clip must be > 0, got {self.value_clip}")
+        _require(0 <= self.max_failed_fraction <= 1,
+                 f"--max-failed-fraction must be in [0, 1], got {self.max_failed_fraction}")
         aggregation = self.loss_agg_mode or DEFAULT_AGGREGATION.get(self.advantage_estimator, "token-mean")
         _require(aggregation in AGGREGATION_MODES,
                  f"--loss-agg-mode {aggregation!r}: choose one of {', '.join(AGGREGATION_MODES)}")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import collections
 import functools
+import hashlib
 import json
 import random
 from dataclasses import dataclass, field
@@ -139,14 +140,31 @@ class PromptSource:
         self.position += 1
         return self.epoch, record
 
-    def state_dict(self) -> dict[str, int]:
-        return {"epoch": self.epoch, "position": self.position, "num_records": len(self.records)}
+    @functools.cached_property
+    def fingerprint(self) -> str:
+        """What decides which prompt comes next: every record (row, tokenized prompt, label) and the
+        order (shuffle, seed). A resume with another file, other keys, another chat template or
+        tokenizer, or another seed would hand out other prompts under the same cursor."""
+        digest = hashlib.sha256(f"shuffle={self.shuffle} seed={self.seed}\n".encode())
+        for record in self.records:
+            digest.update(json.dumps([record.row, record.tokens, record.label], default=str).encode())
+        return digest.hexdigest()[:16]
 
-    def load_state_dict(self, state: dict[str, int]) -> None:
+    def state_dict(self) -> dict[str, Any]:
+        return {"epoch": self.epoch, "position": self.position, "num_records": len(self.records),
+                "fingerprint": self.fingerprint}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
         if state["num_records"] != len(self.records):
             raise ValueError(
                 f"the prompt data has {len(self.records)} usable rows but the checkpoint was taken with "
                 f"{state['num_records']}: resuming would hand out the wrong prompts"
             )
+        if state.get("fingerprint", self.fingerprint) != self.fingerprint:  # absent in older checkpoints
+            raise ValueError(
+                "the prompt data differs from the run that saved the checkpoint (same number of rows, but other "
+                "prompts, labels, tokenization or order: check --prompt-data, --input-key, --label-key, "
+                "--apply-chat-template, the tokenizer, --seed, --rollout-shuffle): resuming would hand out the "
+                "wrong prompts")
         self.epoch, self.position = state["epoch"], state["position"]
         self._order = self._epoch_order(self.epoch)

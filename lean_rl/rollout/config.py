@@ -65,6 +65,9 @@ class RolloutConfig:
         None, help="dotted path of `async generate(cfg, sample, sampling_params) -> Sample | list[Sample]`")
     request_retries: int = option(5, flag="--rollout-request-retries", at_least=0,
                                   help="retries of one /generate call when an engine fails under it")
+    timeout_s: float = option(3600.0, flag="--rollout-timeout", positive=True,
+                              help="seconds one rollout (or evaluation) may take, the rollout function's own "
+                                   "included; past it the run stops with an error (nothing of that step trained)")
     # None: no bound (sync modes); k: requeue groups older than k versions.
     max_staleness: int | None = option(None, at_least=0,
                                        help="train only on samples generated at most this many policy versions ago")

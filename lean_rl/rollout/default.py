@@ -160,7 +160,8 @@ def rollout_metrics(groups: list[list[Sample]], seconds: float | None = None,
     statuses = collections.Counter(s.status.value for s in samples)
     n = max(len(samples), 1)
     response_tokens = sum(s.response_length for s in samples)
-    rewards = [s.reward for s in samples if s.reward is not None]
+    # a FAILED sample (engine, router or reward fault) says nothing about the policy: left out, counted
+    rewards = [s.reward for s in samples if s.reward is not None and s.status != Status.FAILED]
     metrics = {
         "rollout/groups": len(groups),
         "rollout/samples": len(samples),
@@ -180,10 +181,13 @@ def rollout_metrics(groups: list[list[Sample]], seconds: float | None = None,
 
 async def _collect_batch(cfg: Config, buffer: DataBuffer, extensions: Extensions) -> RolloutOutput:
     """One rollout: launch --over-sampling-batch-size groups, top up while the filter drops some, stop
-    at --rollout-batch-size kept groups and send the surplus back to the buffer."""
+    at --rollout-batch-size ready groups and send the surplus back to the buffer. Groups already ready
+    count (a resume restores those of an interrupted rollout, or one-step's next rollout): a rollout
+    fills the batch up, so no extra batch stays queued and ages past the loop's staleness."""
     started = time.monotonic()
     runner = GroupRunner(cfg, buffer, extensions, keep_partial_tokens=cfg.rollout.partial_rollout)
-    target, launch_size = cfg.rollout.rollout_batch_size, cfg.rollout.over_sampling_batch_size
+    carried = list(buffer.ready)[:cfg.rollout.rollout_batch_size]
+    target, launch_size = cfg.rollout.rollout_batch_size - len(carried), cfg.rollout.over_sampling_batch_size
     kept: list[list[Sample]] = []
     places = [target]  # claimed synchronously by each kept group, so the batch never overfills
 
@@ -211,7 +215,9 @@ async def _collect_batch(cfg: Config, buffer: DataBuffer, extensions: Extensions
         runner.stopping = True
         await runner.abort_all()  # only this rollout's requests run on the engines in the per-step modes
         await asyncio.gather(*tasks)
-    return RolloutOutput(metrics=rollout_metrics(kept, time.monotonic() - started, runner.counters))
+    if carried:
+        runner.counters["carried_groups"] += len(carried)
+    return RolloutOutput(metrics=rollout_metrics(carried + kept, time.monotonic() - started, runner.counters))
 
 
 async def generate_rollout(cfg: Config, rollout_id: int, buffer: DataBuffer | None,

@@ -1,18 +1,24 @@
 """Per-step timers and metrics: console (rich), metrics.jsonl, tensorboard, and wandb when asked.
 
-metrics.jsonl is appended to, one line per step, so a resumed run continues the same file; on resume
-the lines of steps at or after the resume step (written after the last checkpoint) are dropped first.
+metrics.jsonl is appended to, one line per step (flushed and fsynced), so a resumed run continues
+the same file; on resume the lines of steps at or after the resume step (written after the last
+checkpoint) are dropped first, and so is a line a kill -9 tore mid-write (said so in a log line):
+the file is rewritten atomically (a temporary file, fsynced, renamed over it).
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import math
+import os
 import time
 from collections import defaultdict
 from pathlib import Path
 from typing import Iterator
+
+logger = logging.getLogger(__name__)
 
 # What the console shows each step, as (metric, label, format); everything goes to the files.
 CONSOLE_KEYS = (
@@ -72,15 +78,27 @@ class MetricsLogger:
                                      dir=str(self.run_dir), resume="allow")
 
     def _truncate_from(self, step: int) -> None:
+        """Keep the rows of steps before `step`; drop the rest and any torn line (logged)."""
+        for stale in self.run_dir.glob(f".{self.path.name}.tmp-*"):  # a rewrite a kill interrupted
+            stale.unlink(missing_ok=True)
         if not self.path.exists():
             return
-        kept = [line for line in self.path.read_text().splitlines() if line and json.loads(line)["step"] < step]
-        self.path.write_text("".join(line + "\n" for line in kept))
+        text = self.path.read_text(errors="replace")
+        rows, torn = _parse_rows(text)
+        for number, line in torn:
+            logger.warning("%s: line %d is torn (a run was killed while writing it), dropped: %.80r",
+                           self.path, number, line)
+        kept = [line for line, row in rows if row["step"] < step]
+        new_text = "".join(line + "\n" for line in kept)
+        if new_text != text:
+            _replace_file(self.path, new_text)
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
         row = {"step": step, **{k: float(v) for k, v in metrics.items() if _is_number(v)}}
         with self.path.open("a") as f:
             f.write(json.dumps(row) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
         if self._tb is not None:
             for key, value in row.items():
                 if key != "step":
@@ -106,9 +124,46 @@ def _is_number(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(float(value))
 
 
+def _parse_rows(text: str) -> tuple[list[tuple[str, dict]], list[tuple[int, str]]]:
+    """(line, row) of each complete row of metrics.jsonl text, and (1-based number, line) of each torn
+    one: a line that is not a JSON object with a "step" (a write cut short by a kill; the line after
+    a torn one may have been appended to it, so any such line is dropped, not only the last)."""
+    rows, torn = [], []
+    for number, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except ValueError:
+            row = None
+        if isinstance(row, dict) and isinstance(row.get("step"), int):
+            rows.append((line, row))
+        else:
+            torn.append((number, line))
+    return rows, torn
+
+
+def _replace_file(path: Path, text: str) -> None:
+    """Write `path` atomically: a kill -9 leaves the old content or the new, never a truncated file."""
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    with tmp.open("w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    except OSError:  # some filesystems cannot fsync a directory
+        pass
+    finally:
+        os.close(fd)
+
+
 def read_metrics(run_dir: str | Path) -> list[dict]:
+    """The rows of run_dir/metrics.jsonl (a torn line, from a killed run, is skipped)."""
     path = Path(run_dir) / "metrics.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines() if line] if path.exists() else []
+    return [row for _, row in _parse_rows(path.read_text(errors="replace"))[0]] if path.exists() else []
 
 
 def dump_samples(run_dir: str | Path, step: int, groups: list) -> Path:

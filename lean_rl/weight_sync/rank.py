@@ -56,6 +56,9 @@ class StageSent:
     export_seconds: float  # gathering HF tensors from the Megatron shards (TP/EP all-gathers, layouts)
     send_seconds: float  # everything else on the lead: flatten / serialize / write, engine calls
     weight_map: dict[str, str] | None = None  # disk: HF name -> file name in the directory
+    # An engine call or broadcast failed (an engine died or restarted): the lead went on exporting
+    # without sending, so that its TP/EP peers' all-gathers complete and the trainer group lives on.
+    error: str | None = None
 
 
 class _TimedIterator:
@@ -155,6 +158,7 @@ class _RankSync:
         self.plan: RankSyncPlan | None = None
         self.clients: list = []
         self.group = None
+        self.broken = False  # the group lost an engine mid-broadcast (see send_stage)
         self._store = None
 
     # -- roles -------------------------------------------------------------------------------------
@@ -229,18 +233,25 @@ class _RankSync:
             for _ in tensors:  # take part in the all-gathers; the lead sends
                 pass
             return None
+        if plan.transport not in ("distributed", "tensor"):
+            raise WeightSyncError(f"send_stage: transport {plan.transport!r} does not stream buckets")
         started, timed = time.perf_counter(), _TimedIterator(tensors)
         total = buckets = count = 0
+        error = None
         for bucket, is_last in iter_buckets(timed, plan.buffer_size_bytes):
             final = final_stage and is_last
-            if plan.transport == "distributed":
-                self._broadcast_bucket(bucket, stage, version if final else None, final)
-            elif plan.transport == "tensor":
-                self._post_tensor_bucket(bucket, version if final else None, final)
-            else:
-                raise WeightSyncError(f"send_stage: transport {plan.transport!r} does not stream buckets")
+            if error is None:  # after a failure: keep exporting (the peers' all-gathers), send nothing
+                try:
+                    if plan.transport == "distributed":
+                        self._broadcast_bucket(bucket, stage, version if final else None, final)
+                    else:
+                        self._post_tensor_bucket(bucket, version if final else None, final)
+                except Exception as exc:  # noqa: BLE001 - an engine's fault must not end the trainer group
+                    error = f"{type(exc).__name__}: {exc}"
+                    self.broken = plan.transport == "distributed"  # its broadcasts may stay pending
             total, buckets, count = total + bucket.nbytes, buckets + 1, count + len(bucket.names)
-        return StageSent(stage, total, buckets, count, timed.seconds, time.perf_counter() - started - timed.seconds)
+        return StageSent(stage, total, buckets, count, timed.seconds, time.perf_counter() - started - timed.seconds,
+                         error=error)
 
     def write_stage(self, stage: int, directory: str) -> StageSent | None:
         """disk: this stage's tensors as safetensors files in `directory` (one file per bucket)."""
@@ -285,9 +296,10 @@ class _RankSync:
     def close(self) -> None:
         import torch.distributed as dist
 
-        if self.group is not None:
+        if self.group is not None and not self.broken:
             dist.destroy_process_group(self.group)
-            self.group = None
+        self.group = None  # a broken group (a peer engine died mid-broadcast) is dropped, not destroyed:
+        self.broken = False  # destroying it could wait on its pending broadcasts
         self._store = None
         for client in self.clients:
             client.close()

@@ -225,6 +225,8 @@ class WeightSync:
             results = [r for r in per_rank if r is not None]
             if len(results) != 1:
                 raise WeightSyncError(f"{method}: stage {stage} reported from {len(results)} lead ranks, expected 1")
+            if results[0].error is not None:  # an engine failed; the trainer ranks are fine
+                raise WeightSyncError(f"{method}: stage {stage}: {results[0].error}")
             sent.append(results[0])
         return sent
 

@@ -34,8 +34,9 @@ def run_flags(model: Path, data: Path, out: Path, *extra: str) -> list[str]:
     ]
 
 
-def run_lean_rl(module: str, flags: list[str], timeout_s: float = 600, **popen) -> subprocess.CompletedProcess:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+def run_lean_rl(module: str, flags: list[str], timeout_s: float = 600, extra_env: dict | None = None,
+                **popen) -> subprocess.CompletedProcess:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", **(extra_env or {})}
     return subprocess.run([sys.executable, "-m", module, *flags], cwd=REPO, env=env, capture_output=True,
                           text=True, timeout=timeout_s, **popen)
 

@@ -27,7 +27,7 @@ def test_tp2_over_two_nodes_with_the_engine_on_a_third(tiny_qwen2, toy_data, tmp
     assert len(engines) == 1 and engines[0] not in ranks and engines[0] in cluster.node_ips, actors
     # the engine's server bound its node's address (the URL the router and weight sync used), and the
     # router the driver's node (the head's)
-    urls = re.search(r"engine actors \['http://([\d.]+):\d+'\] and router http://([\d.]+):\d+", result.stderr)
+    urls = re.search(r"engines \['http://([\d.]+):\d+'\] and router http://([\d.]+):\d+", result.stderr)
     assert urls and urls.group(1) == engines[0] and urls.group(2) == cluster.first_ip, result.stderr[-3000:]
     rows = read_metrics(tmp_path)
     assert [r["step"] for r in rows] == [0, 1, 2]

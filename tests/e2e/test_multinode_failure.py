@@ -59,7 +59,7 @@ def test_node_lost_mid_run_then_resume(simulated_cluster, tiny_qwen2, toy_data, 
         found = re.search(r"trainer ranks on nodes \[(.*?)\]", output)
         assert found, "the run does not log where its trainer ranks are"
         nodes = [ip.strip(" '\"") for ip in found.group(1).split(",")]
-        started = re.search(r"engine actors \[.*?\]", output)
+        started = re.search(r"engines \[.*?\] and router", output)
         engines = set(re.findall(r"http://([0-9.]+):", started.group(0))) if started else set()
         head = next(n.ip for n in cluster.nodes if n.head)
         # the node of rank 1, else of rank 0: not the head (it holds the cluster), an engine's only if need be

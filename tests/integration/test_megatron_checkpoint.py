@@ -151,3 +151,36 @@ def test_resume_reproduces_the_next_step_at(arch, parallel, ray_cluster, tiny_mo
         resumed = train_on_rollout(group, batches[1], policy_version=1)
     for name in ("train/loss", "train/grad_norm", "train/kl_loss"):
         assert resumed[name] == uninterrupted[name], name
+
+
+def test_resaving_a_step_keep_last_and_loading_mid_resave(ray_cluster, tiny_qwen2, tmp_path):
+    """--keep-last-checkpoints 1 and re-saving the step `latest` names, with real ranks; then the
+    state a kill -9 between the two renames of a re-save leaves (the old checkpoint moved aside, the
+    new one not yet in: checkpoint_paths' unit tests walk every phase) is loaded, and repaired by the
+    next save."""
+    root = tmp_path / "ckpt"
+    train = train_config(tiny_qwen2, load=root)
+    train = replace(train, checkpoint=replace(train.checkpoint, keep_last_checkpoints=1))
+    probe = [s.tokens for g in make_groups(seed=50) for s in g]
+    with MegatronGroup.from_hf_checkpoint(tiny_qwen2, ParallelConfig(), world_size=2) as group:
+        assert initialize_for_training(group, train, ALGO) == (0, None)
+        train_on_rollout(group, make_groups(seed=51), policy_version=0)
+        group.save_checkpoint(root, 1, {"saved": "1"})
+        train_on_rollout(group, make_groups(seed=52), policy_version=1)
+        group.save_checkpoint(root, 2, {"saved": "2a"})
+        assert checkpoint_paths.list_steps(root) == [2]  # K=1: step 1 went once step 2 was in
+        train_on_rollout(group, make_groups(seed=53), policy_version=2)
+        group.save_checkpoint(root, 2, {"saved": "2b"})  # the same step again: replaced
+        resaved = group.compute_log_probs(probe).log_probs
+    assert {p.name for p in root.iterdir()} == {checkpoint_paths.TRACKER, "iter_0000002"}
+
+    os.rename(checkpoint_paths.iteration_dir(root, 2), checkpoint_paths.aside_dir(root, 2))
+    (checkpoint_paths.temporary_dir(root, 2)).mkdir()  # the new one, half-written
+    with MegatronGroup.from_hf_checkpoint(tiny_qwen2, ParallelConfig(), world_size=2) as group:
+        assert initialize_for_training(group, train, ALGO) == (2, {"saved": "2b"})
+        loaded = group.compute_log_probs(probe).log_probs
+        assert all(torch.equal(a, b) for a, b in zip(resaved, loaded))
+        train_on_rollout(group, make_groups(seed=54), policy_version=2)
+        group.save_checkpoint(root, 3, {"saved": "3"})
+    assert {p.name for p in root.iterdir()} == {checkpoint_paths.TRACKER, "iter_0000003"}
+    assert checkpoint_paths.latest_step(root) == 3

@@ -1,6 +1,7 @@
 """Training with real Megatron in Ray actors over gloo (2 processes, tiny models): the surrogate loss
 falls on a fixed batch at TP=2, PP=2 and EP=2 (MoE); non-finite steps are skipped and counted and N in
-a row stop the run; PPO trains its critic; offload is skipped on CPU."""
+a row stop the run; FAILED samples change nothing of a step and too many of them stop the run; PPO
+trains its critic; offload is skipped on CPU."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from training_helpers import fixed_old_policy, make_groups, set_rollout_log_prob
 from lean_rl.algorithms.config import AlgorithmConfig
 from lean_rl.backends.megatron.config import ParallelConfig
 from lean_rl.backends.megatron.group import MegatronGroup
+from lean_rl.backends.megatron.rollout_batch import FailedSamplesError
 from lean_rl.backends.megatron.train_driver import NonFiniteStepsError, initialize_for_training, train_on_rollout
 
 pytestmark = pytest.mark.integration
@@ -81,6 +83,30 @@ def test_non_finite_steps_are_skipped_counted_and_n_in_a_row_stop_the_run(ray_cl
         train_on_rollout(group, poisoned, policy_version=0)
         with pytest.raises(NonFiniteStepsError, match=r"2 optimizer steps in a row .*--max-consecutive-skipped-steps 2"):
             train_on_rollout(group, poisoned, policy_version=0)
+
+
+def test_a_failed_sample_changes_nothing_of_the_step_and_too_many_stop_the_run(ray_cluster, tiny_qwen2):
+    """The same step (loss, gradient) with and without a FAILED member in each group: it is in no
+    group statistic and no loss denominator. lr is tiny so the three steps see the same weights."""
+    from lean_rl.sample import Status
+
+    def failing(groups, members):
+        for group in groups:
+            for k in members:  # rewards are 1, 0, 1, 0, 1: the failed one would have pulled the mean down
+                group[k].status, group[k].reward = Status.FAILED, 0.0
+                group[k].metadata["reward_error"] = "TimeoutError: reward server"
+        return groups
+
+    with MegatronGroup.from_hf_checkpoint(tiny_qwen2, ParallelConfig(), world_size=1) as group:
+        initialize_for_training(group, train_config(tiny_qwen2, lr=1e-12), AlgorithmConfig())
+        clean = train_on_rollout(group, [g[:4] for g in make_groups(seed=7, group_size=5)], policy_version=0)
+        with_failed = train_on_rollout(group, failing(make_groups(seed=7, group_size=5), [4]), policy_version=0)
+        with pytest.raises(FailedSamplesError, match=r"6 of 10 samples .*--max-failed-fraction 0\.5.*reward_error"):
+            train_on_rollout(group, failing(make_groups(seed=7, group_size=5), [2, 3, 4]), policy_version=0)
+    assert with_failed["rollout/failed_samples"] == 2 and with_failed["rollout/failed_frac"] == 0.2
+    assert with_failed["train/optimizer_steps"] == 2 and with_failed["train/skipped"] == 0  # a counter of the run
+    for name in ("train/loss", "train/pg_loss", "train/grad_norm", "rollout/trained_tokens", "train/reward_mean"):
+        assert with_failed[name] == pytest.approx(clean[name], rel=1e-5, abs=1e-8), name
 
 
 def test_ppo_trains_a_critic_and_the_actor(ray_cluster, tiny_qwen2):

@@ -218,3 +218,31 @@ def test_evaluation_reports_mean_reward_and_pass_at_k_per_set(engine_group, prom
         assert out.metrics[f"eval/{name}/reward_mean"] == pytest.approx(sum(rewards) / len(rewards))
         assert 0.0 <= out.metrics[f"eval/{name}/pass@1"] <= out.metrics[f"eval/{name}/pass@3"] <= 1.0
         assert all(s.response_length <= 8 for s in out.samples[name])
+
+
+def test_kill_9_the_router_mid_rollout_it_is_restarted_and_every_sample_arrives(engine_group, prompts_file):
+    cfg = make_cfg(engine_group, prompts_file, "--rollout-max-response-len", "200", "--rollout-ignore-eos",
+                   "--rm-type", "exact")
+    buffer = create_data_buffer(cfg)
+    router = engine_group.pids()["router"][0]
+    with EngineMonitor(engine_group, interval_s=0.5) as monitor:
+        async def rollout_and_kill():
+            task = asyncio.create_task(generate_rollout(cfg, 0, buffer))
+            started = time.monotonic()
+            while buffer.num_in_flight() == 0 and not task.done() and time.monotonic() - started < 60:
+                await asyncio.sleep(0.05)
+            await asyncio.sleep(0.5)
+            in_flight_at_kill.append(buffer.num_in_flight())
+            os.kill(router, signal.SIGKILL)
+            return await task
+
+        in_flight_at_kill = []
+        asyncio.run(asyncio.wait_for(rollout_and_kill(), 600))
+    samples = ready_samples(buffer)
+    assert in_flight_at_kill[0] > 0
+    assert len(samples) == 64 and len({s.index for s in samples}) == 64
+    assert all(s.status is Status.TRUNCATED and s.response_length == 200 for s in samples), \
+        [s.metadata.get("last_generate_error") for s in samples if s.status is not Status.TRUNCATED][:3]
+    assert monitor.router_restarts == 1 and "process exited" in monitor.router_events[0], monitor.router_events
+    assert router not in engine_group.pids()["router"]
+    assert engine_group.router.worker_urls() == set(engine_group.engine_urls)  # both engines routed again

@@ -7,8 +7,11 @@ one engine's copy is corrupted afterwards. Every test puts the seed-0 weights ba
 from __future__ import annotations
 
 import base64
+import os
 import pickle
 import random
+import signal
+import time
 
 import psutil
 import pytest
@@ -18,7 +21,9 @@ from safetensors.torch import load_file
 from lean_rl.backends.megatron.config import ParallelConfig
 from lean_rl.backends.megatron.group import MegatronGroup
 from lean_rl.backends.sglang.client import BlockingEngineClient
+from lean_rl.backends.sglang.health import EngineMonitor
 from lean_rl.weight_sync import WeightSync, WeightSyncConfig, WeightSyncError, WeightSyncProbeError
+from lean_rl.weight_sync.engine_weights import EngineWeights
 
 pytestmark = pytest.mark.integration
 
@@ -160,6 +165,44 @@ def test_sync_while_paused_then_probe_after_resuming(trainer, engines, engine_gr
                 client.continue_generation()
         assert report.probe is None and [c.weight_version() for c in engines] == ["21", "21"]
         assert sync.probe(21).max_abs_diff <= 1e-3
+
+
+def wait_for(condition, what: str, timeout_s: float = 300.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.5)
+
+
+@pytest.mark.parametrize("trainer", ["tp2"], indirect=True)
+def test_a_restarted_engine_gets_the_trainers_weights_before_it_rejoins(trainer, engines, engine_group,
+                                                                        check_sequence):
+    """kill -9 of an engine between syncs: the monitor restarts it (it serves --hf-checkpoint, seed 0),
+    keeps it out of the router until EngineWeights has given it the trainer's weights and version; a
+    kill just before a sync: the sync waits for the restart and is done again, on both engines."""
+    monitor = EngineMonitor(engine_group, interval_s=0.5)
+    weights = EngineWeights.start(WeightSyncConfig(transport="distributed"), trainer, engine_group, monitor,
+                                  version=7, api_key=engine_group.config.api_key)
+    monitor.start()
+    try:
+        weights.sync(7)
+        victim = engine_group.pids()["engine-1"][0]
+        os.kill(victim, signal.SIGKILL)
+        wait_for(lambda: any("back in the router with the current weights" in e for e in monitor.health[1].events),
+                 "engine 1 back in the router")
+        assert engines[1].weight_version() == "7" and weights.rejoins == 1
+        assert max_diff_to_transformers(engines[1], check_sequence) < 1e-4  # the trainer's (seed-1) weights
+        assert engine_group.router.worker_urls() == set(engine_group.engine_urls)
+        assert any("out of the router until it holds the current weights" in e for e in monitor.health[1].events)
+
+        os.kill(engine_group.pids()["engine-1"][0], signal.SIGKILL)
+        report = weights.sync(8)  # begins on a dead engine: waits for its restart, reconnects, syncs again
+        assert weights.recoveries == 1 and monitor.total_restarts == 2
+        assert report.probe.max_abs_diff <= 1e-3 and [c.weight_version() for c in engines] == ["8", "8"]
+        wait_for(lambda: engine_group.router.worker_urls() == set(engine_group.engine_urls), "both engines routed")
+    finally:
+        weights.close()
+        monitor.stop()
 
 
 # after the tp2-only tests, so that the tp2 group is started once

@@ -121,3 +121,74 @@ def test_normalize_advantages_whitens_and_kl_coef_is_refused_for_group_estimator
         compute_advantages("grpo", REWARDS, GROUPS, MASK, kl=torch.zeros_like(MASK), kl_coef=0.1)
     with pytest.raises(ValueError, match="critic values"):
         compute_advantages("ppo", REWARDS, GROUPS, MASK)
+
+
+# ---------------------------------------------------------------- FAILED samples are not data
+# group 5: rewards 1, 0, FAILED, 1 -> the three valid members are the group [1, 0, 1]:
+#   mean 2/3, deviations 1/3, -2/3, 1/3, unbiased var (1/9 + 4/9 + 1/9) / 2 = 1/3, std 0.5773503
+#   leave-one-out: 1 - (0 + 1)/2 = 0.5, 0 - (1 + 1)/2 = -1, 0.5
+# group 2: rewards 3, 1 (no failure): mean 2, std sqrt(2) = 1.4142136, leave-one-out 2, -2
+F_REWARDS = torch.tensor([1.0, 0.0, 0.0, 1.0, 3.0, 1.0])  # the FAILED sample's stored reward is 0
+F_GROUPS = torch.tensor([5, 5, 5, 5, 2, 2])
+F_VALID = torch.tensor([True, True, False, True, True, True])
+F_MASK = torch.ones(6, 2)  # the failed row's mask is left 1 on purpose: `valid` alone must exclude it
+THIRD, STD3, STD2 = 1 / 3, 0.5773503, 1.4142136
+
+
+@pytest.mark.parametrize("estimator, expected", [
+    ("grpo", [THIRD / (STD3 + 1e-6), -2 * THIRD / (STD3 + 1e-6), 0.0, THIRD / (STD3 + 1e-6),
+              1 / (STD2 + 1e-6), -1 / (STD2 + 1e-6)]),
+    ("gspo", [THIRD / (STD3 + 1e-6), -2 * THIRD / (STD3 + 1e-6), 0.0, THIRD / (STD3 + 1e-6),
+              1 / (STD2 + 1e-6), -1 / (STD2 + 1e-6)]),
+    ("dr_grpo", [THIRD, -2 * THIRD, 0.0, THIRD, 1.0, -1.0]),
+    ("rloo", [0.5, -1.0, 0.0, 0.5, 2.0, -2.0]),
+])
+def test_a_failed_member_is_left_out_of_its_group(estimator, expected):
+    advantages, _ = compute_advantages(estimator, F_REWARDS, F_GROUPS, F_MASK, valid=F_VALID)
+    assert torch.allclose(advantages, torch.tensor(expected)[:, None].expand(6, 2), atol=1e-6)
+    # the same as the batch without the failed sample, whatever reward it carries (even NaN)
+    keep = F_VALID.nonzero().squeeze(-1)
+    without, _ = compute_advantages(estimator, F_REWARDS[keep], F_GROUPS[keep], F_MASK[keep])
+    nan_reward = F_REWARDS.clone()
+    nan_reward[2] = float("nan")
+    with_nan, _ = compute_advantages(estimator, nan_reward, F_GROUPS, F_MASK, valid=F_VALID)
+    assert torch.allclose(advantages[keep], without, atol=1e-6) and torch.equal(with_nan, advantages)
+
+
+def test_a_group_with_one_valid_member_has_no_baseline_and_one_with_none_trains_nothing():
+    rewards, groups = torch.tensor([0.7, 0.0, 0.4, 0.0]), torch.tensor([0, 0, 1, 1])
+    valid = torch.tensor([True, False, False, False])  # group 0: one valid member; group 1: none
+    # one member: mean 0, std 1 -> A = r (GRPO: r / (1 + eps)); no member: 0
+    assert torch.allclose(group_normalized(rewards, groups, divide_by_std=True, valid=valid),
+                          torch.tensor([0.7 / (1 + 1e-6), 0, 0, 0]))
+    assert torch.allclose(group_normalized(rewards, groups, divide_by_std=False, valid=valid),
+                          torch.tensor([0.7, 0, 0, 0]))
+    assert torch.allclose(leave_one_out(rewards, groups, valid), torch.tensor([0.7, 0, 0, 0]))
+
+
+def test_reinforce_plus_plus_baseline_centres_on_the_valid_members_and_whitens_over_them():
+    # group 0: 1, 0, FAILED -> mean 0.5 (with the failed 0 it would be 1/3); group 1: 1, 0 -> mean 0.5
+    # centred (kl 0): 0.5, -0.5, -, 0.5, -0.5 -> whitened over 4 tokens: mean 0, var 4 * 0.25 / 3 = 1/3
+    rewards, groups = torch.tensor([1.0, 0.0, 0.0, 1.0, 0.0]), torch.tensor([0, 0, 0, 1, 1])
+    valid = torch.tensor([True, True, False, True, True])
+    a = 0.5 / math.sqrt(1 / 3 + 1e-8)
+    advantages, _ = compute_advantages("reinforce_plus_plus_baseline", rewards, groups, torch.ones(5, 1),
+                                       valid=valid)
+    assert torch.allclose(advantages[:, 0], torch.tensor([a, -a, 0.0, a, -a]), atol=1e-5)
+
+
+def test_token_level_estimators_give_a_failed_sample_nothing_and_whiten_without_it():
+    rewards, groups = torch.tensor([1.0, 0.0, 5.0]), torch.tensor([0, 1, 2])
+    valid = torch.tensor([True, True, False])
+    mask = torch.ones(3, 2)
+    # REINFORCE++ (gamma 1, no kl): returns 1, 1 | 0, 0 -> mean 0.5, var 4 * 0.25 / 3 = 1/3
+    a = 0.5 / math.sqrt(1 / 3 + 1e-8)
+    advantages, _ = compute_advantages("reinforce_plus_plus", rewards, groups, mask, valid=valid)
+    assert torch.allclose(advantages, torch.tensor([[a, a], [-a, -a], [0.0, 0.0]]), atol=1e-5)
+    # PPO with V = 0.5 everywhere: the failed row has no advantage and no return for the critic
+    advantages, returns = compute_advantages("ppo", rewards, groups, mask, valid=valid, values=torch.full((3, 2), 0.5))
+    assert advantages[2].abs().sum() == 0 and returns[2].abs().sum() == 0
+    assert torch.allclose(advantages[0], torch.tensor([0.5, 0.5])) and torch.allclose(returns[0], torch.ones(2))
+    # --normalize-advantages whitens over the valid tokens only: dr_grpo on singletons is r -> same as above
+    advantages, _ = compute_advantages("dr_grpo", rewards, groups, mask, valid=valid, normalize=True)
+    assert torch.allclose(advantages, torch.tensor([[a, a], [-a, -a], [0.0, 0.0]]), atol=1e-5)

@@ -92,3 +92,18 @@ def test_cursor_state_resumes_exactly():
     assert [other.next() for _ in range(6)] == expected
     with pytest.raises(ValueError, match="has 4 usable rows but the checkpoint was taken with 5"):
         PromptSource(_records(4)).load_state_dict(state)
+
+
+def test_resume_refuses_other_prompts_labels_or_order_with_the_same_row_count():
+    import dataclasses
+
+    state = PromptSource(_records(5), shuffle=True, seed=1).state_dict()
+    PromptSource(_records(5), shuffle=True, seed=1).load_state_dict(state)  # the same data and order: fine
+    relabelled = [dataclasses.replace(r, label="other") if r.row == 3 else r for r in _records(5)]
+    retokenized = [dataclasses.replace(r, tokens=r.tokens + (7,)) if r.row == 2 else r for r in _records(5)]
+    for changed in (PromptSource(relabelled, shuffle=True, seed=1), PromptSource(retokenized, shuffle=True, seed=1),
+                    PromptSource(_records(5), shuffle=True, seed=2), PromptSource(_records(5), shuffle=False)):
+        with pytest.raises(ValueError, match="the prompt data differs from the run that saved the checkpoint"):
+            changed.load_state_dict(state)
+    older = {k: v for k, v in state.items() if k != "fingerprint"}  # checkpoints from before the fingerprint
+    PromptSource(_records(5), shuffle=True, seed=1).load_state_dict(older)

@@ -1,4 +1,5 @@
-"""Sample groups -> training tensors: FAILED samples stay in group statistics with zero loss weight."""
+"""Sample groups -> training tensors: FAILED samples are marked not valid, left out of group statistics,
+and get zero loss weight."""
 
 import pytest
 import torch
@@ -17,17 +18,23 @@ def _sample(index, group, reward, status=Status.COMPLETED, version=0, tool=False
     return s
 
 
-def test_failed_samples_count_in_the_group_but_train_nothing():
-    groups = [[_sample(0, 0, 1.0), _sample(1, 0, None, Status.FAILED)], [_sample(2, 1, 1.0, tool=True)]]
+def test_failed_samples_are_left_out_of_the_group_and_train_nothing():
+    groups = [[_sample(0, 0, 1.0), _sample(1, 0, None, Status.FAILED), _sample(2, 0, 0.0)],
+              [_sample(3, 1, 1.0, tool=True)]]
+    groups[0][1].metadata["generate_error"] = "EngineConnectionError: router gone"
     batch = rollout_batch(groups)
-    assert batch.rewards.tolist() == [1.0, 0.0, 1.0]  # the failed reward counts as 0
-    assert batch.masks.tolist() == [[1, 1, 0], [0, 0, 0], [1, 1, 0]]  # [B, T], response-aligned
-    assert batch.rollout_log_probs.tolist() == [[-1, -2, 0], [-1, -2, 0], [-1, -2, 0]]
-    advantages, _ = compute_advantages("dr_grpo", batch.rewards, batch.group_ids, batch.masks)
-    assert advantages[0].tolist() == [0.5, 0.5, 0.0]  # mean over both members, failed one included
+    assert batch.rewards.tolist() == [1.0, 0.0, 0.0, 1.0]  # the failed reward is stored as 0 ...
+    assert batch.valid.tolist() == [True, False, True, True]  # ... and marked as no data
+    assert batch.failed == 1 and batch.failed_fraction == 0.25
+    assert batch.failures == ("sample 1 (group 0) generate_error: EngineConnectionError: router gone",)
+    assert batch.masks.tolist() == [[1, 1, 0], [0, 0, 0], [1, 1, 0], [1, 1, 0]]  # [B, T], response-aligned
+    assert batch.rollout_log_probs.tolist() == [[-1, -2, 0]] * 4
+    advantages, _ = compute_advantages("dr_grpo", batch.rewards, batch.group_ids, batch.masks, valid=batch.valid)
+    # group 0 is [1, 0]: mean 0.5 (with the failed sample as a 0 it would be 1/3)
+    assert advantages[0].tolist() == [0.5, 0.5, 0.0] and advantages[2].tolist() == [-0.5, -0.5, 0.0]
     assert advantages[1].abs().sum() == 0
-    assert [s.response_length for s in batch.sequences] == [2, 2, 3]
-    assert batch.weight_versions[2].tolist() == [0, 0, NOT_GENERATED]
+    assert [s.response_length for s in batch.sequences] == [2, 2, 2, 3]
+    assert batch.weight_versions[3].tolist() == [0, 0, NOT_GENERATED]
 
 
 def test_unscored_sample_is_an_error_and_metrics_count_stale_tokens_and_the_trained_reward():
@@ -38,7 +45,9 @@ def test_unscored_sample_is_an_error_and_metrics_count_stale_tokens_and_the_trai
     assert metrics["rollout/stale_token_frac"] == 0.5 and metrics["rollout/max_staleness"] == 2
     assert metrics["rollout/nonfinite_rewards"] == 1
     failed = batch_metrics(rollout_batch([[_sample(0, 0, 1.0), _sample(1, 0, None, Status.FAILED)]]), 0)
-    assert failed["train/reward_mean"] == 0.5 and failed["rollout/failed_samples"] == 1  # FAILED trains as 0
+    assert failed["train/reward_mean"] == 1.0  # the reward as trained: the FAILED sample is not
+    assert failed["rollout/failed_samples"] == 1 and failed["rollout/failed_frac"] == 0.5
+    assert metrics["rollout/failed_samples"] == 0 and metrics["rollout/failed_frac"] == 0
     assert not any(key.endswith("reward_mean") and key != "train/reward_mean" for key in metrics)
 
 

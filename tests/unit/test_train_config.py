@@ -124,6 +124,20 @@ def test_save_schedule():
         CheckpointConfig(save_interval=2)
 
 
+def test_keep_last_checkpoints():
+    from lean_rl.backends.megatron.train_config import CheckpointConfig
+
+    assert _parse()[0].checkpoint.keep_last_checkpoints is None  # default: keep all
+    assert CheckpointConfig().keep_last_for("actor") is None and CheckpointConfig().keep_last_for("critic") is None
+    ckpt = _parse("--save", "/x", "--keep-last-checkpoints", "2")[0].checkpoint
+    # the critic saves first: one more, so the actor's previous step keeps its critic across a crash
+    assert (ckpt.keep_last_checkpoints, ckpt.keep_last_for("actor"), ckpt.keep_last_for("critic")) == (2, 2, 3)
+    with pytest.raises(ConfigError, match="--keep-last-checkpoints must be > 0, got 0"):
+        _parse("--keep-last-checkpoints", "0")
+    with pytest.raises(ConfigError, match="--keep-last-checkpoints must be >= 1, got 0"):
+        CheckpointConfig(keep_last_checkpoints=0)
+
+
 def test_critic_checkpoints_default_to_a_folder_beside_the_actors():
     from lean_rl.backends.megatron.train_config import CheckpointConfig
 

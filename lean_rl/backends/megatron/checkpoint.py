@@ -1,9 +1,11 @@
 """torch_dist checkpoints of one rank's model, optimizer, LR scheduler, RNG and trainer counters,
 plus the driver's extra state (the DataBuffer's state_dict, as JSON), in checkpoint_paths' layout.
 
-Save (all ranks in lockstep): rank 0 prepares ROOT/iter_N.tmp, every rank writes its shards with
-dist_checkpointing.save, rank 0 adds extra_state.json, and only after a barrier rank 0 renames the
-directory and rewrites the tracker. A crash before that leaves the previous checkpoint as latest.
+Save (all ranks in lockstep): rank 0 repairs what an earlier crashed save left and prepares
+ROOT/iter_N.tmp, every rank writes its shards with dist_checkpointing.save, rank 0 adds
+extra_state.json, and only after a barrier rank 0 publishes it (checkpoint_paths.publish: fsync of
+every file, rename into place, atomic tracker update; a kill -9 at any point leaves a loadable
+checkpoint for the tracker), then with keep_last deletes all but the newest keep_last iterations.
 
 Load: model shards reshard to any TP / PP / EP layout; optimizer state is loaded when the checkpoint
 has it (a model-only checkpoint, e.g. from tools/convert_ckpt, starts a fresh optimizer) with
@@ -66,8 +68,10 @@ def has_optimizer_state(checkpoint_dir: Path) -> bool:
 
 
 def save_checkpoint(model: torch.nn.Module, optimizer, scheduler, trainer_state: dict[str, Any], root: str | Path,
-                    step: int, extra_state: dict[str, Any] | None, device: torch.device) -> Path:
-    """Write step `step` under `root`; returns the published directory (on every rank)."""
+                    step: int, extra_state: dict[str, Any] | None, device: torch.device,
+                    keep_last: int | None = None) -> Path:
+    """Write step `step` under `root`; returns the published directory (on every rank). `keep_last`:
+    then delete all but the newest `keep_last` iterations under `root` (never the tracker's)."""
     rank = dist.get_rank()
     tmp = checkpoint_paths.temporary_dir(root, step)
     if rank == 0:
@@ -87,6 +91,8 @@ def save_checkpoint(model: torch.nn.Module, optimizer, scheduler, trainer_state:
     dist.barrier()  # every rank's shards are on disk
     if rank == 0:
         checkpoint_paths.publish(root, step, tmp)
+        if keep_last is not None:
+            checkpoint_paths.prune(root, keep_last)
     dist.barrier()
     return checkpoint_paths.iteration_dir(root, step)
 

@@ -43,6 +43,7 @@ class RankTrainer:
             attach_value_head(model)
         lr = train.critic_lr if role == "critic" and train.critic_lr is not None else train.optimizer.lr
         self.model, self.role, self.device = model, role, device
+        self.checkpoint_config = train.checkpoint
         self.bundle = build_optimizer(model, train.optimizer, lr,
                                       pipeline_parallel=config.parallel.pipeline_model_parallel_size > 1)
         self.ctx = StepContext(role=role, algorithm=algorithm, vocab_size=config.arch.vocab_size,
@@ -118,7 +119,8 @@ class RankTrainer:
     def save_checkpoint(self, root: str, step: int, extra_state: dict[str, Any] | None) -> str:
         self._require_onloaded()
         path = checkpoint.save_checkpoint(self.model, self.bundle.optimizer, self.bundle.scheduler, self.counters,
-                                          root, step, extra_state, self.device)
+                                          root, step, extra_state, self.device,
+                                          keep_last=self.checkpoint_config.keep_last_for(self.role))
         return str(path)
 
     def load_checkpoint(self, root: str, load_optimizer: bool, load_rng: bool, step: int | None = None) -> dict[str, Any]:

@@ -2,8 +2,10 @@
 response-aligned (row i holds sequence i's response tokens from column 0, zero-padded to the longest
 response), the form the advantages take them in and train_batches.build_micro_batch lays out.
 
-A FAILED sample stays in its group, so group statistics (mean, std, leave-one-out baselines) see it
-with its reward (0 when the reward function failed), but its tokens get loss weight 0. Within a
+A FAILED sample (its generation or reward failed: an engine, the router or the reward function, not
+the policy) is not data: `valid` is False for it, so the advantage estimators leave it out of its
+group's statistics (lean_rl/algorithms/advantages.py), and its tokens get loss weight 0, so it counts
+in no loss denominator. `check_failed_fraction` refuses a batch where too many failed. Within a
 sample, `loss_mask` (0 on tool / environment tokens) decides which response tokens are trained."""
 
 from __future__ import annotations
@@ -24,10 +26,19 @@ class RolloutBatch:
     masks: torch.Tensor  # [B, T] float32: 1 = trained token (0 on padding)
     rollout_log_probs: torch.Tensor  # [B, T] float32 (0 where not generated)
     weight_versions: list[torch.Tensor]  # [R_i] int64 (NOT_GENERATED for tool tokens)
-    failed: int
+    valid: torch.Tensor  # [B] bool: False for a FAILED sample
+    failures: tuple[str, ...]  # why each FAILED sample failed, in batch order ("sample 3 (group 0) reward_error: ...")
 
     def __len__(self) -> int:
         return len(self.sequences)
+
+    @property
+    def failed(self) -> int:
+        return len(self) - int(self.valid.sum())
+
+    @property
+    def failed_fraction(self) -> float:
+        return self.failed / max(1, len(self))
 
     @property
     def response_lengths(self) -> list[int]:
@@ -42,7 +53,7 @@ def rollout_batch(groups: list[list[Sample]]) -> RolloutBatch:
     samples = [sample for group in groups for sample in group]
     if not samples:
         raise ValueError("train() got no samples")
-    sequences, rewards, group_ids, masks, log_probs, versions, failed = [], [], [], [], [], [], 0
+    sequences, rewards, group_ids, masks, log_probs, versions, valid, failures = [], [], [], [], [], [], [], []
     for group in groups:
         if not group:
             raise ValueError("train() got an empty group")
@@ -54,7 +65,8 @@ def rollout_batch(groups: list[list[Sample]]) -> RolloutBatch:
             if sample.prompt_length < 1:
                 raise ValueError(f"sample {sample.index} has no prompt token (the first token has no context)")
             is_failed = sample.status == Status.FAILED
-            failed += is_failed
+            if is_failed:
+                failures.append(f"sample {sample.index} (group {sample.group_index}) {failure_reason(sample)}")
             if sample.reward is None and not is_failed:
                 raise ValueError(f"sample {sample.index} ({sample.status.value}) has no reward; score it before training")
             reward = 0.0 if sample.reward is None else float(sample.reward)
@@ -63,12 +75,47 @@ def rollout_batch(groups: list[list[Sample]]) -> RolloutBatch:
             rewards.append(reward)
             group_ids.append(sample.group_index)
             masks.append(torch.zeros_like(mask) if is_failed else mask)
+            valid.append(not is_failed)
             log_probs.append(torch.tensor(sample.rollout_log_probs, dtype=torch.float32))
             versions.append(torch.tensor(sample.weight_versions, dtype=torch.long))
     masks = pad(masks)
     return RolloutBatch(sequences=sequences, rewards=torch.tensor(rewards, dtype=torch.float32),
                         group_ids=torch.tensor(group_ids, dtype=torch.long), masks=masks,
-                        rollout_log_probs=pad(log_probs, masks.shape[1]), weight_versions=versions, failed=failed)
+                        rollout_log_probs=pad(log_probs, masks.shape[1]), weight_versions=versions,
+                        valid=torch.tensor(valid, dtype=torch.bool), failures=tuple(failures))
+
+
+FAILURE_KEYS = ("generate_error", "reward_error")  # set by rollout/default.py and rollout/rewards.py
+SHOWN_FAILURES = 3
+REASON_CHARS = 300
+
+
+def failure_reason(sample: Sample) -> str:
+    """The error a FAILED sample carries in its metadata (the first of FAILURE_KEYS, else any `*error`)."""
+    keys = [k for k in FAILURE_KEYS if k in sample.metadata]
+    keys += [k for k in sample.metadata if k.endswith("error") and k not in keys]
+    if not keys:
+        return "(no *_error in sample.metadata)"
+    return f"{keys[0]}: {str(sample.metadata[keys[0]])[:REASON_CHARS]}"
+
+
+class FailedSamplesError(RuntimeError):
+    """More of a rollout's samples FAILED than --max-failed-fraction allows."""
+
+
+def check_failed_fraction(batch: RolloutBatch, max_failed_fraction: float) -> None:
+    """Raise FailedSamplesError when more than `max_failed_fraction` of the batch FAILED: the engines,
+    the router or the reward function are broken, and what is left is too little (and too selected)
+    to train on."""
+    if batch.failed_fraction <= max_failed_fraction:
+        return
+    shown = "; ".join(batch.failures[:SHOWN_FAILURES])
+    more = f" (and {batch.failed - SHOWN_FAILURES} more)" if batch.failed > SHOWN_FAILURES else ""
+    raise FailedSamplesError(
+        f"{batch.failed} of {len(batch)} samples of this rollout FAILED ({batch.failed_fraction:.0%}), more than "
+        f"--max-failed-fraction {max_failed_fraction} allows; stopping before training on it. First failures: "
+        f"{shown}{more}. Fix the engines, router or reward function these errors point at, or raise "
+        f"--max-failed-fraction to train on the samples that did not fail.")
 
 
 def pad(values: list[torch.Tensor], length: int | None = None) -> torch.Tensor:
@@ -82,17 +129,20 @@ def pad(values: list[torch.Tensor], length: int | None = None) -> torch.Tensor:
 
 def batch_metrics(batch: RolloutBatch, policy_version: int) -> dict[str, float]:
     """What the trainer saw in the batch. The rollout's own metrics (rollout/reward_mean, lengths, ...)
-    come from rollout.default.rollout_metrics; train/reward_mean is the reward as trained (a FAILED
-    sample counts 0, where the rollout's mean leaves an unscored one out)."""
+    come from rollout.default.rollout_metrics; train/reward_mean is the reward as trained: the mean over
+    the samples that did not FAIL (FAILED samples are counted by rollout/failed_samples and
+    rollout/failed_frac, and trained on not at all)."""
     versions = torch.cat(batch.weight_versions) if batch.weight_versions else torch.zeros(0, dtype=torch.long)
     generated = versions != NOT_GENERATED
     stale = (versions < policy_version) & generated
+    trained_rewards = batch.rewards[batch.valid]
     return {
-        "train/reward_mean": float(batch.rewards.mean()),
+        "train/reward_mean": float(trained_rewards.sum()) / max(1, trained_rewards.numel()),
         "rollout/trained_tokens": float(batch.masks.sum()),
         "rollout/failed_samples": float(batch.failed),
+        "rollout/failed_frac": batch.failed_fraction,
         # a NaN reward is trained as it is: the non-finite step guard skips and counts the step
-        "rollout/nonfinite_rewards": float((~torch.isfinite(batch.rewards)).sum()),
+        "rollout/nonfinite_rewards": float((~torch.isfinite(trained_rewards)).sum()),
         "rollout/stale_token_frac": float(stale.sum()) / max(1, int(generated.sum())),
         "rollout/max_staleness": float((policy_version - versions[stale]).max()) if bool(stale.any()) else 0.0,
     }

@@ -143,6 +143,10 @@ class CheckpointConfig:
     critic_save: str | None = option(None, help="default SAVE/critic")
     no_load_optim: bool = option(False)
     no_load_rng: bool = option(False)
+    keep_last_checkpoints: int | None = option(
+        None, positive=True, metavar="K",
+        help="after each successful save, delete all but the newest K checkpoints, never the latest "
+             "(PPO's critic keeps K+1; default: keep all)")
     # HF weights to start from when --load has none: the engines' --hf-checkpoint (one flag for
     # both, as in slime), passed by config.parse_config.
     hf_checkpoint: str | None = None
@@ -151,6 +155,8 @@ class CheckpointConfig:
         _require(self.save_interval is None or self.save_interval >= 1,
                  f"--save-interval must be >= 1, got {self.save_interval}")
         _require(self.save_interval is None or self.save is not None, "--save-interval needs --save")
+        _require(self.keep_last_checkpoints is None or self.keep_last_checkpoints >= 1,
+                 f"{flag_of(CheckpointConfig, 'keep_last_checkpoints')} must be >= 1, got {self.keep_last_checkpoints}")
 
     # The critic's checkpoints sit next to the actor's unless given: a slime-style launch script
     # that sets --save / --load resumes a PPO run without extra flags.
@@ -161,6 +167,14 @@ class CheckpointConfig:
     @property
     def critic_load_dir(self) -> str | None:
         return self.critic_load or (str(Path(self.load) / "critic") if self.load else None)
+
+    def keep_last_for(self, role: str) -> int | None:
+        """How many checkpoints the group of `role` keeps (None: all). The critic keeps one more than
+        the actor: it saves first, so a crash between the two saves leaves the actor's latest step
+        one save behind the critic's newest, and a resume needs the critic's checkpoint of that step."""
+        if self.keep_last_checkpoints is None:
+            return None
+        return self.keep_last_checkpoints + (1 if role == "critic" else 0)
 
     def should_save(self, step: int, last: bool = False) -> bool:
         """Whether the driver saves after rollout `step` (1-based): every --save-interval rollouts,
@@ -176,6 +190,12 @@ class PlacementConfig:
     actor_num_gpus_per_node: int = option(1)  # on GPU
     actor_num_procs_per_node: int = option(  # on CPU: processes (gloo ranks) per node
         1, help="CPU runs: trainer processes per node (the CPU counterpart of --actor-num-gpus-per-node)")
+    # Deadlines of the trainer group (MegatronGroup): one call to every rank (a train step, a save), and
+    # torch.distributed's collectives (Megatron's own flag name); both end the run with the ranks named.
+    call_timeout_s: float = option(1800.0, flag="--trainer-call-timeout", positive=True,
+                                   help="seconds one trainer call (a train step, a checkpoint save) may take")
+    distributed_timeout_minutes: float = option(10.0, positive=True,
+                                                help="torch.distributed timeout of the trainer's process groups")
 
     def __post_init__(self) -> None:
         for name in ("actor_num_nodes", "actor_num_gpus_per_node", "actor_num_procs_per_node"):

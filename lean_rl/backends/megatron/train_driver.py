@@ -8,7 +8,10 @@ build_micro_batch lays it out for a rank.
 Old log-probs are recomputed only when they can differ from the current policy's at the step that
 uses them: with several optimizer steps per rollout (steps 2.. see an updated policy), decoupled PPO
 (the proximal policy), or KL in the reward (needed before training). Otherwise the loss uses the
-current log-probs detached, which are exactly the old ones on the first step."""
+current log-probs detached, which are exactly the old ones on the first step.
+
+FAILED samples are no training data (rollout_batch.py): a rollout where more than
+--max-failed-fraction of them failed stops the run before any forward pass or optimizer step."""
 
 from __future__ import annotations
 
@@ -21,7 +24,7 @@ from lean_rl.algorithms.advantages import compute_advantages
 from lean_rl.algorithms.config import AlgorithmConfig
 from lean_rl.algorithms.kl import kl_estimate
 from lean_rl.algorithms.losses import aggregation_weights
-from lean_rl.backends.megatron.rollout_batch import RolloutBatch, batch_metrics, rollout_batch
+from lean_rl.backends.megatron.rollout_batch import RolloutBatch, batch_metrics, check_failed_fraction, rollout_batch
 from lean_rl.backends.megatron.train_batches import (build_micro_batch, plan_micro_batches, response_values,
                                                      uniform_shapes)
 from lean_rl.backends.megatron.train_config import BatchPlan, TrainConfig
@@ -88,7 +91,8 @@ def _step_fields(algo: AlgorithmConfig, masks: torch.Tensor, indices: list[int])
     step_masks[indices] = masks[indices]
     trained = step_masks.sum()
     if trained == 0:
-        raise ValueError("an optimizer step has no trainable token (every sample FAILED or fully loss-masked)")
+        raise ValueError("an optimizer step has no trainable token (every sample of it FAILED or is fully "
+                         "loss-masked)")
     return {"mask": step_masks, "weights": aggregation_weights(step_masks, algo.aggregation, algo.loss_norm_length),
             "metric_weights": step_masks / trained}
 
@@ -123,7 +127,9 @@ def train_on_rollout(actor: "MegatronGroup", groups: list[list[Sample]], policy_
     """Train on one rollout (groups of Samples): old / reference log-probs and critic values as the
     algorithm needs, advantages, then --num-steps-per-rollout optimizer steps. Returns metrics
     (train/loss, train/pg_clipfrac, train/kl_loss, train/entropy, train/grad_norm, train/lr,
-    train/skipped_steps, train/reward_mean, rollout/trained_tokens ..., critic/... for PPO)."""
+    train/skipped_steps, train/reward_mean, rollout/trained_tokens, rollout/failed_frac ...,
+    critic/... for PPO). Raises FailedSamplesError (nothing trained) when more than
+    --max-failed-fraction of the samples FAILED."""
     actor.require_training()
     algo: AlgorithmConfig = actor.algorithm_config
     if algo.needs_critic and (critic is None or critic.role != "critic"):
@@ -131,6 +137,7 @@ def train_on_rollout(actor: "MegatronGroup", groups: list[list[Sample]], policy_
                          "train_on_rollout(..., critic=...)")
     started = time.perf_counter()
     batch = rollout_batch(groups)
+    check_failed_fraction(batch, algo.max_failed_fraction)
     num_steps = actor.batch_plan.steps_for(len(batch))
     masks = batch.masks
     need_old = not algo.use_rollout_logprobs and (num_steps > 1 or algo.decoupled_ppo or algo.kl_coef != 0)
@@ -141,8 +148,8 @@ def train_on_rollout(actor: "MegatronGroup", groups: list[list[Sample]], policy_
     forward_s = time.perf_counter() - started
     kl_in_reward = kl_estimate(old, ref, "k1") * masks if algo.kl_coef != 0 else None
     advantages, returns = compute_advantages(
-        algo.advantage_estimator, batch.rewards, batch.group_ids, masks, kl=kl_in_reward, kl_coef=algo.kl_coef,
-        values=values, gamma=algo.gamma, lam=algo.lambd, normalize=algo.normalize_advantages)
+        algo.advantage_estimator, batch.rewards, batch.group_ids, masks, valid=batch.valid, kl=kl_in_reward,
+        kl_coef=algo.kl_coef, values=values, gamma=algo.gamma, lam=algo.lambd, normalize=algo.normalize_advantages)
     metrics = batch_metrics(batch, policy_version)
     metrics["rollout/advantage_mean"] = float((advantages * masks).sum() / masks.sum().clamp(min=1))
     if values is not None:
@@ -183,14 +190,14 @@ def initialize_for_training(group: "MegatronGroup", train: TrainConfig, algo: Al
     - else start from --hf-checkpoint;
     - reference (when a KL term needs it): --ref-load, else the --hf-checkpoint weights (the policy's
       starting point), loaded before any resume so a resumed run keeps the same reference."""
-    from lean_rl.backends.megatron.checkpoint_paths import iteration_dir, latest_step
+    from lean_rl.backends.megatron.checkpoint_paths import has_step, latest_step
     from lean_rl.backends.megatron.hf_config import hf_family
 
     ckpt = train.checkpoint
     load_root, load_flag = (ckpt.load, "--load") if role == "actor" else (ckpt.critic_load_dir, "--critic-load")
     resume = load_root is not None and latest_step(load_root) is not None
     if role == "critic" and actor_step:
-        if load_root is None or not iteration_dir(load_root, actor_step).is_dir():
+        if load_root is None or not has_step(load_root, actor_step):
             raise ConfigError(f"the actor resumed at step {actor_step}, but the critic has no checkpoint of that step "
                               f"({load_flag} {load_root}); point --critic-load at the critic saved with it")
         resume = True

@@ -198,18 +198,37 @@ class EngineGroup:
         """Put engine `index` (back) into the router; returns once the router routes to it."""
         self.router.add_worker(self.engine_url(index))
 
-    def restart_engine(self, index: int) -> float:
+    def restart_engine(self, index: int, add_back: bool = True) -> float:
         """Remove engine `index` from the router, restart its server (through its actor, on the same
-        port), re-add it. An actor that is gone (its node lost) is replaced by a new one where Ray
-        places it, whose URL may differ: the group's and its config's URLs follow. Returns the
-        seconds until it was healthy again."""
+        port), re-add it unless `add_back` is False (it serves --hf-checkpoint: the caller gives it the
+        current weights first). An actor that is gone (its node lost) is replaced by a new one where Ray
+        places it, whose URL may differ: the group's and its config's URLs follow. Returns the seconds
+        until it was healthy again."""
         self.remove_engine(index)
         try:
             seconds = self._get(self._actors[index].restart.remote(), self.config.start_timeout_s + 60)
         except ray.exceptions.RayActorError:
             seconds = self._replace_actor(index)
-        self.add_engine(index)
+        if add_back:
+            self.add_engine(index)
         return seconds
+
+    def router_alive(self) -> bool:
+        return self._router is not None and self._router.alive()
+
+    def restart_router(self, engine_indices: list[int]) -> float:
+        """Start the router again on its port (a hung one is stopped first) and register the engines
+        `engine_indices` (those that serve the current weights). Returns the seconds it took."""
+        t0 = time.monotonic()
+        old, self._router = self._router, None
+        if old is not None:
+            stop_all([old], self.stop_timeout_s)
+        require_free_port(self.router_port, "the router's port (restart)", self._router_host)
+        self._router = self._spawn_router()
+        self._wait_router_healthy()
+        for index in engine_indices:
+            self.add_engine(index)
+        return time.monotonic() - t0
 
     # ------------------------------------------------------------------ internals
     def _ensure_ray(self) -> None:

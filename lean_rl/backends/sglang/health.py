@@ -1,6 +1,12 @@
 """Keep an EngineGroup serving: notice a dead or hung engine, take it out of the router, restart it,
-put it back. Requests that were on it fail and are retried by the rollout through the router, which
+put it back; and a dead or hung router: start it again on its port with the engines that serve. Requests that were on it fail and are retried by the rollout through the router, which
 by then routes only to live engines (see rollout/default.py), so no sample is lost or duplicated.
+
+A restarted server serves --hf-checkpoint, not the trainer's weights. With a `rejoin` callback (the
+run's: weight_sync/engine_weights.py) the engine goes back into the router only once the callback has
+given it the current weights (and version) and their probe passed; until then it is "awaiting
+weights" and the callback is tried again every round, or a full sync delivers them
+(weights_delivered). Without a callback (an engine group on its own) it goes back at once.
 
 Runs on its own thread for the life of the group; the replacement servers are started by their engine
 actors (engine_actor.py), so the thread may stop before the group does.
@@ -11,8 +17,9 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
+import time
 from dataclasses import dataclass, field
-from typing import Iterator
+from typing import Callable, Iterator
 
 import httpx
 
@@ -27,6 +34,8 @@ class EngineHealth:
     consecutive_failures: int = 0
     restarts: int = 0
     gave_up: bool = False
+    awaiting_weights: bool = False  # restarted, out of the router until it holds the current weights
+    last_rejoin_error: str | None = None
     events: list[str] = field(default_factory=list)
 
 
@@ -40,8 +49,15 @@ class EngineMonitor:
         self.interval_s, self.health_timeout_s = interval_s, health_timeout_s
         self.failures_before_restart, self.max_restarts = failures_before_restart, max_restarts
         self.health = [EngineHealth() for _ in group.engine_urls]
+        # called with an engine's index after its restart, before it rejoins the router (see above)
+        self.rejoin: Callable[[int], None] | None = None
+        self._restarting: set[int] = set()
+        self._state_lock = threading.Lock()
         self._stop = threading.Event()
-        self._held = threading.Event()
+        self._holds = 0  # hold_health_checks nests (a sync inside the async loop's pause)
+        self.router_restarts = 0
+        self.router_events: list[str] = []
+        self._router_failures = 0
         self._thread: threading.Thread | None = None
         # SGLang 0.5.23 leaves /health open even with an API key; sent anyway, should that change
         self._http = httpx.Client(timeout=health_timeout_s, trust_env=False,
@@ -70,25 +86,64 @@ class EngineMonitor:
     def hold_health_checks(self) -> Iterator[None]:
         """While engines are paused on purpose (a weight update in fully async training), SGLang's
         /health fails (it needs a generation to go through): check only that the processes live."""
-        self._held.set()
+        with self._state_lock:
+            self._holds += 1
         try:
             yield
         finally:
-            for state in self.health:
-                state.consecutive_failures = 0
-            self._held.clear()
+            with self._state_lock:
+                self._holds -= 1
+                for state in self.health:
+                    state.consecutive_failures = 0
 
     @property
     def total_restarts(self) -> int:
         return sum(h.restarts for h in self.health)
 
+    @property
+    def awaiting_weights(self) -> list[int]:
+        return [i for i, state in enumerate(self.health) if state.awaiting_weights and not state.gave_up]
+
+    def weights_delivered(self) -> None:
+        """Every engine holds the current weights (a sync to all of them just passed): the ones that
+        awaited them go back into the router."""
+        for index in self.awaiting_weights:
+            if self.group.engine_alive(index):
+                self._back_in_router(index, self.health[index], "with the weights of the last sync")
+
+    def wait_until_serving(self, timeout_s: float, restarts_before: int, settle_s: float | None = None) -> bool:
+        """After a failure that may be an engine's death: wait until every engine lives again and no
+        restart is in progress. True when some engine was restarted since `restarts_before` (the
+        failure was an engine's), False when, after `settle_s` (long enough for the monitor to notice a
+        dead one), none was. Raises when an engine is given up or the deadline passes."""
+        settle_s = 3 * self.interval_s + 2 if settle_s is None else settle_s
+        started = time.monotonic()
+        while True:
+            given_up = [i for i, state in enumerate(self.health) if state.gave_up]
+            if given_up:
+                raise RuntimeError(f"engines {given_up} were restarted {self.max_restarts} times and left out")
+            with self._state_lock:
+                busy = bool(self._restarting)
+            serving = not busy and all(self.group.engine_alive(i) for i in range(len(self.health)))
+            if serving and self.total_restarts > restarts_before:
+                return True
+            if serving and time.monotonic() - started >= settle_s:
+                return False
+            if time.monotonic() - started > timeout_s:
+                raise RuntimeError(f"engines not serving again within {timeout_s:.0f} s: "
+                                   f"{[state.events[-1:] for state in self.health]}")
+            time.sleep(0.5)
+
     def check_once(self) -> None:
+        self._check_router()
         for index, state in enumerate(self.health):
             if self._stop.is_set() or state.gave_up:
                 continue
             if not self.group.engine_alive(index):
                 self._restart(index, state, "its process exited")
-            elif self._held.is_set():
+            elif state.awaiting_weights:
+                self._try_rejoin(index, state)
+            elif self._holds:
                 continue
             elif not self._healthy(index):
                 state.consecutive_failures += 1
@@ -96,6 +151,42 @@ class EngineMonitor:
                     self._restart(index, state, f"{state.consecutive_failures} failed health checks in a row")
             else:
                 state.consecutive_failures = 0
+
+    def _check_router(self) -> None:
+        if self._stop.is_set() or self.router_restarts >= self.max_restarts:
+            return
+        if self.group.router_alive():
+            if self._router_live():
+                self._router_failures = 0
+                return
+            self._router_failures += 1
+            if self._router_failures < self.failures_before_restart:
+                return
+            reason = f"{self._router_failures} failed liveness checks in a row"
+        else:
+            reason = "its process exited"
+        serving = [i for i, state in enumerate(self.health)
+                   if not state.awaiting_weights and not state.gave_up and self.group.engine_alive(i)]
+        self._router_note(f"router {self.group.router_url}: {reason}; restarting it with engines {serving}")
+        self.router_restarts += 1
+        try:
+            seconds = self.group.restart_router(serving)
+        except Exception as err:  # noqa: BLE001 - the next round tries again
+            self._router_note(f"router restart failed: {type(err).__name__}: {err}")
+            return
+        self._router_failures = 0
+        self._router_note(f"router {self.group.router_url}: back after {seconds:.1f} s")
+
+    def _router_live(self) -> bool:
+        # /liveness: the router's own process answers (its /health may depend on the workers')
+        try:
+            return self._http.get(f"{self.group.router_url}/liveness").status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def _router_note(self, message: str) -> None:
+        self.router_events.append(message)
+        logger.warning("engine monitor: %s", message)
 
     def _healthy(self, index: int) -> bool:
         try:
@@ -111,15 +202,45 @@ class EngineMonitor:
             self.group.remove_engine(index)
             return
         self._note(state, f"{url}: {reason}; restarting (log: {self.group.engine_log_path(index)})")
+        with self._state_lock:
+            self._restarting.add(index)
         try:
-            seconds = self.group.restart_engine(index)
+            seconds = self.group.restart_engine(index, add_back=self.rejoin is None)
         except Exception as err:  # noqa: BLE001 - keep watching; the next round tries again
             state.restarts += 1
             self._note(state, f"{url}: restart failed: {type(err).__name__}: {err}")
             return
+        finally:
+            with self._state_lock:
+                self._restarting.discard(index)
         state.restarts += 1
         state.consecutive_failures = 0
-        self._note(state, f"{url}: back in the router after {seconds:.1f} s")
+        if self.rejoin is None:
+            self._note(state, f"{url}: back in the router after {seconds:.1f} s")
+            return
+        state.awaiting_weights, state.last_rejoin_error = True, None
+        self._note(state, f"{self.group.engine_url(index)}: healthy after {seconds:.1f} s; out of the router "
+                          "until it holds the current weights")
+        self._try_rejoin(index, state)
+
+    def _try_rejoin(self, index: int, state: EngineHealth) -> None:
+        try:
+            self.rejoin(index)
+        except Exception as err:  # noqa: BLE001 - stays out of the router; tried again next round
+            message = f"{type(err).__name__}: {err}"
+            if message != state.last_rejoin_error:  # said once, not every round
+                state.last_rejoin_error = message
+                self._note(state, f"{self.group.engine_url(index)}: not given the current weights yet ({message})")
+            return
+        self._back_in_router(index, state, "with the current weights")
+
+    def _back_in_router(self, index: int, state: EngineHealth, how: str) -> None:
+        with self._state_lock:
+            if not state.awaiting_weights:
+                return
+            state.awaiting_weights = False
+        self.group.add_engine(index)
+        self._note(state, f"{self.group.engine_url(index)}: back in the router {how}")
 
     def _note(self, state: EngineHealth, message: str) -> None:
         state.events.append(message)
