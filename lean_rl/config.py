@@ -27,6 +27,7 @@ from lean_rl.backends.megatron.train_config import (BatchPlan, CheckpointConfig,
                                                     training_temperature)
 from lean_rl.backends.sglang.config import EngineConfig, resolve_api_key, resolve_ports, split_passthrough
 from lean_rl.buffer.config import DataConfig
+from lean_rl.buffer.prompt_source import check_prompt_file_type
 from lean_rl.options import ConfigError, add_options, read_options
 from lean_rl.rollout.config import EvalConfig, RewardConfig, RolloutConfig
 from lean_rl.run_config import RunConfig
@@ -107,6 +108,11 @@ def parse_config(argv: list[str]) -> Config:
             (f"--eval-prompt-data {name}", p) for name, p in evaluation.datasets]:
         if path is not None and not Path(path).is_file():
             raise ConfigError(f"{flag}: file {path!r} does not exist")
+        if path is not None:
+            try:
+                check_prompt_file_type(path)
+            except ValueError as err:
+                raise ConfigError(f"{flag}: {err}") from None
     if not data.prompt_data and not run.debug_train_only:
         raise ConfigError("--prompt-data is required")
     megatron = _megatron_config(argv, args, read_options(ParallelConfig, args))

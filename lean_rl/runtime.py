@@ -20,16 +20,19 @@ import dataclasses
 import inspect
 import json
 import logging
+import sys
 import time
 from pathlib import Path
 
 from lean_rl.buffer.data_buffer import DataBuffer, create_data_buffer
 from lean_rl.config import Config
-from lean_rl.rollout.base import RolloutOutput, load_extensions
+from lean_rl.debug_rollout import load_debug_rollout
+from lean_rl.rollout.base import RolloutOutput, load_extensions, rollout_output
+from lean_rl.rollout.evaluation import load_eval_datasets
 from lean_rl.rollout.default import rollout_metrics
 from lean_rl.sample import Sample
 from lean_rl.stop import RunStopped, StopSignals
-from lean_rl.utils.metrics import MetricsLogger, Timers, dump_samples
+from lean_rl.utils.metrics import MetricsLogger, Timers, dump_samples, print_run_summary
 from lean_rl.utils.threads import run_in_daemon_thread
 
 logger = logging.getLogger(__name__)
@@ -74,6 +77,8 @@ class Runtime:
         cfg = self.cfg
         self._ray_started = init_ray(cfg.run.ray_address)
         self.buffer = create_data_buffer(cfg) if cfg.data.prompt_data else None
+        if cfg.eval.datasets and not cfg.run.debug_train_only:
+            load_eval_datasets(cfg)  # a bad eval set fails now, not at the first evaluation (cached for it)
         if not cfg.run.debug_rollout_only:
             self.trainer = self._start_megatron_group("actor")
             if self.finished:  # rerun of a completed run: nothing to generate for, say so and stop here
@@ -203,17 +208,22 @@ class Runtime:
         call = fn(self.cfg, step, buffer, evaluation) if inspect.iscoroutinefunction(fn) else \
             run_in_daemon_thread(fn, self.cfg, step, buffer, evaluation)
         try:
-            return await asyncio.wait_for(call, timeout_s)
+            out = await asyncio.wait_for(call, timeout_s)
         except asyncio.TimeoutError:
             what = "evaluation" if evaluation else "rollout"
             raise TimeoutError(f"{what} {step} ({self.cfg.rollout.rollout_function_path}) did not finish within "
                                f"--rollout-timeout {timeout_s:g} s; nothing of it was trained (raise "
                                "--rollout-timeout if rollouts are this long)") from None
+        return rollout_output(self.cfg, fn, out)  # a wrong return type names the flag and the function
 
     def take_train_groups(self, step: int) -> list[list[Sample]]:
         if self.cfg.run.load_debug_rollout_data:
             return self._load_debug_rollout(step)
-        groups = self.buffer.get_train_groups(self.cfg.rollout.rollout_batch_size, policy_version=step)
+        return self.record_train_groups(
+            step, self.buffer.get_train_groups(self.cfg.rollout.rollout_batch_size, policy_version=step))
+
+    def record_train_groups(self, step: int, groups: list[list[Sample]]) -> list[list[Sample]]:
+        """--save-debug-rollout-data and --dump-samples-interval, for the groups step `step` trains on."""
         if self.cfg.run.save_debug_rollout_data:
             path = Path(self.cfg.run.save_debug_rollout_data.format(rollout_id=step))
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -228,7 +238,9 @@ class Runtime:
         if not groups:
             raise RuntimeError(f"step {step}: no training data (the prompt data is used up?)")
         changing = self.weight_sync.trainer_changing(step + 1) if self.weight_sync else contextlib.nullcontext()
-        with changing:  # no engine is given the trainer's weights halfway through a step
+        # colocated, the engines have released their memory for training: /health fails by design then
+        released = self.monitor.hold_health_checks() if self.monitor and self.cfg.run.colocate else contextlib.nullcontext()
+        with changing, released:  # no engine is given the trainer's weights halfway through a step
             return train_on_rollout(self.trainer, groups, policy_version=step, critic=self.critic)
 
     def sync_weights(self, version: int, probe: bool = True):
@@ -257,6 +269,21 @@ class Runtime:
         for group in (self.trainer, self.critic):
             if group is not None:
                 group.onload()
+
+    @classmethod
+    def run(cls, cfg: Config, loop) -> None:
+        """What a training script's main does: start, run `loop(rt)` until done or a signal, close
+        everything, print the summary; after a signal, exit with 128 + its number."""
+        rt = cls(cfg).start()
+        stopped = None
+        try:
+            if not rt.finished:
+                stopped = asyncio.run(rt.run_until_stopped(loop))
+        finally:
+            rt.close()
+        print_run_summary(cfg.run.output_dir)
+        if stopped is not None:
+            sys.exit(128 + stopped.signum)
 
     async def run_until_stopped(self, loop) -> RunStopped | None:
         """`await loop(self)` with SIGTERM / SIGINT handled (lean_rl/stop.py): on a signal the loop
@@ -312,10 +339,7 @@ class Runtime:
         self.logger.log(step, metrics)
 
     def _load_debug_rollout(self, step: int) -> list[list[Sample]]:
-        path = Path(self.cfg.run.load_debug_rollout_data.format(rollout_id=step))
-        if not path.is_file():
-            raise FileNotFoundError(f"--load-debug-rollout-data: {path} does not exist (rollout {step})")
-        return [[Sample.from_dict(d) for d in json.loads(line)] for line in path.read_text().splitlines() if line]
+        return load_debug_rollout(self.cfg.run.load_debug_rollout_data, step)
 
 
 # The phases a loop times; whatever else a step spends is framework overhead (data conversion in the

@@ -109,8 +109,47 @@ class Sample:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "Sample":
+        """The inverse of to_dict; ValueError naming the field when `data` is not a saved sample."""
+        if not isinstance(data, dict):
+            raise ValueError(f"a sample must be a JSON object, got {type(data).__name__}")
+        missing = [k for k in _REQUIRED if k not in data]
+        unknown = sorted(set(data) - set(_FIELD_TYPES))
+        if missing or unknown:
+            raise ValueError(f"sample {data.get('index', '?')}: "
+                             + "; ".join(([f"missing field(s) {missing}"] if missing else [])
+                                         + ([f"unknown field(s) {unknown}"] if unknown else [])))
         data = dict(data)
-        data["status"] = Status(data.get("status", Status.PENDING.value))
+        for name, (types, element) in _FIELD_TYPES.items():
+            value = data.get(name)
+            if name not in data or name == "label" or (value is None and name == "reward"):
+                continue
+            ok = isinstance(value, types) and not (isinstance(value, bool) and bool not in types)
+            if ok and element is not None:
+                ok = all(isinstance(x, element) and not isinstance(x, bool) for x in value)
+            if not ok:
+                raise ValueError(f"sample {data.get('index', '?')}: field {name!r} must be "
+                                 f"{_TYPE_NAMES[name]}, got {str(value)[:80]!r}")
+        try:
+            data["status"] = Status(data.get("status", Status.PENDING.value))
+        except ValueError:
+            raise ValueError(f"sample {data['index']}: field 'status' must be one of "
+                             f"{[s.value for s in Status]}, got {data['status']!r}") from None
         sample = cls(**data)
         sample.check()
         return sample
+
+
+# from_dict's checks: field -> (accepted types, element type of a list or None)
+_REQUIRED = ("index", "group_index", "prompt", "tokens")
+_FIELD_TYPES: dict[str, tuple[tuple[type, ...], Any]] = {
+    "index": ((int,), None), "group_index": ((int,), None), "prompt": ((str, list), None),
+    "tokens": ((list,), int), "response": ((str,), None), "response_length": ((int,), None),
+    "label": ((object,), None), "reward": ((int, float), None), "loss_mask": ((list,), int),
+    "rollout_log_probs": ((list,), (int, float)), "weight_versions": ((list,), int), "status": ((str,), None),
+    "metadata": ((dict,), None),
+}
+_TYPE_NAMES = {"index": "an integer", "group_index": "an integer", "prompt": "text or a list of messages",
+               "tokens": "a list of token ids", "response": "text", "response_length": "an integer",
+               "label": "anything", "reward": "a number or null", "loss_mask": "a list of 0/1",
+               "rollout_log_probs": "a list of numbers", "weight_versions": "a list of integers",
+               "status": "a status string", "metadata": "an object"}

@@ -15,7 +15,7 @@ import time
 
 from lean_rl.config import parse_config
 from lean_rl.runtime import Runtime, step_metrics
-from lean_rl.utils.metrics import print_run_summary, setup_logging
+from lean_rl.utils.metrics import setup_logging
 
 
 async def train(rt: Runtime) -> None:
@@ -63,16 +63,7 @@ def main(argv: list[str] | None = None) -> None:
     cfg = parse_config(sys.argv[1:] if argv is None else argv)
     if cfg.run.async_mode != "off":
         raise SystemExit(f"--async-mode {cfg.run.async_mode}: run python -m lean_rl.train_async")
-    rt = Runtime(cfg).start()
-    stopped = None
-    try:
-        if not rt.finished:
-            stopped = asyncio.run(rt.run_until_stopped(train))
-    finally:
-        rt.close()
-    print_run_summary(cfg.run.output_dir)
-    if stopped is not None:
-        sys.exit(128 + stopped.signum)
+    Runtime.run(cfg, train)  # SIGTERM / SIGINT: saved at a step boundary, exit 128 + signal
 
 
 if __name__ == "__main__":  # the guard matters: checkpointing spawns processes that re-import __main__

@@ -24,7 +24,7 @@ from lean_rl.rollout.base import RolloutOutput
 from lean_rl.rollout.continuous import ContinuousGenerator
 from lean_rl.rollout.default import rollout_metrics
 from lean_rl.runtime import Runtime, staleness_metrics, step_metrics
-from lean_rl.utils.metrics import print_run_summary, setup_logging
+from lean_rl.utils.metrics import setup_logging
 
 
 async def train_one_step_off(rt: Runtime) -> None:
@@ -87,6 +87,7 @@ async def train_fully_async(rt: Runtime) -> None:
             if batch is None:  # SIGTERM / SIGINT came: nothing of this step is trained
                 rt.stop.check(step)
             groups, counters = batch
+            rt.record_train_groups(step, groups)
 
             # 2. train while generation goes on
             with rt.timers("train"):
@@ -121,17 +122,7 @@ def main(argv: list[str] | None = None) -> None:
     cfg = parse_config(sys.argv[1:] if argv is None else argv)
     if cfg.run.async_mode == "off":
         raise SystemExit("--async-mode off: run python -m lean_rl.train (or pass --async-mode one-step|full)")
-    rt = Runtime(cfg).start()
-    stopped = None
-    try:
-        if not rt.finished:
-            loop = train_fully_async if cfg.run.async_mode == "full" else train_one_step_off
-            stopped = asyncio.run(rt.run_until_stopped(loop))
-    finally:
-        rt.close()
-    print_run_summary(cfg.run.output_dir)
-    if stopped is not None:
-        sys.exit(128 + stopped.signum)
+    Runtime.run(cfg, train_fully_async if cfg.run.async_mode == "full" else train_one_step_off)
 
 
 if __name__ == "__main__":  # the guard matters: checkpointing spawns processes that re-import __main__

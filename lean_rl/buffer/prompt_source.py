@@ -34,6 +34,16 @@ class PromptRecord:
     metadata: dict[str, Any] = field(default_factory=dict)
 
 
+PROMPT_FILE_TYPES = (".jsonl", ".json", ".parquet")
+
+
+def check_prompt_file_type(path: str | Path) -> None:
+    suffix = Path(path).suffix
+    if suffix not in PROMPT_FILE_TYPES:
+        raise ValueError(f"{path}: unsupported prompt file type {suffix or '(no extension)'!r} "
+                         "(use .jsonl, one JSON object per line, or .parquet)")
+
+
 def _iter_rows(path: Path) -> Iterator[tuple[int, dict | None, str | None]]:
     """(row number, row, error) for each row; error is set (and row None) for unparseable rows."""
     if path.suffix == ".parquet":
@@ -42,10 +52,14 @@ def _iter_rows(path: Path) -> Iterator[tuple[int, dict | None, str | None]]:
         for i, row in enumerate(pq.read_table(path).to_pylist(), start=1):
             yield i, row, None
         return
-    if path.suffix not in (".jsonl", ".json"):
-        raise ValueError(f"{path}: unsupported prompt file type {path.suffix!r} (use .jsonl or .parquet)")
-    with path.open(encoding="utf-8") as f:
-        for i, line in enumerate(f, start=1):
+    check_prompt_file_type(path)
+    with path.open("rb") as f:
+        for i, raw in enumerate(f, start=1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as err:  # the whole file is wrong, not this row: never skipped
+                raise ValueError(f"{path}:{i}: not UTF-8 text (byte {raw[err.start:err.start + 1]!r} at column "
+                                 f"{err.start + 1}); prompt files must be UTF-8 encoded") from None
             if not line.strip():
                 continue
             try:
@@ -53,7 +67,12 @@ def _iter_rows(path: Path) -> Iterator[tuple[int, dict | None, str | None]]:
             except json.JSONDecodeError as err:
                 yield i, None, f"invalid JSON ({err.msg} at column {err.colno})"
                 continue
-            yield (i, row, None) if isinstance(row, dict) else (i, None, f"expected a JSON object, got {type(row).__name__}")
+            yield (i, row, None) if isinstance(row, dict) else (i, None, f"expected a JSON object, got {_json_type(row)}")
+
+
+def _json_type(value) -> str:
+    return {list: "a list", str: "a string", int: "a number", float: "a number", bool: "a boolean",
+            type(None): "null"}.get(type(value), type(value).__name__)
 
 
 def _check_messages(prompt: list, key: str) -> None:
@@ -73,9 +92,21 @@ def _render(record_prompt, data: DataConfig, tokenizer, tools) -> list[int]:
     return tokenizer(text, add_special_tokens=False)["input_ids"]
 
 
-def load_prompts(path: str | Path, data: DataConfig, tokenizer) -> tuple[list[PromptRecord], collections.Counter]:
-    """Every usable row of `path`, plus counters of what was skipped and why."""
-    path = Path(path)
+def load_prompts(path: str | Path, data: DataConfig, tokenizer, flag: str = "--prompt-data"
+                 ) -> tuple[list[PromptRecord], collections.Counter]:
+    """Every usable row of `path`, plus counters of what was skipped and why. Every error starts with
+    `flag` (the option that named the file: --prompt-data, or --eval-prompt-data NAME)."""
+    try:
+        return _load_prompts(Path(path), data, tokenizer)
+    except (OSError, ValueError) as err:
+        try:
+            named = type(err)(f"{flag}: {err}")
+        except Exception:  # noqa: BLE001 - an exception type that takes other arguments
+            named = ValueError(f"{flag}: {err}")
+        raise named from None
+
+
+def _load_prompts(path: Path, data: DataConfig, tokenizer) -> tuple[list[PromptRecord], collections.Counter]:
     if not path.is_file():
         raise FileNotFoundError(f"prompt data file {str(path)!r} does not exist")
     records, skipped = [], collections.Counter()
@@ -94,7 +125,8 @@ def load_prompts(path: str | Path, data: DataConfig, tokenizer) -> tuple[list[Pr
                 raise BadRowError(f"missing key {data.label_key!r} (--label-key)")
             metadata = row.get(data.metadata_key) if data.metadata_key else None
             if metadata is not None and not isinstance(metadata, dict):
-                raise BadRowError(f"{data.metadata_key!r} (--metadata-key) must be an object")
+                raise BadRowError(f"{data.metadata_key!r} (--metadata-key) must be an object, got "
+                                  f"{_json_type(metadata)}")
             tools = row.get(data.tool_key) if data.tool_key else None
             tokens = _render(prompt, data, tokenizer, tools)
         except BadRowError as err:
@@ -108,7 +140,8 @@ def load_prompts(path: str | Path, data: DataConfig, tokenizer) -> tuple[list[Pr
         label = row.get(data.label_key) if data.label_key else None
         records.append(PromptRecord(row_number, prompt, tuple(tokens), label, dict(metadata or {})))
     if not records:
-        raise ValueError(f"{path}: no usable prompts (skipped: {dict(skipped) or 'none'}; file empty?)")
+        raise ValueError(f"{path}: no usable prompts (skipped: {dict(skipped) or 'none'}"
+                         f"{'' if skipped else '; the file has no rows'})")
     return records, skipped
 
 

@@ -3,15 +3,19 @@ extension points resolved (and checked) once at start-up."""
 
 from __future__ import annotations
 
+import asyncio
 import functools
-from collections.abc import Awaitable
+import logging
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
-from lean_rl.backends.sglang.client import EngineClient
+from lean_rl.backends.sglang.client import EngineClient, EngineConnectionError
 from lean_rl.rollout import rewards
 from lean_rl.sample import Sample
-from lean_rl.utils.plugins import load_function
+from lean_rl.utils.plugins import hook_return_error, load_function
+
+logger = logging.getLogger(__name__)
 
 if TYPE_CHECKING:  # not at run time: lean_rl.config imports every flag group (Megatron's included)
     from lean_rl.buffer.data_buffer import DataBuffer
@@ -92,6 +96,47 @@ def load_extensions(cfg: Config) -> Extensions:
     return Extensions(rollout_fn, generate_fn, reward_fn, cfg.reward.group_rm, dynamic_filter)
 
 
+# ---------------------------------------------------------------- what the hooks return
+# A hook that raises on one sample is that sample's failure (counted, the run goes on); one that
+# returns the wrong type is a bug in it: HookReturnError (utils/plugins.py) stops the run, naming the
+# flag, the function and what it returned.
+def generated_samples(cfg: Config, generate_fn, result) -> list[Sample]:
+    """What a generate function returned (a Sample or a non-empty list of them), as a list."""
+    if isinstance(result, Sample):
+        return [result]
+    if isinstance(result, list) and result and all(isinstance(s, Sample) for s in result):
+        return result
+    flag = f"--custom-generate-function-path {cfg.rollout.custom_generate_function_path}" \
+        if cfg.rollout.custom_generate_function_path else "the generate function"
+    return _raise(hook_return_error(flag, generate_fn, result, "the Sample, or a non-empty list of Samples"))
+
+
+def filter_verdict(cfg: Config, filter_fn, verdict) -> bool:
+    """A dynamic-sampling filter's answer: a bool (numpy's bool_ too)."""
+    if isinstance(verdict, bool) or (type(verdict).__module__ == "numpy" and type(verdict).__name__ in ("bool", "bool_")):
+        return bool(verdict)
+    return _raise(hook_return_error(f"--dynamic-sampling-filter-path {cfg.rollout.dynamic_sampling_filter_path}",
+                                    filter_fn, verdict, "True (keep the group) or False (drop it)"))
+
+
+def rollout_output(cfg: Config, rollout_fn, output) -> RolloutOutput:
+    """A rollout function's result; a RolloutOutput whose metrics map names to numbers."""
+    expected = "a lean_rl.rollout.base.RolloutOutput (metrics: dict[str, float], samples: dict[str, list])"
+    flag = f"--rollout-function-path {cfg.rollout.rollout_function_path}"
+    if not isinstance(output, RolloutOutput) or not isinstance(output.metrics, dict) \
+            or not isinstance(output.samples, dict):
+        raise hook_return_error(flag, rollout_fn, output, expected)
+    bad = {k: v for k, v in output.metrics.items()
+           if not isinstance(k, str) or isinstance(v, (str, bytes)) or not hasattr(v, "__float__")}
+    if bad:
+        raise hook_return_error(flag, rollout_fn, output, f"{expected}; these metrics are not numbers: {bad}")
+    return output
+
+
+def _raise(error: Exception):
+    raise error
+
+
 @functools.lru_cache(maxsize=64)
 def engine_client(url: str, timeout_s: float, api_key: str | None) -> EngineClient:
     """One client (one connection pool) per server URL and process; `api_key`: the run's
@@ -106,6 +151,19 @@ def router_client(cfg: Config) -> EngineClient:
 def engine_clients(cfg: Config) -> list[EngineClient]:
     """One client per engine (abort, pause / continue and weight updates are not routed)."""
     return [engine_client(url, cfg.engines.request_timeout_s, cfg.engines.api_key) for url in cfg.engines.engine_urls]
+
+
+async def on_every_engine(cfg: Config, call: Callable[[EngineClient], Awaitable]) -> None:
+    """`call(client)` on every engine at once (abort, pause, continue: the router does not forward
+    them). An engine that cannot be reached is dead: nothing runs or waits there, and the monitor
+    restarts it fresh (not paused), so it is skipped with a warning; any other failure is raised."""
+    clients = engine_clients(cfg)
+    results = await asyncio.gather(*(call(client) for client in clients), return_exceptions=True)
+    for client, result in zip(clients, results):
+        if isinstance(result, EngineConnectionError):
+            logger.warning("engine %s unreachable (%s); skipped: the engine monitor restarts it", client.base_url, result)
+        elif isinstance(result, BaseException):
+            raise result
 
 
 def parse_weight_version(version: str | None) -> int:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import time
 
-from lean_rl.rollout.base import engine_clients
+from lean_rl.rollout.base import on_every_engine
 from lean_rl.rollout.default import GroupRunner
 from lean_rl.sample import Sample
 
@@ -79,12 +79,12 @@ class ContinuousGenerator:
         weights after resume (its tokens then carry the new version)."""
         self._open.clear()
         self.runner.stopping = True
-        await asyncio.gather(*(c.pause_generation(self.pause_mode) for c in self._engine_clients()))
+        await on_every_engine(self.cfg, lambda c: c.pause_generation(self.pause_mode))
 
     async def resume(self, version: int) -> None:
         """The engines now serve `version`: continue generating, admitting by the new version."""
         self.version = version
-        await asyncio.gather(*(c.continue_generation() for c in self._engine_clients()))
+        await on_every_engine(self.cfg, lambda c: c.continue_generation())
         self.runner.stopping = False
         self._open.set()
         self._changed.set()
@@ -135,6 +135,3 @@ class ContinuousGenerator:
             for task in [t for t in done if t in self._tasks]:
                 self._tasks.discard(task)
                 task.result()  # a bug in our code must not pass silently
-
-    def _engine_clients(self):
-        return engine_clients(self.cfg)

@@ -19,8 +19,8 @@ from typing import TYPE_CHECKING
 
 from lean_rl.backends.sglang.client import EngineConnectionError, EngineHTTPError, EngineTimeoutError
 from lean_rl.buffer.prompt_source import load_tokenizer
-from lean_rl.rollout.base import (Extensions, RolloutOutput, engine_clients, load_extensions, parse_weight_version,
-                                  router_client)
+from lean_rl.rollout.base import (Extensions, RolloutOutput, filter_verdict, generated_samples, load_extensions,
+                                  on_every_engine, parse_weight_version, router_client)
 from lean_rl.rollout.evaluation import run_evaluation
 from lean_rl.rollout.rewards import score_group
 from lean_rl.sample import Sample, Status
@@ -103,7 +103,7 @@ class GroupRunner:
         `is_wanted()` is asked once the group is scored and passed the filter; it claims a place in the
         batch (False: no place left, the group goes back to the buffer as surplus)."""
         results = await asyncio.gather(*(self._run_sample(s) for s in group))
-        samples = [s for r in results for s in (r if isinstance(r, list) else [r])]
+        samples = [s for r in results for s in generated_samples(self.cfg, self.generate_fn, r)]
         if any(s.status in (Status.ABORTED, Status.PENDING) for s in samples):
             self._return_partial(group, samples)
             return None
@@ -111,7 +111,8 @@ class GroupRunner:
             started = time.monotonic()
             await score_group(self.cfg, samples, self.ext.reward, self.ext.group_reward, self.counters)
             self.counters["reward_seconds"] += time.monotonic() - started  # summed over groups, not wall
-        if self.ext.dynamic_filter is not None and not self.ext.dynamic_filter(self.cfg, samples):
+        if self.ext.dynamic_filter is not None and not filter_verdict(
+                self.cfg, self.ext.dynamic_filter, self.ext.dynamic_filter(self.cfg, samples)):
             self.buffer.drop_groups([samples], "filtered")
             self.counters["groups_filtered"] += 1
             return None
@@ -149,7 +150,7 @@ class GroupRunner:
 
     async def abort_all(self) -> None:
         # The router does not forward /abort_request: abort on every engine directly.
-        await asyncio.gather(*(c.abort_request(abort_all=True) for c in engine_clients(self.cfg)))
+        await on_every_engine(self.cfg, lambda c: c.abort_request(abort_all=True))
 
 
 def rollout_metrics(groups: list[list[Sample]], seconds: float | None = None,

@@ -10,7 +10,7 @@ import math
 from typing import TYPE_CHECKING
 
 from lean_rl.buffer.prompt_source import PromptRecord, load_prompts, load_tokenizer
-from lean_rl.rollout.base import Extensions, GenerateFunction, RolloutOutput
+from lean_rl.rollout.base import Extensions, GenerateFunction, RolloutOutput, generated_samples
 from lean_rl.rollout.rewards import score_group
 from lean_rl.sample import Sample
 
@@ -26,9 +26,16 @@ def pass_at_k(n: int, correct: int, k: int) -> float:
 
 
 @functools.lru_cache(maxsize=16)
-def _eval_records(path: str, data_cfg, tokenizer_path: str) -> tuple[PromptRecord, ...]:
-    records, _ = load_prompts(path, data_cfg, load_tokenizer(tokenizer_path))
+def _eval_records(name: str, path: str, data_cfg, tokenizer_path: str) -> tuple[PromptRecord, ...]:
+    records, _ = load_prompts(path, data_cfg, load_tokenizer(tokenizer_path), flag=f"--eval-prompt-data {name}")
     return tuple(records)
+
+
+def load_eval_datasets(cfg: Config) -> dict[str, int]:
+    """Read every --eval-prompt-data set now (the first evaluation then finds them loaded): a bad
+    file fails at start-up, naming the set, not after the first --eval-interval steps. Returns the
+    number of prompts per set."""
+    return {name: len(_eval_records(name, path, cfg.data, cfg.engines.model_path)) for name, path in cfg.eval.datasets}
 
 
 async def run_evaluation(cfg: Config, rollout_id: int, extensions: Extensions,
@@ -44,10 +51,10 @@ async def run_evaluation(cfg: Config, rollout_id: int, extensions: Extensions,
     async def one(sample: Sample) -> list[Sample]:
         async with semaphore:
             result = await generate_fn(cfg, sample, dict(params))
-        return result if isinstance(result, list) else [result]
+        return generated_samples(cfg, generate_fn, result)
 
     for name, path in cfg.eval.datasets:
-        records = _eval_records(path, cfg.data, cfg.engines.model_path)
+        records = _eval_records(name, path, cfg.data, cfg.engines.model_path)
         n = cfg.eval.n_samples_per_prompt
         groups = [[Sample(index=i * n + j, group_index=i, prompt=r.prompt, tokens=list(r.tokens), label=r.label,
                           metadata=dict(r.metadata)) for j in range(n)] for i, r in enumerate(records)]

@@ -11,6 +11,8 @@ import asyncio
 import atexit
 import collections
 import concurrent.futures
+import concurrent.futures.process
+import math
 import multiprocessing
 import re
 from typing import TYPE_CHECKING
@@ -18,6 +20,7 @@ from typing import TYPE_CHECKING
 import httpx
 
 from lean_rl.sample import Sample, Status
+from lean_rl.utils.plugins import hook_return_error
 
 if TYPE_CHECKING:  # not at run time: lean_rl.config imports every flag group (Megatron's included)
     from lean_rl.config import Config
@@ -88,10 +91,36 @@ def _math_pool() -> concurrent.futures.ProcessPoolExecutor:
     return _MATH_POOL
 
 
+def _replace_math_pool(pool: concurrent.futures.ProcessPoolExecutor) -> None:
+    """A worker stuck past its deadline would hold every later reward behind it: kill it, and let the
+    next reward start a new pool. Calls queued on the old pool fail (BrokenProcessPool / cancelled)
+    and math_reward submits them again."""
+    global _MATH_POOL
+    if _MATH_POOL is pool:
+        _MATH_POOL = None
+    # ProcessPoolExecutor has no public way to kill a busy worker (shutdown waits for it or leaves it)
+    for process in list((getattr(pool, "_processes", None) or {}).values()):
+        process.kill()
+    pool.shutdown(wait=False, cancel_futures=True)
+
+
 async def math_reward(cfg: Config, sample: Sample) -> float:
     timeout_s = cfg.reward.rm_timeout
-    future = _math_pool().submit(_math_verify_in_worker, sample.response, str(sample.label), max(1, int(timeout_s)))
-    return await asyncio.wait_for(asyncio.wrap_future(future), timeout=timeout_s * 3 + 5)
+    deadline_s = timeout_s * 3 + 5
+    for _ in range(3):
+        pool = _math_pool()
+        future = pool.submit(_math_verify_in_worker, sample.response, str(sample.label), max(1, int(timeout_s)))
+        try:
+            return await asyncio.wait_for(asyncio.wrap_future(future), timeout=deadline_s)
+        except asyncio.TimeoutError:
+            _replace_math_pool(pool)
+            raise TimeoutError(f"math-verify gave no answer within {deadline_s:g} s (3 x --rm-timeout + 5); "
+                               "its worker was replaced") from None
+        except (asyncio.CancelledError, concurrent.futures.process.BrokenProcessPool):
+            if not (future.cancelled() or isinstance(future.exception(), concurrent.futures.process.BrokenProcessPool)):
+                raise  # this task itself was cancelled
+            # the pool was replaced under this call (another reward's worker was stuck): submit again
+    raise RuntimeError("math-verify: its worker pool broke three times in a row")
 
 
 async def exact_reward(cfg: Config, sample: Sample) -> float:
@@ -136,19 +165,28 @@ BUILTIN_REWARDS: dict[str, RewardFunction] = {
 # ---------------------------------------------------------------- applying rewards safely
 async def score_group(cfg: Config, samples: list[Sample], reward_fn: RewardFunction | GroupRewardFunction,
                       group_rm: bool, counters: collections.Counter) -> None:
-    """Set `reward` on every sample. A reward that raises or times out marks the sample FAILED with
-    reward 0 and counts it; the run goes on."""
+    """Set `reward` on every sample. A reward that raises or times out, or returns NaN / inf, marks the
+    sample FAILED with reward 0 and counts it; the run goes on. A reward that returns something that
+    is not a number (a group reward: not a list of numbers) is a bug: HookReturnError stops the run."""
     timeout_s = cfg.reward.rm_timeout * 3 + 5
     if group_rm:
         try:
             rewards = await asyncio.wait_for(reward_fn(cfg, samples), timeout=timeout_s)
-            if len(rewards) != len(samples):
-                raise ValueError(f"group reward returned {len(rewards)} values for {len(samples)} samples")
-            for sample, value in zip(samples, rewards):
-                sample.reward = float(value)
         except Exception as err:  # noqa: BLE001 - user code: any failure is counted, not fatal
             for sample in samples:
                 _mark_failed(sample, err, counters)
+            return
+        if not isinstance(rewards, (list, tuple)):
+            raise hook_return_error(_reward_flag(cfg), reward_fn, rewards, "a list of numbers, one per sample")
+        values = [_reward_value(cfg, reward_fn, value, "a list of numbers, one per sample", rewards)
+                  for value in rewards]
+        if len(values) != len(samples):
+            err = ValueError(f"group reward returned {len(values)} values for {len(samples)} samples")
+            for sample in samples:
+                _mark_failed(sample, err, counters)
+            return
+        for sample, value in zip(samples, values):
+            _set_reward(sample, value, counters)
         return
 
     async def one(sample: Sample) -> None:
@@ -156,11 +194,36 @@ async def score_group(cfg: Config, samples: list[Sample], reward_fn: RewardFunct
             sample.reward = 0.0
             return
         try:
-            sample.reward = float(await asyncio.wait_for(reward_fn(cfg, sample), timeout=timeout_s))
+            value = await asyncio.wait_for(reward_fn(cfg, sample), timeout=timeout_s)
         except Exception as err:  # noqa: BLE001
             _mark_failed(sample, err, counters)
+            return
+        _set_reward(sample, _reward_value(cfg, reward_fn, value, "a number (int or float)", value), counters)
 
     await asyncio.gather(*(one(s) for s in samples))
+
+
+def _reward_flag(cfg: Config) -> str:
+    if cfg.reward.custom_rm_path:
+        return f"--custom-rm-path {cfg.reward.custom_rm_path}"
+    return f"--rm-type {cfg.reward.rm_type}"
+
+
+def _reward_value(cfg: Config, reward_fn, value, expected: str, returned) -> float:
+    """float(value) for a number (bool, int, float, numpy / torch scalars); HookReturnError otherwise."""
+    if value is None or isinstance(value, (str, bytes)) or not hasattr(value, "__float__"):
+        raise hook_return_error(_reward_flag(cfg), reward_fn, returned, expected)
+    try:
+        return float(value)
+    except (TypeError, ValueError, RuntimeError):  # e.g. a tensor of several elements
+        raise hook_return_error(_reward_flag(cfg), reward_fn, returned, expected) from None
+
+
+def _set_reward(sample: Sample, value: float, counters: collections.Counter) -> None:
+    if math.isfinite(value):
+        sample.reward = value
+    else:  # one sample's computation went wrong (0/0, log 0): that sample fails, the run goes on
+        _mark_failed(sample, ValueError(f"the reward is {value}, not a finite number"), counters)
 
 
 def _mark_failed(sample: Sample, err: Exception, counters: collections.Counter) -> None:

@@ -51,3 +51,25 @@ def load_function(
     except ValueError:
         pass  # builtins without an inspectable signature: trust them
     return fn
+
+
+class HookReturnError(TypeError):
+    """A user hook returned something of the wrong type: a programming error, not a per-sample failure,
+    so it stops the run (never counted as a FAILED sample); the message names the flag, the function
+    and what it returned."""
+
+
+def dotted_name(fn: Callable[..., Any]) -> str:
+    fn = getattr(fn, "func", fn)  # functools.partial
+    return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', type(fn).__name__)}"
+
+
+def describe(value: Any, limit: int = 120) -> str:
+    """`value` as an error message shows it: its type and a short repr."""
+    text = repr(value)
+    return f"{type(value).__name__} {text[:limit]}{'...' if len(text) > limit else ''}"
+
+
+def hook_return_error(flag: str, fn: Callable[..., Any], value: Any, expected: str) -> HookReturnError:
+    return HookReturnError(f"{flag} ({dotted_name(fn)}) returned {describe(value)}; it must return {expected} "
+                           "(docs/extending.md)")

@@ -34,5 +34,6 @@ def test_ppo_learns_and_resumes_with_its_critic(tiny_qwen2, toy_data, tmp_path):
     assert f"resumed from {ckpt} at step {STEPS}" in log and f"critic resumed from {ckpt / 'critic'} at step {STEPS}" in log
     rows = read_metrics(tmp_path)
     assert [r["step"] for r in rows] == list(range(STEPS + MORE))
-    # a fresh critic would predict 0 again; the resumed one carries on where it stopped
-    assert rows[STEPS]["critic/values"] >= 0.9 * values[-1], (rows[STEPS]["critic/values"], values)
+    # a fresh critic would predict 0 again; the resumed one carries on where it stopped (its mean value
+    # is taken over other prompts than the last step's: seen 0.87x-1.1x of it, so the bound is loose)
+    assert rows[STEPS]["critic/values"] >= 0.5 * values[-1], (rows[STEPS]["critic/values"], values)

@@ -65,7 +65,8 @@ def test_kill_9_and_rerun_resumes_exactly(tiny_qwen2, toy_data, tmp_path):
     assert [r["step"] for r in read_metrics(tmp_path)] == list(range(STEPS))
 
 
-def _stop_with(signum: int, module: str, tiny_qwen2, toy_data, tmp_path, *extra: str, staleness: int = 0) -> None:
+def _stop_with(signum: int, module: str, tiny_qwen2, toy_data, tmp_path, *extra: str, staleness: int = 0,
+               in_order: bool = True) -> None:
     """A signal mid-run: the run stops at a step boundary, saves that step, leaves no process or engine
     temp dir behind, and exits 128 + signum within --stop-timeout; the same command resumes there,
     trains every prompt exactly once, and no batch is older than the mode allows (`staleness`)."""
@@ -104,7 +105,7 @@ def _stop_with(signum: int, module: str, tiny_qwen2, toy_data, tmp_path, *extra:
     rows = read_metrics(tmp_path)
     assert [r["step"] for r in rows] == list(range(STEPS))
     assert all(r["rollout/max_staleness"] <= staleness for r in rows), [r["rollout/max_staleness"] for r in rows]
-    assert_each_prompt_trained_once(tmp_path, tiny_qwen2, toy_data, STEPS, BATCH)
+    assert_each_prompt_trained_once(tmp_path, tiny_qwen2, toy_data, STEPS, BATCH, in_order)
 
 
 def test_sigterm_saves_stops_cleanly_and_the_rerun_resumes_exactly(tiny_qwen2, toy_data, tmp_path):
@@ -120,3 +121,9 @@ def test_ctrl_c_saves_stops_cleanly_and_the_rerun_resumes_exactly(tiny_qwen2, to
 def test_sigterm_in_one_step_async_resumes_exactly(tiny_qwen2, toy_data, tmp_path):
     _stop_with(signal.SIGTERM, "lean_rl.train_async", tiny_qwen2, toy_data, tmp_path, "--async-mode", "one-step",
                staleness=1)
+
+
+@pytest.mark.slow
+def test_sigterm_in_full_async_resumes_exactly(tiny_qwen2, toy_data, tmp_path):
+    _stop_with(signal.SIGTERM, "lean_rl.train_async", tiny_qwen2, toy_data, tmp_path, "--async-mode", "full",
+               "--max-staleness", "1", "--decoupled-ppo", staleness=1, in_order=False)

@@ -184,3 +184,22 @@ def test_resaving_a_step_keep_last_and_loading_mid_resave(ray_cluster, tiny_qwen
         group.save_checkpoint(root, 3, {"saved": "3"})
     assert {p.name for p in root.iterdir()} == {checkpoint_paths.TRACKER, "iter_0000003"}
     assert checkpoint_paths.latest_step(root) == 3
+
+
+def test_bad_load_checkpoint_of_another_model_names_the_mismatch_before_reading(ray_cluster, tiny_qwen2, tmp_path):
+    """--load holding a checkpoint of another model (issue 12: bad input): the error says it does not match
+    --hf-checkpoint's architecture, naming a tensor and both shapes, not a raw torch / DCP shape error."""
+    from lean_rl.testing.tiny_model import make_tiny_model
+
+    root = tmp_path / "ckpt"
+    group, _ = _group(tiny_qwen2, load=root)
+    with group:
+        group.save_checkpoint(root, 1, {})
+    other = make_tiny_model(tmp_path / "small", preset="small")  # hidden 128, 4 layers (the checkpoint: 64, 2)
+    group = MegatronGroup.from_hf_checkpoint(other, ParallelConfig(), world_size=2)
+    with group, pytest.raises(MegatronGroupError) as info:
+        initialize_for_training(group, train_config(other, load=root), ALGO)
+    message = str(info.value)
+    assert "ArchitectureMismatch" in message and "iter_0000001: the checkpoint does not match --hf-checkpoint's " \
+        "architecture" in message and " in the checkpoint, [" in message, message
+    assert checkpoint_paths.latest_step(root) == 1  # the checkpoint is untouched

@@ -171,25 +171,30 @@ def test_partial_rollout_resumes_and_keeps_per_token_versions(engine_group, prom
         s.check()
 
 
+def rollout_and_kill(cfg, buffer, victim: int) -> int:
+    """One rollout; once groups are in flight and mid-response, kill -9 `victim`. Returns the number of
+    groups that were in flight at the kill."""
+    async def run():
+        task = asyncio.create_task(generate_rollout(cfg, 0, buffer))
+        started = time.monotonic()  # a loaded machine may take seconds to get the first groups out
+        while buffer.num_in_flight() == 0 and not task.done() and time.monotonic() - started < 60:
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(0.5)  # let the engines get into the middle of their responses
+        in_flight = buffer.num_in_flight()
+        os.kill(victim, signal.SIGKILL)
+        await task
+        return in_flight
+
+    return asyncio.run(asyncio.wait_for(run(), 600))
+
+
 def test_kill_9_one_engine_mid_rollout_every_sample_arrives_once(engine_group, prompts_file):
     cfg = make_cfg(engine_group, prompts_file, "--rollout-max-response-len", "200", "--rollout-ignore-eos",
                    "--rm-type", "exact")
     buffer = create_data_buffer(cfg)
     victim = engine_group.pids()["engine-1"][0]
     with EngineMonitor(engine_group, interval_s=0.5) as monitor:
-        async def rollout_and_kill():
-            task = asyncio.create_task(generate_rollout(cfg, 0, buffer))
-            started = time.monotonic()  # a loaded machine may take seconds to get the first groups out
-            while buffer.num_in_flight() == 0 and not task.done() and time.monotonic() - started < 60:
-                await asyncio.sleep(0.05)
-            await asyncio.sleep(0.5)  # let the engines get into the middle of their responses
-            in_flight_at_kill.append(buffer.num_in_flight())
-            os.kill(victim, signal.SIGKILL)
-            return await task
-
-        in_flight_at_kill = []
-
-        asyncio.run(asyncio.wait_for(rollout_and_kill(), 600))
+        in_flight_at_kill = rollout_and_kill(cfg, buffer, victim)
         deadline = time.monotonic() + 300
         while monitor.total_restarts < 1 or len(engine_group.router.worker_urls()) < 2:
             assert time.monotonic() < deadline, monitor.health
@@ -202,7 +207,7 @@ def test_kill_9_one_engine_mid_rollout_every_sample_arrives_once(engine_group, p
     assert any("process exited" in e for e in monitor.health[1].events)
     # the kill hit a rollout in progress: groups were still generating (the requests on the dead engine
     # were retried, by the router itself or by generate_with_retries, and none was lost or duplicated)
-    assert in_flight_at_kill[0] > 0
+    assert in_flight_at_kill > 0
 
 
 def test_evaluation_reports_mean_reward_and_pass_at_k_per_set(engine_group, prompts_file, tmp_path, user_plugins):
@@ -226,23 +231,13 @@ def test_kill_9_the_router_mid_rollout_it_is_restarted_and_every_sample_arrives(
     buffer = create_data_buffer(cfg)
     router = engine_group.pids()["router"][0]
     with EngineMonitor(engine_group, interval_s=0.5) as monitor:
-        async def rollout_and_kill():
-            task = asyncio.create_task(generate_rollout(cfg, 0, buffer))
-            started = time.monotonic()
-            while buffer.num_in_flight() == 0 and not task.done() and time.monotonic() - started < 60:
-                await asyncio.sleep(0.05)
-            await asyncio.sleep(0.5)
-            in_flight_at_kill.append(buffer.num_in_flight())
-            os.kill(router, signal.SIGKILL)
-            return await task
-
-        in_flight_at_kill = []
-        asyncio.run(asyncio.wait_for(rollout_and_kill(), 600))
+        in_flight_at_kill = rollout_and_kill(cfg, buffer, router)
     samples = ready_samples(buffer)
-    assert in_flight_at_kill[0] > 0
+    assert in_flight_at_kill > 0
     assert len(samples) == 64 and len({s.index for s in samples}) == 64
     assert all(s.status is Status.TRUNCATED and s.response_length == 200 for s in samples), \
         [s.metadata.get("last_generate_error") for s in samples if s.status is not Status.TRUNCATED][:3]
     assert monitor.router_restarts == 1 and "process exited" in monitor.router_events[0], monitor.router_events
+    print("router events:", monitor.router_events)
     assert router not in engine_group.pids()["router"]
     assert engine_group.router.worker_urls() == set(engine_group.engine_urls)  # both engines routed again

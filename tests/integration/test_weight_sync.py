@@ -200,6 +200,7 @@ def test_a_restarted_engine_gets_the_trainers_weights_before_it_rejoins(trainer,
         assert weights.recoveries == 1 and monitor.total_restarts == 2
         assert report.probe.max_abs_diff <= 1e-3 and [c.weight_version() for c in engines] == ["8", "8"]
         wait_for(lambda: engine_group.router.worker_urls() == set(engine_group.engine_urls), "both engines routed")
+        print("engine 1 events:", monitor.health[1].events)
     finally:
         weights.close()
         monitor.stop()

@@ -256,3 +256,87 @@ def test_a_crash_mid_prune_never_leaves_a_half_deleted_step(tmp_path, monkeypatc
         assert (cp.find_checkpoint(tmp_path, step)[1] / "__0_0.distcp").read_text() == str(step)
     assert cp.remove_stale_temporaries(tmp_path) == [cp.trash_dir(tmp_path, 1)]
     assert _names(tmp_path) == {cp.TRACKER, "iter_0000002", "iter_0000003"}
+
+
+# ---------------------------------------------------------------- bad --load (issue 12: bad input)
+def _init_for_training(load):
+    from lean_rl.algorithms.config import AlgorithmConfig
+    from lean_rl.backends.megatron.train_config import CheckpointConfig, TrainConfig
+    from lean_rl.backends.megatron.train_driver import initialize_for_training
+
+    train = TrainConfig(checkpoint=CheckpointConfig(hf_checkpoint="/hf", load=str(load)))
+    return initialize_for_training(None, train, AlgorithmConfig())  # fails before the group is touched
+
+
+@pytest.mark.parametrize("tracker, message", [
+    ("release\n", r"expected an iteration number, found 'release'"),
+    ("\x00\x00garbage", r"expected an iteration number"),
+    ("", r"expected an iteration number, found ''"),
+    ("7\n", r"names step 7 but .*iter_0000007 is missing"),
+])
+def test_bad_load_tracker_names_the_flag_and_loads_nothing(tmp_path, tracker, message):
+    from lean_rl.options import ConfigError
+
+    published = cp.prepare_temporary_dir(tmp_path, 2)
+    (published / cp.DCP_METADATA).write_text("")
+    cp.publish(tmp_path, 2, published)
+    (tmp_path / cp.TRACKER).write_text(tracker)
+    with pytest.raises(ConfigError, match=rf"^--load {tmp_path}: .*{cp.TRACKER}.*{message}.*the checkpoint root is damaged"):
+        _init_for_training(tmp_path)
+    assert cp.list_steps(tmp_path) == [2]  # nothing removed or changed
+
+
+def test_bad_load_that_is_a_file_names_the_flag(tmp_path):
+    from lean_rl.options import ConfigError
+
+    (tmp_path / "ckpt.pt").write_bytes(b"x")
+    with pytest.raises(ConfigError, match=r"^--load .*ckpt\.pt: not a directory"):
+        _init_for_training(tmp_path / "ckpt.pt")
+
+
+def _stored(**shapes):
+    import torch
+    from torch.distributed.checkpoint.metadata import Metadata, TensorProperties, TensorStorageMetadata
+
+    return Metadata(state_dict_metadata={k.replace("__", "."): TensorStorageMetadata(
+        properties=TensorProperties(dtype=torch.float32), size=torch.Size(s), chunks=[]) for k, s in shapes.items()})
+
+
+def _model(**shapes):
+    import torch
+    from megatron.core.dist_checkpointing.mapping import ShardedTensor
+
+    return {k.replace("__", "."): ShardedTensor.from_rank_offsets(k.replace("__", "."), torch.zeros(s), replica_id=0)
+            for k, s in shapes.items()}
+
+
+EMB, QKV, OUT = "embedding__word_embeddings__weight", "decoder__layers__self_attention__linear_qkv__weight", \
+    "output_layer__weight"
+
+
+@pytest.mark.parametrize("checkpoint, message", [
+    ({EMB: (512, 128), QKV: (2, 256, 128), OUT: (512, 128)},  # another hidden size
+     r"decoder\.layers\.self_attention\.linear_qkv\.weight is \[2, 256, 128\] in the checkpoint, \[2, 128, 64\] in the model"),
+    ({EMB: (512, 64), QKV: (4, 128, 64), OUT: (512, 64)},  # another number of layers
+     r"linear_qkv\.weight is \[4, 128, 64\] in the checkpoint, \[2, 128, 64\]"),
+    ({EMB: (256, 64), QKV: (2, 128, 64), OUT: (256, 64)},  # a smaller vocab
+     r"embedding\.word_embeddings\.weight has 256 rows in the checkpoint, fewer than the vocab size 500"),
+    ({EMB: (512, 64), OUT: (512, 64)},  # another layer spec / model family
+     r"decoder\.layers\.self_attention\.linear_qkv\.weight is not in the checkpoint"),
+])
+def test_bad_load_checkpoint_of_another_model_says_it_does_not_match_the_architecture(checkpoint, message):
+    from lean_rl.backends.megatron.model_checkpoint import ArchitectureMismatch, adapt_model_request
+
+    model = _model(**{EMB: (512, 64), QKV: (2, 128, 64), OUT: (512, 64)})
+    with pytest.raises(ArchitectureMismatch, match=r"^ckpt/iter_0000002: the checkpoint does not match --hf-checkpoint's "
+                                                   rf"architecture \(another hidden size, vocab, layers or heads\?\): .*{message}"):
+        adapt_model_request(model, _stored(**checkpoint), vocab_size=500, source="ckpt/iter_0000002")
+
+
+def test_vocab_padding_of_another_tp_still_loads():
+    from lean_rl.backends.megatron.model_checkpoint import adapt_model_request
+
+    model = _model(**{EMB: (512, 64), QKV: (2, 128, 64), OUT: (512, 64)})
+    adapted = adapt_model_request(model, _stored(**{EMB: (640, 64), QKV: (2, 128, 64), OUT: (640, 64)}), vocab_size=500)
+    assert adapted["embedding.word_embeddings.weight"].allow_shape_mismatch
+    assert not adapted["decoder.layers.self_attention.linear_qkv.weight"].allow_shape_mismatch

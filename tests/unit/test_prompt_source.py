@@ -107,3 +107,108 @@ def test_resume_refuses_other_prompts_labels_or_order_with_the_same_row_count():
             changed.load_state_dict(state)
     older = {k: v for k, v in state.items() if k != "fingerprint"}  # checkpoints from before the fingerprint
     PromptSource(_records(5), shuffle=True, seed=1).load_state_dict(older)
+
+
+# ---------------------------------------------------------------- bad datasets (issue 12: bad input)
+def _load(path, **data):
+    from lean_rl.buffer.prompt_source import load_tokenizer
+
+    return load_prompts(path, DataConfig(prompt_data=str(path), **data), load_tokenizer(_TINY[0]))
+
+
+_TINY: list = []
+
+
+@pytest.fixture(autouse=True)
+def _tiny_path(tiny_qwen2):
+    _TINY[:] = [str(tiny_qwen2)]
+
+
+def test_bad_dataset_csv_is_an_unsupported_type_named_at_parse_time(tmp_path, tiny_qwen2):
+    from lean_rl.config import parse_config
+    from lean_rl.options import ConfigError
+
+    path = tmp_path / "p.csv"
+    path.write_text("prompt,label\nthe cat,1\n")
+    with pytest.raises(ValueError, match=r"--prompt-data: .*p\.csv: unsupported prompt file type '\.csv' \(use \.jsonl"):
+        _load(path)
+    with pytest.raises(ConfigError, match=r"--prompt-data: .*p\.csv: unsupported prompt file type '\.csv'"):
+        parse_config(["--hf-checkpoint", str(tiny_qwen2), "--prompt-data", str(path)])
+    good = _write_jsonl(tmp_path / "ok.jsonl", [{"prompt": "a", "label": 1}])
+    with pytest.raises(ConfigError, match=r"--eval-prompt-data held: .*p\.csv: unsupported prompt file type"):
+        parse_config(["--hf-checkpoint", str(tiny_qwen2), "--prompt-data", str(good),
+                      "--eval-prompt-data", "held", str(path)])
+
+
+@pytest.mark.parametrize("content", ["", "\n\n   \n\t\n"], ids=["empty", "blank_lines"])
+def test_bad_dataset_empty_or_blank_file_says_it_has_no_rows(tmp_path, content):
+    path = tmp_path / "p.jsonl"
+    path.write_text(content)
+    with pytest.raises(ValueError, match=r"--prompt-data: .*p\.jsonl: no usable prompts \(skipped: none; the file has no rows\)"):
+        _load(path)
+
+
+def test_bad_dataset_every_row_skipped_says_why(tmp_path):
+    path = _write_jsonl(tmp_path / "p.jsonl", [{"text": "x"}, "[1, 2]"])
+    with pytest.raises(ValueError, match=r"no usable prompts \(skipped: \{'bad_row': 2\}\)"):
+        _load(path, skip_bad_rows=True)
+
+
+@pytest.mark.parametrize("row, message", [
+    ({"prompt": "x"}, r"p\.jsonl:2: missing key 'label' \(--label-key\)"),
+    ({"label": 1}, r"p\.jsonl:2: missing key 'prompt' \(--input-key\); keys: \['label'\]"),
+    ({"prompt": 7, "label": 1}, r"p\.jsonl:2: 'prompt' must be text or a list of messages, got int"),
+    ({"prompt": [{"content": "x"}], "label": 1}, r"p\.jsonl:2: 'prompt' must be text or a list of \{'role', 'content'\}"),
+    ({"prompt": "x", "label": 1, "meta": [1, 2]}, r"p\.jsonl:2: 'meta' \(--metadata-key\) must be an object, got a list"),
+    ({"prompt": "x", "label": 1, "meta": "k=v"}, r"p\.jsonl:2: 'meta' \(--metadata-key\) must be an object, got a string"),
+    ("[1, 2]", r"p\.jsonl:2: expected a JSON object, got a list"),
+    ("3.5", r"p\.jsonl:2: expected a JSON object, got a number"),
+    ('"a prompt"', r"p\.jsonl:2: expected a JSON object, got a string"),
+])
+def test_bad_dataset_row_names_flag_file_line_and_key_unless_skipped(tmp_path, row, message):
+    path = _write_jsonl(tmp_path / "p.jsonl", [{"prompt": "ok", "label": 0, "meta": {}}, row, {"prompt": "fine", "label": 2}])
+    with pytest.raises(BadRowError, match=rf"^--prompt-data: .*{message}.*\(pass --skip-bad-rows to skip such rows\)"):
+        _load(path, metadata_key="meta")
+    records, skipped = _load(path, metadata_key="meta", skip_bad_rows=True)  # nothing else is lost
+    assert [r.row for r in records] == [1, 3] and skipped == {"bad_row": 1}
+
+
+def test_bad_dataset_not_utf8_names_file_and_line_and_is_never_skipped(tmp_path):
+    path = tmp_path / "p.jsonl"
+    path.write_bytes(b'{"prompt": "ok", "label": 0}\n\n{"prompt": "caf\xe9", "label": 1}\n')  # latin-1
+    for skip in (False, True):  # a wrongly encoded file is not a bad row: skipping would hide the rest
+        with pytest.raises(ValueError, match=r"--prompt-data: .*p\.jsonl:3: not UTF-8 text \(byte b'\\xe9' at column 16\)"):
+            _load(path, skip_bad_rows=skip)
+
+
+def test_bad_parquet_metadata_names_row(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path = tmp_path / "p.parquet"
+    pq.write_table(pa.table({"prompt": ["a", "b"], "label": ["x", "y"], "meta": ["k", "v"]}), path)
+    with pytest.raises(BadRowError, match=r"p\.parquet:1: 'meta' \(--metadata-key\) must be an object, got a string"):
+        _load(path, metadata_key="meta")
+
+
+def test_bad_eval_dataset_names_the_set_and_fails_when_loaded_at_start_up(tmp_path, tiny_qwen2):
+    from types import SimpleNamespace
+
+    from lean_rl.rollout.evaluation import load_eval_datasets
+
+    good = _write_jsonl(tmp_path / "good.jsonl", [{"prompt": "a", "label": 1}, {"prompt": "b", "label": 2}])
+    cases = {
+        "missing_label": (_write_jsonl(tmp_path / "e1.jsonl", [{"prompt": "a"}]), r"e1\.jsonl:1: missing key 'label'"),
+        "not_object": (_write_jsonl(tmp_path / "e2.jsonl", ["[1]"]), r"e2\.jsonl:1: expected a JSON object, got a list"),
+        "empty": (_write_jsonl(tmp_path / "e3.jsonl", []), r"e3\.jsonl: no usable prompts"),
+    }
+    (tmp_path / "e4.jsonl").write_bytes(b"\xff\xfe{}\n")
+    cases["utf16"] = (tmp_path / "e4.jsonl", r"e4\.jsonl:1: not UTF-8 text")
+    for name, (path, message) in cases.items():
+        cfg = SimpleNamespace(data=DataConfig(prompt_data=str(good)), engines=SimpleNamespace(model_path=str(tiny_qwen2)),
+                              eval=SimpleNamespace(datasets=(("heldout", str(good)), (name, str(path)))))
+        with pytest.raises(ValueError, match=rf"^--eval-prompt-data {name}: .*{message}"):
+            load_eval_datasets(cfg)
+    cfg = SimpleNamespace(data=DataConfig(prompt_data=str(good)), engines=SimpleNamespace(model_path=str(tiny_qwen2)),
+                          eval=SimpleNamespace(datasets=(("heldout", str(good)),)))
+    assert load_eval_datasets(cfg) == {"heldout": 2}

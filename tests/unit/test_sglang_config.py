@@ -126,12 +126,12 @@ def test_managed_flag_error_points_at_the_right_flag():
 
 
 def test_declared_sglang_flags_win_over_passthrough():
-    config, passthrough = parse(["--hf-checkpoint", "/m", "--sglang-host", "0.0.0.0",
+    config, passthrough = parse(["--hf-checkpoint", "/m", "--sglang-host", "127.0.0.5",
                                  "--sglang-mem-fraction-static=0.4", "--sglang-dtype", "float32"])
     assert passthrough.server == ("--dtype", "float32")
-    assert config.host == "0.0.0.0" and config.mem_fraction_static == 0.4
+    assert config.host == "127.0.0.5" and config.mem_fraction_static == 0.4
     flags = config.server_flags(0, 31000)
-    assert flag_values(flags, "--host") == ["0.0.0.0"] and flag_values(flags, "--mem-fraction-static") == ["0.4"]
+    assert flag_values(flags, "--host") == ["127.0.0.5"] and flag_values(flags, "--mem-fraction-static") == ["0.4"]
 
 
 def test_ports_are_chosen_by_resolve_ports_not_by_the_config(monkeypatch):
@@ -241,3 +241,9 @@ def test_on_one_node_an_engine_actor_binds_the_runs_host_and_port():
         assert actor.url() == config.engine_urls[1] and actor.url().startswith("http://127.0.0.1:")
     finally:
         actor.shutdown()
+
+
+@pytest.mark.parametrize("host", ["0.0.0.0", "::"])
+def test_binding_every_interface_is_refused(host):
+    with pytest.raises(ConfigError, match="--sglang-host: .* every interface"):
+        parse(["--hf-checkpoint", "/m", "--sglang-host", host])

@@ -104,3 +104,54 @@ def test_check_success_raises_with_the_message():
     check_success({"message": "no success field"}, RuntimeError)
     with pytest.raises(RuntimeError, match="shape mismatch"):
         check_success({"success": False, "message": "shape mismatch"}, RuntimeError)
+
+
+# ---------------------------------------------------------------- bad answers (issue 12: bad input)
+@pytest.mark.parametrize(
+    "body, match",
+    [
+        ({"text": "x", "output_ids": [1, 2]}, r"missing field 'meta_info'"),
+        ({"output_ids": [1], "meta_info": ["not", "an", "object"]}, "meta_info must be an object, got list"),
+        ({"output_ids": "12", "meta_info": {}}, "output_ids must be a list of token ids"),
+        (generate_body([1, 2], [[-0.1, 1, None], [-0.2, 2, None], [-0.3, 3, None]]),
+         "3 output_token_logprobs for 2 output_ids"),
+        (generate_body([1], {"not": "a list"}), "dict output_token_logprobs for 1 output_ids"),
+        (generate_body([1], [["nan?", 1]]), r"entries must be \[logprob, id, text\]"),
+        ({"object": "error", "message": "The engine is overloaded", "code": 503},
+         "the server answered an error: The engine is overloaded"),
+        ({"error": {"message": "input too long"}}, "the server answered an error: input too long"),
+    ],
+)
+def test_bad_generate_answers_say_what_is_wrong(body, match):
+    with pytest.raises(ValueError, match=match):
+        parse_generate_response(body, return_logprob=True)
+
+
+def _client_answering(monkeypatch, status, content: bytes):
+    import asyncio
+
+    from lean_rl.backends.sglang.client import EngineClient, EngineError
+
+    client = EngineClient("http://router.test:30000")
+    http = httpx.AsyncClient(base_url=client.base_url,
+                             transport=httpx.MockTransport(lambda request: httpx.Response(status, content=content)))
+    monkeypatch.setattr(client, "_client", lambda: http)
+    with pytest.raises(EngineError) as info:
+        asyncio.run(client.generate([1, 2], {"max_new_tokens": 2}, return_logprob=True))
+    return str(info.value)
+
+
+@pytest.mark.parametrize(
+    "status, content, match",
+    [
+        (200, b"<html>502 Bad Gateway</html>", "the body is not JSON \\(HTTP 200\\): '<html>502"),
+        (200, b'{"object": "error", "message": "KV cache full"}', "the server answered an error: KV cache full"),
+        (200, b'{"output_ids": [1]}', "missing field 'meta_info'"),
+        (200, b"\xff\xfe\x00garbage", "the body is not JSON"),
+        (500, b'{"message": "boom"}', "HTTP 500: boom"),
+    ],
+)
+def test_bad_generate_answers_name_the_url_and_endpoint(monkeypatch, status, content, match):
+    message = _client_answering(monkeypatch, status, content)
+    assert message.startswith("http://router.test:30000/generate: "), message
+    assert __import__("re").search(match, message), message

@@ -111,7 +111,8 @@ def load_checkpoint(model: torch.nn.Module, optimizer, scheduler, root: str | Pa
     with_rng = load_rng and meta.get("layout") == _layout()
     # the same tolerance as model-only checkpoints (vocab padding of another TP, the other layer
     # spec's key for the MoE pre-MLP norm, absent _extra_state): converted checkpoints load too
-    model_state = adapt_model_request(model.sharded_state_dict(), read_checkpoint_metadata(directory), vocab_size)
+    model_state = adapt_model_request(model.sharded_state_dict(), read_checkpoint_metadata(directory), vocab_size,
+                                      source=directory)
     state: dict[str, Any] = {"model": model_state}
     if with_optimizer:
         state["optimizer"] = optimizer.sharded_state_dict(model_state, is_loading=True, metadata=OPTIMIZER_METADATA)

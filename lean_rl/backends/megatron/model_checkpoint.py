@@ -53,10 +53,12 @@ def read_checkpoint_metadata(directory: str | Path) -> Metadata:
     return FileSystemReader(str(directory)).read_metadata()
 
 
-def adapt_model_request(sharded_state_dict: dict, metadata: Metadata, vocab_size: int | None = None) -> dict:
-    """GPTModel.sharded_state_dict() adapted to what `metadata`'s checkpoint holds (see module doc)."""
+def adapt_model_request(sharded_state_dict: dict, metadata: Metadata, vocab_size: int | None = None,
+                        source: str | Path = "the checkpoint") -> dict:
+    """GPTModel.sharded_state_dict() adapted to what `metadata`'s checkpoint holds (see module doc).
+    ArchitectureMismatch, before anything is read, when the checkpoint (`source`) is of another model."""
     stored = metadata.state_dict_metadata
-    adapted = {}
+    adapted, mismatches = {}, {}  # key -> what differs (one entry per key: layers share theirs)
     for name, item in sharded_state_dict.items():
         if isinstance(item, ShardedObject):
             if item.unique_key not in stored and item.key.endswith(EXTRA_STATE):
@@ -65,14 +67,40 @@ def adapt_model_request(sharded_state_dict: dict, metadata: Metadata, vocab_size
             alias = _ALIASES.get(item.key)
             if alias in stored:
                 item.key = alias
-        if isinstance(item, ShardedTensor) and item.key in _VOCAB_KEYS and item.key in stored:
-            rows = stored[item.key].size[0]
-            if vocab_size is not None and rows < vocab_size:
-                raise ValueError(f"checkpoint {item.key} has {rows} rows, fewer than --vocab-size {vocab_size}")
-            if rows != item.global_shape[0]:
+        if isinstance(item, ShardedTensor):
+            mismatch = _mismatch(item, stored, vocab_size)
+            if mismatch:
+                mismatches[item.key] = mismatch
+            elif item.key in _VOCAB_KEYS and stored[item.key].size[0] != item.global_shape[0]:
                 item.allow_shape_mismatch = True
         adapted[name] = item
+    if mismatches:
+        raise ArchitectureMismatch(
+            f"{source}: the checkpoint does not match --hf-checkpoint's architecture (another hidden size, vocab, "
+            f"layers or heads?): {'; '.join(sorted(mismatches.values())[:4])}"
+            f"{f' (and {len(mismatches) - 4} more)' if len(mismatches) > 4 else ''}")
     return adapted
+
+
+class ArchitectureMismatch(ValueError):
+    """A checkpoint made for another model than the one being loaded into."""
+
+
+def _mismatch(item: ShardedTensor, stored: dict, vocab_size: int | None) -> str | None:
+    """What differs between the model's tensor `item` and the checkpoint's (None: they fit). Vocab rows
+    may differ (padding for another TP) as long as the checkpoint has at least `vocab_size` of them."""
+    if item.key not in stored:
+        return f"{item.key} is not in the checkpoint"
+    if not hasattr(stored[item.key], "size"):
+        return f"{item.key} is not a tensor in the checkpoint"
+    have, want = list(stored[item.key].size), list(item.global_shape)
+    if item.key in _VOCAB_KEYS and len(have) == len(want) and have[1:] == want[1:]:
+        if vocab_size is not None and have[0] < vocab_size:
+            return f"{item.key} has {have[0]} rows in the checkpoint, fewer than the vocab size {vocab_size}"
+        return None
+    if have != want:
+        return f"{item.key} is {have} in the checkpoint, {want} in the model"
+    return None
 
 
 def load_model_checkpoint(model: torch.nn.Module, path: str | Path, step: int | None = None,
@@ -82,7 +110,8 @@ def load_model_checkpoint(model: torch.nn.Module, path: str | Path, step: int | 
     iter_* directory. Returns the directory loaded."""
     _, directory = find_checkpoint(path, step)
     model = _unwrap(model)
-    request = adapt_model_request(model.sharded_state_dict(), read_checkpoint_metadata(directory), vocab_size)
+    request = adapt_model_request(model.sharded_state_dict(), read_checkpoint_metadata(directory), vocab_size,
+                                  source=directory)
     state = dist_checkpointing.load({MODEL_KEY: request}, str(directory))
     missing, unexpected = model.load_state_dict(state[MODEL_KEY], strict=False)
     wrong = [k for k in [*missing, *unexpected] if not k.endswith(EXTRA_STATE)]

@@ -178,6 +178,22 @@ def train_on_rollout(actor: "MegatronGroup", groups: list[list[Sample]], policy_
     return metrics
 
 
+def _latest_step(root, flag: str) -> int | None:
+    """The step --load's tracker names (None: no checkpoint yet, a fresh start); a ConfigError naming the
+    flag when --load is not a directory, or its tracker is garbage or names a step that is missing."""
+    from pathlib import Path
+
+    from lean_rl.backends.megatron.checkpoint_paths import latest_step
+
+    if Path(root).exists() and not Path(root).is_dir():
+        raise ConfigError(f"{flag} {root}: not a directory (give the checkpoint root that --save wrote)")
+    try:
+        return latest_step(root)
+    except (ValueError, OSError) as err:
+        raise ConfigError(f"{flag} {root}: {err}; the checkpoint root is damaged: fix the tracker, or point "
+                          f"{flag} at another root (nothing was loaded)") from None
+
+
 def initialize_for_training(group: "MegatronGroup", train: TrainConfig, algo: AlgorithmConfig,
                             role: str = "actor", actor_step: int = 0,
                             batch_plan: BatchPlan | None = None) -> tuple[int, dict | None]:
@@ -190,12 +206,12 @@ def initialize_for_training(group: "MegatronGroup", train: TrainConfig, algo: Al
     - else start from --hf-checkpoint;
     - reference (when a KL term needs it): --ref-load, else the --hf-checkpoint weights (the policy's
       starting point), loaded before any resume so a resumed run keeps the same reference."""
-    from lean_rl.backends.megatron.checkpoint_paths import has_step, latest_step
+    from lean_rl.backends.megatron.checkpoint_paths import has_step
     from lean_rl.backends.megatron.hf_config import hf_family
 
     ckpt = train.checkpoint
     load_root, load_flag = (ckpt.load, "--load") if role == "actor" else (ckpt.critic_load_dir, "--critic-load")
-    resume = load_root is not None and latest_step(load_root) is not None
+    resume = load_root is not None and _latest_step(load_root, load_flag) is not None
     if role == "critic" and actor_step:
         if load_root is None or not has_step(load_root, actor_step):
             raise ConfigError(f"the actor resumed at step {actor_step}, but the critic has no checkpoint of that step "

@@ -66,6 +66,13 @@ class EngineHTTPError(EngineError):
         self.status_code, self.server_message = status_code, server_message
 
 
+def _json_body(response: httpx.Response) -> Any:
+    try:
+        return response.json()
+    except ValueError:  # json.JSONDecodeError, UnicodeDecodeError
+        raise ValueError(f"the body is not JSON (HTTP {response.status_code}): {response.text[:300]!r}") from None
+
+
 @dataclass(frozen=True)
 class RetryPolicy:
     """Retries of connection failures: `attempts` tries in all, with exponential backoff between them."""
@@ -174,7 +181,7 @@ class EngineClient:
         payload = build_generate_payload(input_ids, sampling_params, return_logprob=return_logprob, rid=rid)
         response = await self.request("POST", "/generate", payload, timeout_s=timeout_s)
         try:
-            return parse_generate_response(response.json(), return_logprob=return_logprob)
+            return parse_generate_response(_json_body(response), return_logprob=return_logprob)
         except ValueError as exc:
             raise EngineError(self.base_url, "/generate", f"unexpected response: {exc}") from exc
 
@@ -184,7 +191,7 @@ class EngineClient:
         payload = build_score_payload(input_ids)
         response = await self.request("POST", "/generate", payload, timeout_s=timeout_s)
         try:
-            return parse_score_response(response.json(), payload["input_ids"])
+            return parse_score_response(_json_body(response), payload["input_ids"])
         except ValueError as exc:
             raise EngineError(self.base_url, "/generate", f"unexpected score response: {exc}") from exc
 

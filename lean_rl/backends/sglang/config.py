@@ -287,6 +287,9 @@ def validate_engine_config(config: EngineConfig) -> None:
         fail("--hf-checkpoint", "is required (the HF checkpoint directory the engines serve)")
     if config.num_engines < 1:
         fail("--rollout-num-engines", f"must be >= 1, got {config.num_engines}")
+    if config.host in ("0.0.0.0", "::", ""):
+        fail("--sglang-host", f"{config.host!r} would expose the servers on every interface; give this node's "
+                              "address (with --ray-address each engine binds its own node's address anyway)")
     if config.base_port is not None and not 1024 <= config.base_port <= 65535 - config.num_engines + 1:
         fail("--sglang-base-port", f"{config.base_port} leaves no room for {config.num_engines} ports in 1024..65535")
     if config.router_port is not None:

@@ -74,11 +74,20 @@ def parse_generate_response(body: object, *, return_logprob: bool) -> GenerateRe
     """
     if not isinstance(body, dict):
         raise ValueError(f"expected one JSON object, got {type(body).__name__}")
+    if "output_ids" not in body and _error_in_body(body):  # an error answered with HTTP 200
+        raise ValueError(f"the server answered an error: {_error_in_body(body)}")
     try:
-        output_ids = [int(t) for t in body["output_ids"]]
-        meta = body["meta_info"]
-    except (KeyError, TypeError) as exc:
+        output_ids, meta = body["output_ids"], body["meta_info"]
+    except KeyError as exc:
         raise ValueError(f"missing field {exc} in {str(body)[:300]}") from exc
+    try:
+        if not isinstance(output_ids, list):
+            raise TypeError
+        output_ids = [int(t) for t in output_ids]
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"output_ids must be a list of token ids, got {str(body['output_ids'])[:300]}") from exc
+    if not isinstance(meta, dict):
+        raise ValueError(f"meta_info must be an object, got {type(meta).__name__}")
 
     finish = meta.get("finish_reason")
     if isinstance(finish, dict):
@@ -94,9 +103,13 @@ def parse_generate_response(body: object, *, return_logprob: bool) -> GenerateRe
         entries = meta.get("output_token_logprobs")
         if entries is None:
             raise ValueError("return_logprob was set but meta_info has no output_token_logprobs")
-        if len(entries) != len(output_ids):
-            raise ValueError(f"{len(entries)} output_token_logprobs for {len(output_ids)} output_ids")
-        log_probs = [float(entry[0]) for entry in entries]
+        if not isinstance(entries, list) or len(entries) != len(output_ids):
+            got = len(entries) if isinstance(entries, list) else type(entries).__name__
+            raise ValueError(f"{got} output_token_logprobs for {len(output_ids)} output_ids")
+        try:
+            log_probs = [float(entry[0]) for entry in entries]
+        except (TypeError, ValueError, IndexError) as exc:
+            raise ValueError(f"output_token_logprobs entries must be [logprob, id, text] ({exc})") from exc
 
     return GenerateResult(
         output_ids=output_ids,
@@ -147,6 +160,17 @@ def parse_score_response(body: object, input_ids: list[int]) -> ScoreResult:
     if any(entry[0] is None for entry in entries[1:]):
         raise ValueError("input_token_logprobs has a null log-prob after the first token")
     return ScoreResult(log_probs=[float(entry[0]) for entry in entries[1:]], weight_version=meta.get("weight_version"))
+
+
+def _error_in_body(body: dict) -> str | None:
+    """The message of an error body ({"error": ...}, {"object": "error", "message": ...}, {"detail": ...})."""
+    for key in ("error", "detail", "message"):
+        value = body.get(key)
+        if isinstance(value, dict) and "message" in value:
+            value = value["message"]
+        if value and (key != "message" or body.get("object") == "error" or "meta_info" not in body):
+            return str(value)[:2000]
+    return None
 
 
 def error_message(response: httpx.Response, limit: int = 2000) -> str:
