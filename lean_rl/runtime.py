@@ -7,9 +7,9 @@ buffer (a bad dataset fails here), the trainer (weights, optimizer, resume), the
 health monitor), and weight sync, whose first update puts the trainer's weights on the engines and
 proves it with the probe before any rollout.
 
-The trainer starts before the engines also because --colocate on a cluster places the engines into
-the trainer's placement group (engine i into the bundle of the trainer node it shares devices with:
-_engine_placement); on one node colocated engines and ranks simply share the node.
+The trainer starts before the engines also because --colocate places the engines into the trainer's
+placement group, on one node as on a cluster (engine i into the bundle of the trainer node it shares
+devices with: _engine_placement).
 """
 
 from __future__ import annotations

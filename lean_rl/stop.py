@@ -39,10 +39,6 @@ class StopSignals:
         self.signum: int | None = None
         self._event: asyncio.Event | None = None
 
-    @property
-    def requested(self) -> bool:
-        return self.signum is not None
-
     def install(self) -> None:
         """Handle SIGTERM / SIGINT in the running event loop (call from inside it)."""
         loop = asyncio.get_running_loop()

@@ -46,7 +46,6 @@ class EngineWeights:
         at); `defer_rejoin`: restarted engines wait for the next full sync (colocated on GPU)."""
         self.cfg, self.trainer, self.engines, self.monitor = cfg, trainer, engines, monitor
         self.trainer_version = version
-        self.engines_version: int | None = None  # the version of the last full sync
         self.tokenizer_path, self.api_key = tokenizer_path, api_key
         self.defer_rejoin = defer_rejoin
         self.rejoins = 0  # engines given the current weights after a restart
@@ -93,7 +92,7 @@ class EngineWeights:
                                version, err)
                 report = self._update(version, probe)
                 self.recoveries += 1
-            self.engines_version = self.trainer_version = version
+            self.trainer_version = version  # what the caller declares the trainer holds
             if self.monitor is not None:  # under the lock: a rejoin waiting for it then finds nothing to do
                 self.monitor.weights_delivered()
         return report

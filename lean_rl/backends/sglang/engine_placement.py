@@ -52,8 +52,6 @@ class EngineScheduler:
         if placement is not None and (config.engine_nodes or len(placement.bundle_indices) != config.num_engines):
             raise ValueError(f"EngineGroup: a placement for {len(placement.bundle_indices)} engines needs a config "
                              f"of as many engines ({config.num_engines}) and no engine_nodes")
-        if config.engine_nodes and not config.on_cluster:
-            raise ValueError("EngineGroup: engine_nodes needs a cluster config (on_cluster)")
         self.config = config
         self.placement = placement
         self._own_group = None
