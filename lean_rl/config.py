@@ -18,8 +18,10 @@ flags, when given (e.g. from scripts/models/*.sh), must agree with it.
 from __future__ import annotations
 
 import argparse
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from lean_rl.algorithms.config import AlgorithmConfig
 from lean_rl.backends.megatron.config import MegatronConfig, ModelFlags, ParallelConfig
@@ -31,6 +33,7 @@ from lean_rl.buffer.prompt_source import check_prompt_file_type
 from lean_rl.options import ConfigError, add_options, read_options
 from lean_rl.rollout.config import EvalConfig, RewardConfig, RolloutConfig
 from lean_rl.run_config import RunConfig
+from lean_rl.utils.custom_config import ReadOnlyMapping, load_custom_config
 from lean_rl.utils.device import detect_device
 from lean_rl.weight_sync.config import WeightSyncConfig
 
@@ -51,6 +54,8 @@ class Config:
     # a rollout becomes optimizer steps and micro-batches.
     layout: TrainerLayout
     batch_plan: BatchPlan
+    # --custom-config-path, read once: extra settings for the user's functions (read-only; cfg.custom["key"])
+    custom: Mapping[str, Any] = field(default_factory=ReadOnlyMapping)
 
 
 def _check_run_against_rollout(run: RunConfig, rollout: RolloutConfig) -> None:
@@ -58,6 +63,9 @@ def _check_run_against_rollout(run: RunConfig, rollout: RolloutConfig) -> None:
         raise ConfigError("--async-mode full needs --max-staleness (how many policy versions old a sample may be)")
     if run.async_mode == "one-step" and rollout.max_staleness is not None and rollout.max_staleness < 1:
         raise ConfigError("--async-mode one-step trains on samples one version old: --max-staleness must be >= 1")
+    if run.async_mode == "full" and rollout.rollout_all_samples_process_path:
+        raise ConfigError("--rollout-all-samples-process-path is called at the end of each rollout of the default "
+                          "rollout function; --async-mode full generates continuously, with no rollout to end")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -113,8 +121,9 @@ def parse_config(argv: list[str]) -> Config:
                 check_prompt_file_type(path)
             except ValueError as err:
                 raise ConfigError(f"{flag}: {err}") from None
-    if not data.prompt_data and not run.debug_train_only:
-        raise ConfigError("--prompt-data is required")
+    if not data.prompt_data and not data.data_source_path and not run.debug_train_only:
+        raise ConfigError("--prompt-data is required (or --data-source-path)")
+    custom = load_custom_config(rollout.custom_config.custom_config_path)
     megatron = _megatron_config(argv, args, read_options(ParallelConfig, args))
     checkpoint = read_options(CheckpointConfig, args, hf_checkpoint=args.hf_checkpoint)
     train = read_options(TrainConfig, args, checkpoint=checkpoint, seed=data.seed,
@@ -142,8 +151,10 @@ def parse_config(argv: list[str]) -> Config:
         eval=evaluation,
         megatron=megatron,
         train=train,
-        algorithm=read_options(AlgorithmConfig, args, max_response_len=rollout.sampling.max_response_len),
+        algorithm=read_options(AlgorithmConfig, args, max_response_len=rollout.sampling.max_response_len,
+                               custom=custom),
         weight_sync=weight_sync,
         layout=layout,
         batch_plan=batch_plan,
+        custom=custom,
     )

@@ -27,9 +27,11 @@ from pathlib import Path
 from lean_rl.buffer.data_buffer import DataBuffer, create_data_buffer
 from lean_rl.config import Config
 from lean_rl.debug_rollout import load_debug_rollout
-from lean_rl.rollout.base import RolloutOutput, load_extensions, rollout_output
+from lean_rl.plot import write_run_curves
+from lean_rl.rollout.base import RolloutOutput, load_extensions, rollout_function_path, rollout_output
 from lean_rl.rollout.evaluation import load_eval_datasets
 from lean_rl.rollout.default import rollout_metrics
+from lean_rl.rollout.train_hooks import before_training
 from lean_rl.sample import Sample
 from lean_rl.stop import RunStopped, StopSignals
 from lean_rl.utils.metrics import MetricsLogger, Timers, dump_samples, print_run_summary
@@ -76,7 +78,7 @@ class Runtime:
 
         cfg = self.cfg
         self._ray_started = init_ray(cfg.run.ray_address)
-        self.buffer = create_data_buffer(cfg) if cfg.data.prompt_data else None
+        self.buffer = create_data_buffer(cfg) if cfg.data.prompt_data or cfg.data.data_source_path else None
         if cfg.eval.datasets and not cfg.run.debug_train_only:
             load_eval_datasets(cfg)  # a bad eval set fails now, not at the first evaluation (cached for it)
         if not cfg.run.debug_rollout_only:
@@ -204,17 +206,19 @@ class Runtime:
     async def _call_rollout_function(self, step: int, buffer, evaluation: bool) -> RolloutOutput:
         """The (possibly user-supplied) rollout function, within --rollout-timeout. A synchronous one
         runs on a daemon thread: one that hangs past the deadline cannot keep the process from exiting."""
-        fn, timeout_s = self.extensions.rollout, self.cfg.rollout.timeout_s
+        # evaluation: --eval-function-path, default the rollout function
+        fn = self.extensions.evaluation_rollout if evaluation else self.extensions.rollout
+        timeout_s = self.cfg.rollout.timeout_s
         call = fn(self.cfg, step, buffer, evaluation) if inspect.iscoroutinefunction(fn) else \
             run_in_daemon_thread(fn, self.cfg, step, buffer, evaluation)
         try:
             out = await asyncio.wait_for(call, timeout_s)
         except asyncio.TimeoutError:
             what = "evaluation" if evaluation else "rollout"
-            raise TimeoutError(f"{what} {step} ({self.cfg.rollout.rollout_function_path}) did not finish within "
+            raise TimeoutError(f"{what} {step} ({rollout_function_path(self.cfg, evaluation)}) did not finish within "
                                f"--rollout-timeout {timeout_s:g} s; nothing of it was trained (raise "
                                "--rollout-timeout if rollouts are this long)") from None
-        return rollout_output(self.cfg, fn, out)  # a wrong return type names the flag and the function
+        return rollout_output(self.cfg, fn, out, evaluation)  # a wrong return type names the flag and the function
 
     def take_train_groups(self, step: int) -> list[list[Sample]]:
         if self.cfg.run.load_debug_rollout_data:
@@ -240,8 +244,10 @@ class Runtime:
         changing = self.weight_sync.trainer_changing(step + 1) if self.weight_sync else contextlib.nullcontext()
         # colocated, the engines have released their memory for training: /health fails by design then
         released = self.monitor.hold_health_checks() if self.monitor and self.cfg.run.colocate else contextlib.nullcontext()
+        # --rollout-sample-filter-path, --custom-reward-post-process-path (rollout/train_hooks.py)
+        hook_metrics = before_training(self.cfg, self.extensions, groups)
         with changing, released:  # no engine is given the trainer's weights halfway through a step
-            return train_on_rollout(self.trainer, groups, policy_version=step, critic=self.critic)
+            return {**train_on_rollout(self.trainer, groups, policy_version=step, critic=self.critic), **hook_metrics}
 
     def sync_weights(self, version: int, probe: bool = True):
         """probe=False while the engines are paused (the probe generates): call probe_weights after resuming.
@@ -282,6 +288,7 @@ class Runtime:
         finally:
             rt.close()
         print_run_summary(cfg.run.output_dir)
+        write_run_curves(cfg.run.output_dir)  # OUTPUT_DIR/curves.png; a failure is only a warning
         if stopped is not None:
             sys.exit(128 + stopped.signum)
 

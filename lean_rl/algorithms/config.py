@@ -5,12 +5,15 @@ __post_init__ and nowhere else; invalid values raise ConfigError naming the flag
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import InitVar, dataclass, field
+from typing import Any
 
 from lean_rl.algorithms.advantages import ESTIMATORS, KL_IN_REWARD_ESTIMATORS
 from lean_rl.algorithms.kl import KL_TYPES
 from lean_rl.algorithms.losses import AGGREGATION_MODES
 from lean_rl.options import ConfigError, option
+from lean_rl.utils.custom_config import ReadOnlyMapping
 
 # What a user of each estimator expects when --loss-agg-mode is not given.
 DEFAULT_AGGREGATION = {"dr_grpo": "seq-mean-token-sum-norm", "gspo": "seq-mean-token-mean"}
@@ -56,6 +59,16 @@ class AlgorithmConfig:
     max_failed_fraction: float = option(
         0.5, help="stop the run when more than this fraction of a rollout's samples FAILED "
                  "(1: train on whatever did not fail)")
+    # user hooks replacing the policy loss (called on every trainer rank) and the advantage estimator
+    # (called on the driver); checked at start-up (algorithms/hooks.py, docs/extending.md)
+    custom_loss_function_path: str | None = option(
+        None, help="dotted path of `loss(algo, **inputs) -> (loss, metrics)` replacing the policy loss "
+                   "(inputs as lean_rl.algorithms.losses.policy_loss takes them)")
+    custom_advantage_function_path: str | None = option(
+        None, help="dotted path of `advantages(algo, inputs: AdvantageInputs) -> advantages | (advantages, returns)` "
+                   "replacing --advantage-estimator's advantages")
+    # --custom-config-path, read once by config.parse_config: what the trainer-side hooks may read
+    custom: Mapping[str, Any] = field(default_factory=ReadOnlyMapping)
     # given by the caller (--rollout-max-response-len): the default of loss_norm_length
     max_response_len: InitVar[int | None] = None
     # derived

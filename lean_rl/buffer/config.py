@@ -14,6 +14,9 @@ def _none_if_empty(value: str | None) -> str | None:
 @dataclass(frozen=True)
 class DataConfig:
     prompt_data: str | None = option(None, help="jsonl or parquet file of prompts")
+    data_source_path: str | None = option(
+        None, help="dotted path of `make_source(cfg)` returning the training prompts' source in place of the "
+                   "--prompt-data reader: next() -> (epoch, PromptRecord) | None, state_dict(), load_state_dict(state)")
     input_key: str = option("prompt", help="column with the prompt: text or a list of chat messages")
     label_key: str | None = option("label", help="column with the reference answer ('' for none)",
                                    convert=_none_if_empty)

@@ -17,14 +17,15 @@ import collections
 import copy
 from typing import Any
 
-from lean_rl.buffer.prompt_source import PromptRecord, PromptSource
+from lean_rl.buffer.prompt_source import PromptRecord, PromptSource, PromptSourceLike
 from lean_rl.sample import Sample
 
 Group = list[Sample]
 
 
 class DataBuffer:
-    def __init__(self, source: PromptSource, n_samples_per_prompt: int, max_staleness: int | None = None):
+    def __init__(self, source: PromptSource | PromptSourceLike, n_samples_per_prompt: int,
+                 max_staleness: int | None = None):
         if n_samples_per_prompt <= 0:
             raise ValueError(f"--n-samples-per-prompt must be > 0, got {n_samples_per_prompt}")
         self.source = source
@@ -171,11 +172,15 @@ def _reset(sample: Sample) -> Sample:
 
 
 def create_data_buffer(cfg) -> DataBuffer:
-    """The run's buffer over --prompt-data, tokenized with the served checkpoint's tokenizer."""
+    """The run's buffer over --prompt-data, tokenized with the served checkpoint's tokenizer, or over
+    the source that --data-source-path makes."""
     from lean_rl.buffer.prompt_source import load_prompts, load_tokenizer
+    from lean_rl.buffer.user_source import make_user_source
 
+    if cfg.data.data_source_path:
+        return DataBuffer(make_user_source(cfg), cfg.rollout.n_samples_per_prompt, cfg.rollout.max_staleness)
     if not cfg.data.prompt_data:
-        raise ValueError("--prompt-data is required")
+        raise ValueError("--prompt-data is required (or --data-source-path)")
     records, skipped = load_prompts(cfg.data.prompt_data, cfg.data, load_tokenizer(cfg.engines.model_path))
     buffer = DataBuffer(PromptSource(records, cfg.data.rollout_shuffle, cfg.data.seed, cfg.data.num_epochs),
                         cfg.rollout.n_samples_per_prompt, cfg.rollout.max_staleness)

@@ -9,7 +9,7 @@ import json
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, Protocol
 
 from lean_rl.buffer.config import DataConfig
 
@@ -81,7 +81,9 @@ def _check_messages(prompt: list, key: str) -> None:
             raise BadRowError(f"{key!r} must be text or a list of {{'role', 'content'}} messages")
 
 
-def _render(record_prompt, data: DataConfig, tokenizer, tools) -> list[int]:
+def render_prompt(record_prompt, data: DataConfig, tokenizer, tools=None) -> list[int]:
+    """The prompt's token ids as the built-in reader makes them (--apply-chat-template, tools): for a
+    --data-source-path source building its PromptRecords."""
     if data.apply_chat_template:
         messages = record_prompt if isinstance(record_prompt, list) else [{"role": "user", "content": record_prompt}]
         text = tokenizer.apply_chat_template(messages, tools=tools, tokenize=False, add_generation_prompt=True)
@@ -128,7 +130,7 @@ def _load_prompts(path: Path, data: DataConfig, tokenizer) -> tuple[list[PromptR
                 raise BadRowError(f"{data.metadata_key!r} (--metadata-key) must be an object, got "
                                   f"{_json_type(metadata)}")
             tools = row.get(data.tool_key) if data.tool_key else None
-            tokens = _render(prompt, data, tokenizer, tools)
+            tokens = render_prompt(prompt, data, tokenizer, tools)
         except BadRowError as err:
             if not data.skip_bad_rows:
                 raise BadRowError(f"{path}:{row_number}: {err} (pass --skip-bad-rows to skip such rows)") from None
@@ -143,6 +145,20 @@ def _load_prompts(path: Path, data: DataConfig, tokenizer) -> tuple[list[PromptR
         raise ValueError(f"{path}: no usable prompts (skipped: {dict(skipped) or 'none'}"
                          f"{'' if skipped else '; the file has no rows'})")
     return records, skipped
+
+
+class PromptSourceLike(Protocol):
+    """What the DataBuffer needs of a prompt source: the built-in PromptSource below, or the object a
+    --data-source-path factory returns (buffer/user_source.py checks it)."""
+
+    def next(self) -> tuple[int, PromptRecord] | None:
+        """(epoch, record) of the next prompt, or None once the data is used up."""
+
+    def state_dict(self) -> dict[str, Any]:
+        """The cursor, JSON-serialisable: saved with every checkpoint (inside the buffer's state)."""
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from a state_dict() (on resume, before the first next())."""
 
 
 class PromptSource:

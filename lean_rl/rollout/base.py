@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Protocol
 from lean_rl.backends.sglang.client import EngineClient, EngineConnectionError
 from lean_rl.rollout import rewards
 from lean_rl.sample import Sample
-from lean_rl.utils.plugins import hook_return_error, load_function
+from lean_rl.utils.plugins import accepts_positional, hook_return_error, keyword_only, load_function
 
 logger = logging.getLogger(__name__)
 
@@ -43,27 +43,52 @@ class RolloutFunction(Protocol):
 
 
 class GenerateFunction(Protocol):
-    """--custom-generate-function-path: `async def`, one sample in, the sample (or several) out."""
+    """--custom-generate-function-path: `async def`, one sample in, the sample (or several: all of one
+    group) out. `evaluation` (True in evaluation) may be left out of the signature: a function of three
+    parameters is called with three."""
 
-    def __call__(self, cfg: Config, sample: Sample, sampling_params: dict, /) -> Awaitable[Sample | list[Sample]]: ...
+    def __call__(self, cfg: Config, sample: Sample, sampling_params: dict, evaluation: bool = False, /
+                 ) -> Awaitable[Sample | list[Sample]]: ...
 
 
 class RewardFunction(Protocol):
-    """--custom-rm-path and the --rm-type built-ins: `async def`, one sample's reward."""
+    """--custom-rm-path and the --rm-type built-ins: `async def`, one sample's reward (a dict of
+    rewards: --reward-key names the trained entry)."""
 
-    def __call__(self, cfg: Config, sample: Sample, /) -> Awaitable[float]: ...
+    def __call__(self, cfg: Config, sample: Sample, /) -> Awaitable[float | dict[str, float]]: ...
 
 
 class GroupRewardFunction(Protocol):
     """--custom-rm-path with --group-rm: `async def`, one reward per sample of the group, in order."""
 
-    def __call__(self, cfg: Config, samples: list[Sample], /) -> Awaitable[list[float]]: ...
+    def __call__(self, cfg: Config, samples: list[Sample], /) -> Awaitable[list[float | dict[str, float]]]: ...
 
 
 class DynamicFilter(Protocol):
     """--dynamic-sampling-filter-path: plain `def`, True keeps the scored group."""
 
     def __call__(self, cfg: Config, group: list[Sample], /) -> bool: ...
+
+
+class SampleFilter(Protocol):
+    """--rollout-sample-filter-path: plain `def`, one verdict per sample of a group about to be trained
+    on (True: train on it); rejected samples stay in their group's statistics (rollout/train_hooks.py)."""
+
+    def __call__(self, cfg: Config, group: list[Sample], /) -> list[bool]: ...
+
+
+class AllSamplesProcess(Protocol):
+    """--rollout-all-samples-process-path: `def` or `async def`, called by the default rollout with every
+    group it finished, kept or filtered out; its return value is ignored."""
+
+    def __call__(self, cfg: Config, groups: list[list[Sample]], rollout_id: int, /) -> None | Awaitable[None]: ...
+
+
+class RewardPostProcess(Protocol):
+    """--custom-reward-post-process-path: plain `def`, a group's raw rewards -> the rewards the advantage
+    estimator gets, one per sample (rollout/train_hooks.py)."""
+
+    def __call__(self, cfg: Config, group: list[Sample], /) -> list[float]: ...
 
 
 @dataclass(frozen=True)
@@ -73,42 +98,102 @@ class Extensions:
     reward: RewardFunction | GroupRewardFunction | None  # None: no reward (e.g. --debug-rollout-only with no rm)
     group_reward: bool  # True: `reward` is a GroupRewardFunction
     dynamic_filter: DynamicFilter | None
+    eval_rollout: RolloutFunction | None = None  # --eval-function-path; None: `rollout`
+    sample_filter: SampleFilter | None = None
+    all_samples_process: AllSamplesProcess | None = None
+    reward_post_process: RewardPostProcess | None = None
+    # checked at start-up only; the buffer (data source), the driver (advantages) and the ranks (loss)
+    # load them again from the flags (buffer/user_source.py, algorithms/hooks.py)
+    data_source: Callable | None = None
+    custom_advantage: Callable | None = None
+    custom_loss: Callable | None = None
+    # `generate` as the rollout calls it: (cfg, sample, sampling_params, evaluation), whatever of these
+    # the user's signature takes (inspected once, here)
+    generate_call: Callable[..., Awaitable] | None = field(init=False, default=None)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "generate_call", None if self.generate is None else generate_caller(self.generate))
+
+    @property
+    def evaluation_rollout(self) -> RolloutFunction:
+        return self.eval_rollout or self.rollout
+
+
+def generate_caller(fn: Callable) -> Callable[..., Awaitable]:
+    """`fn` as a call of (cfg, sample, sampling_params, evaluation): passes `evaluation` as the fourth
+    positional argument or the keyword-only `evaluation` (slime's way) when the signature has one,
+    else calls it with three."""
+    if accepts_positional(fn, 4):
+        return fn
+    if keyword_only(fn, "evaluation"):
+        return lambda cfg, sample, params, evaluation=False: fn(cfg, sample, params, evaluation=evaluation)
+    return lambda cfg, sample, params, evaluation=False: fn(cfg, sample, params)
 
 
 def load_extensions(cfg: Config) -> Extensions:
     """Import and check every dotted-path extension; called at start-up, before any engine starts."""
+    from lean_rl.algorithms.hooks import load_advantage_function, load_loss_function
+    from lean_rl.buffer.user_source import load_source_factory
+
     r = cfg.rollout
     rollout_fn = load_function(r.rollout_function_path, "--rollout-function-path", num_args=4, must_be_sync=False)
+    eval_fn = None
+    if cfg.eval.function_path:
+        eval_fn = load_function(cfg.eval.function_path, "--eval-function-path", num_args=4, must_be_sync=False)
     generate_fn = None
     if r.custom_generate_function_path:
         generate_fn = load_function(r.custom_generate_function_path, "--custom-generate-function-path",
-                                    num_args=3, must_be_async=True)
+                                    num_args=(3, 4), must_be_async=True)
+    if r.multi_turn.environment_path:
+        from lean_rl.rollout.multi_turn import check_environment  # multi_turn builds on this module
+
+        check_environment(cfg)
     if cfg.reward.custom_rm_path:
         reward_fn = load_function(cfg.reward.custom_rm_path, "--custom-rm-path", num_args=2, must_be_async=True)
     elif cfg.reward.rm_type:
         reward_fn = rewards.BUILTIN_REWARDS[cfg.reward.rm_type]
     else:
         reward_fn = None
-    dynamic_filter = None
-    if r.dynamic_sampling_filter_path:
-        dynamic_filter = load_function(r.dynamic_sampling_filter_path, "--dynamic-sampling-filter-path",
-                                       num_args=2, must_be_sync=True)
-    return Extensions(rollout_fn, generate_fn, reward_fn, cfg.reward.group_rm, dynamic_filter)
+
+    def optional(path: str | None, flag: str, num_args: int, **checks) -> Callable | None:
+        return load_function(path, flag, num_args=num_args, **checks) if path else None
+
+    return Extensions(
+        rollout_fn, generate_fn, reward_fn, cfg.reward.group_rm,
+        dynamic_filter=optional(r.dynamic_sampling_filter_path, "--dynamic-sampling-filter-path", 2, must_be_sync=True),
+        eval_rollout=eval_fn,
+        sample_filter=optional(r.rollout_sample_filter_path, "--rollout-sample-filter-path", 2, must_be_sync=True),
+        all_samples_process=optional(r.rollout_all_samples_process_path, "--rollout-all-samples-process-path", 3),
+        reward_post_process=optional(cfg.reward.custom_reward_post_process_path, "--custom-reward-post-process-path",
+                                     2, must_be_sync=True),
+        data_source=load_source_factory(cfg.data.data_source_path) if cfg.data.data_source_path else None,
+        custom_advantage=load_advantage_function(cfg.algorithm.custom_advantage_function_path)
+        if cfg.algorithm.custom_advantage_function_path else None,
+        custom_loss=load_loss_function(cfg.algorithm.custom_loss_function_path)
+        if cfg.algorithm.custom_loss_function_path else None,
+    )
 
 
 # ---------------------------------------------------------------- what the hooks return
 # A hook that raises on one sample is that sample's failure (counted, the run goes on); one that
 # returns the wrong type is a bug in it: HookReturnError (utils/plugins.py) stops the run, naming the
 # flag, the function and what it returned.
-def generated_samples(cfg: Config, generate_fn, result) -> list[Sample]:
-    """What a generate function returned (a Sample or a non-empty list of them), as a list."""
-    if isinstance(result, Sample):
-        return [result]
-    if isinstance(result, list) and result and all(isinstance(s, Sample) for s in result):
-        return result
+def generated_samples(cfg: Config, generate_fn, result, group_index: int | None = None) -> list[Sample]:
+    """What a generate function returned (a Sample or a non-empty list of distinct Samples, all of the
+    prompt's group `group_index` when given), as a list."""
+    expected = "the Sample, or a non-empty list of Samples"
     flag = f"--custom-generate-function-path {cfg.rollout.custom_generate_function_path}" \
         if cfg.rollout.custom_generate_function_path else "the generate function"
-    return _raise(hook_return_error(flag, generate_fn, result, "the Sample, or a non-empty list of Samples"))
+    samples = [result] if isinstance(result, Sample) else result
+    if not (isinstance(samples, list) and samples and all(isinstance(s, Sample) for s in samples)):
+        raise hook_return_error(flag, generate_fn, result, expected)
+    if len({id(s) for s in samples}) != len(samples):
+        raise hook_return_error(flag, generate_fn, result, f"{expected}; it holds the same Sample object more than "
+                                "once (copy.deepcopy the sample for each one you add)")
+    if group_index is not None and any(s.group_index != group_index for s in samples):
+        raise hook_return_error(flag, generate_fn, result, f"{expected}, all of the prompt's group: every sample "
+                                f"must keep group_index {group_index}, got {[s.group_index for s in samples]}")
+    return samples
 
 
 def filter_verdict(cfg: Config, filter_fn, verdict) -> bool:
@@ -119,10 +204,21 @@ def filter_verdict(cfg: Config, filter_fn, verdict) -> bool:
                                     filter_fn, verdict, "True (keep the group) or False (drop it)"))
 
 
-def rollout_output(cfg: Config, rollout_fn, output) -> RolloutOutput:
+def rollout_function_path(cfg: Config, evaluation: bool = False) -> str:
+    """The dotted path of the function that runs a rollout, or an evaluation."""
+    return cfg.eval.function_path if evaluation and cfg.eval.function_path else cfg.rollout.rollout_function_path
+
+
+def rollout_function_flag(cfg: Config, evaluation: bool = False) -> str:
+    """The flag and path of the function that runs a rollout, or an evaluation."""
+    flag = "--eval-function-path" if evaluation and cfg.eval.function_path else "--rollout-function-path"
+    return f"{flag} {rollout_function_path(cfg, evaluation)}"
+
+
+def rollout_output(cfg: Config, rollout_fn, output, evaluation: bool = False) -> RolloutOutput:
     """A rollout function's result; a RolloutOutput whose metrics map names to numbers."""
     expected = "a lean_rl.rollout.base.RolloutOutput (metrics: dict[str, float], samples: dict[str, list])"
-    flag = f"--rollout-function-path {cfg.rollout.rollout_function_path}"
+    flag = rollout_function_flag(cfg, evaluation)
     if not isinstance(output, RolloutOutput) or not isinstance(output.metrics, dict) \
             or not isinstance(output.samples, dict):
         raise hook_return_error(flag, rollout_fn, output, expected)

@@ -10,6 +10,11 @@ from dataclasses import dataclass, field
 
 from lean_rl.options import ConfigError, group, option
 from lean_rl.rollout.rewards import BUILTIN_REWARDS
+from lean_rl.utils.custom_config import CustomConfigFlags
+
+
+# The generate function that drives --environment-path (unless --custom-generate-function-path is given).
+MULTI_TURN_GENERATE = "lean_rl.rollout.multi_turn.generate"
 
 
 @dataclass(frozen=True)
@@ -48,12 +53,28 @@ class SamplingConfig:
 
 
 @dataclass(frozen=True)
+class MultiTurnConfig:
+    """Multi-turn rollouts against an environment (lean_rl/rollout/multi_turn.py). The response of a
+    trajectory (model turns and observations together) stays within --rollout-max-response-len."""
+
+    environment_path: str | None = option(
+        None, help="dotted path of `make_env(cfg, sample) -> Environment` (lean_rl/rollout/environment.py); "
+                   "turns on the multi-turn generate")
+    max_turns: int = option(8, positive=True, help="model turns per trajectory; past it the sample is truncated")
+    max_tokens_per_turn: int | None = option(None, positive=True,
+                                             help="cap on one model turn (default: what is left of the response budget)")
+    environment_timeout: float = option(60.0, positive=True,
+                                        help="seconds one reset/step of the environment may take; past it the sample fails")
+
+
+@dataclass(frozen=True)
 class RolloutConfig:
     rollout_batch_size: int = option(8, positive=True, help="prompts per rollout")  # prompt groups per rollout
     n_samples_per_prompt: int = option(4, positive=True)
     max_concurrency: int = option(64, flag="--rollout-max-concurrency", positive=True,
                                   help="requests in flight at once")
     sampling: SamplingConfig = group(SamplingConfig)
+    multi_turn: MultiTurnConfig = group(MultiTurnConfig, title="multi-turn rollouts")
     # Prompt groups launched per rollout (>= rollout_batch_size); None: rollout_batch_size.
     over_sampling_batch_size: int | None = option(
         None, positive=True, help="prompts launched per rollout when a dynamic-sampling filter drops some")
@@ -62,7 +83,15 @@ class RolloutConfig:
     partial_rollout: bool = option(False, help="aborted samples keep their tokens and resume later")
     rollout_function_path: str = option("lean_rl.rollout.default.generate_rollout")
     custom_generate_function_path: str | None = option(
-        None, help="dotted path of `async generate(cfg, sample, sampling_params) -> Sample | list[Sample]`")
+        None, help="dotted path of `async generate(cfg, sample, sampling_params[, evaluation]) -> Sample | list[Sample]`")
+    rollout_sample_filter_path: str | None = option(
+        None, help="dotted path of `filter(cfg, group) -> list[bool]`: samples it rejects (False) are not trained "
+                   "on (their group's statistics still see them)")
+    rollout_all_samples_process_path: str | None = option(
+        None, help="dotted path of `process(cfg, groups, rollout_id)`, called by the default rollout with every "
+                   "group it finished (the filtered-out ones too), e.g. to log or save them")
+    # --custom-config-path (read into cfg.custom by config.parse_config), in a help section of its own
+    custom_config: CustomConfigFlags = group(CustomConfigFlags, title="user functions")
     request_retries: int = option(5, flag="--rollout-request-retries", at_least=0,
                                   help="retries of one /generate call when an engine fails under it")
     timeout_s: float = option(3600.0, flag="--rollout-timeout", positive=True,
@@ -73,6 +102,8 @@ class RolloutConfig:
                                        help="train only on samples generated at most this many policy versions ago")
 
     def __post_init__(self) -> None:
+        if self.multi_turn.environment_path and self.custom_generate_function_path is None:
+            object.__setattr__(self, "custom_generate_function_path", MULTI_TURN_GENERATE)
         if self.over_sampling_batch_size is None:
             object.__setattr__(self, "over_sampling_batch_size", self.rollout_batch_size)
         if self.over_sampling_batch_size < self.rollout_batch_size:
@@ -83,7 +114,12 @@ class RolloutConfig:
 @dataclass(frozen=True)
 class RewardConfig:
     rm_type: str | None = option(None, choices=sorted(BUILTIN_REWARDS))
-    custom_rm_path: str | None = option(None, help="dotted path of `async rm(cfg, sample) -> float`")
+    custom_rm_path: str | None = option(None, help="dotted path of `async rm(cfg, sample) -> float | dict[str, float]`")
+    reward_key: str | None = option(None, help="the entry of a reward dict that is trained on (the whole dict is "
+                                               "kept in sample.metadata['rewards'])")
+    custom_reward_post_process_path: str | None = option(
+        None, help="dotted path of `post_process(cfg, group) -> list[float]`: the rewards the advantage estimator "
+                   "gets (the raw ones are kept in sample.metadata['raw_reward'])")
     group_rm: bool = option(False, help="the reward function scores a whole group at once")
     rm_url: str | None = option(None, help="reward server for --rm-type remote")
     rm_timeout: float = option(30.0, help="seconds per reward call")
@@ -107,6 +143,9 @@ class EvalConfig:
     temperature: float | None = option(None, flag="--eval-temperature", help="default: --rollout-temperature")
     max_response_len: int | None = option(None, flag="--eval-max-response-len", positive=True,
                                           help="default: --rollout-max-response-len")
+    function_path: str | None = option(None, flag="--eval-function-path",
+                                       help="rollout function of evaluation; default: --rollout-function-path")
+    reward_key: str | None = option(None, flag="--eval-reward-key", help="default: --reward-key")
     # Derived once by config.parse_config (with_rollout_sampling): the rollout's sampling with the two eval overrides.
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
 

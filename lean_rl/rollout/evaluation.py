@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 from lean_rl.buffer.prompt_source import PromptRecord, load_prompts, load_tokenizer
 from lean_rl.rollout.base import Extensions, GenerateFunction, RolloutOutput, generated_samples
-from lean_rl.rollout.rewards import score_group
+from lean_rl.rollout.rewards import reward_entry_means, score_group
 from lean_rl.sample import Sample
 
 if TYPE_CHECKING:  # not at run time: lean_rl.config imports every flag group (Megatron's included)
@@ -40,8 +40,13 @@ def load_eval_datasets(cfg: Config) -> dict[str, int]:
 
 async def run_evaluation(cfg: Config, rollout_id: int, extensions: Extensions,
                          default_generate: GenerateFunction) -> RolloutOutput:
-    if extensions.reward is None:
+    """Generate and score every prompt of each --eval-prompt-data set. The generate function gets
+    evaluation=True; a generate that fans out (several samples per call) makes one attempt of them:
+    pass@k counts an attempt as correct when any of its samples has reward >= 1.0, reward_mean
+    averages over every sample."""
+    if extensions.reward is None and extensions.generate is None:  # nothing could set a reward
         raise ValueError("evaluation needs a reward: set --rm-type or --custom-rm-path")
+    generate_call = extensions.generate_call or default_generate
     generate_fn = extensions.generate or default_generate
     params = cfg.eval.sampling.to_sglang()
     semaphore = asyncio.Semaphore(cfg.rollout.max_concurrency)
@@ -50,21 +55,29 @@ async def run_evaluation(cfg: Config, rollout_id: int, extensions: Extensions,
 
     async def one(sample: Sample) -> list[Sample]:
         async with semaphore:
-            result = await generate_fn(cfg, sample, dict(params))
-        return generated_samples(cfg, generate_fn, result)
+            result = await generate_call(cfg, sample, dict(params), True)
+        return generated_samples(cfg, generate_fn, result, sample.group_index)
 
     for name, path in cfg.eval.datasets:
         records = _eval_records(name, path, cfg.data, cfg.engines.model_path)
         n = cfg.eval.n_samples_per_prompt
         groups = [[Sample(index=i * n + j, group_index=i, prompt=r.prompt, tokens=list(r.tokens), label=r.label,
                           metadata=dict(r.metadata)) for j in range(n)] for i, r in enumerate(records)]
-        finished = await asyncio.gather(*(asyncio.gather(*(one(s) for s in g)) for g in groups))
-        finished = [[s for part in g for s in part] for g in finished]
-        await asyncio.gather(*(score_group(cfg, g, extensions.reward, extensions.group_reward, counters) for g in finished))
+        attempts = await asyncio.gather(*(asyncio.gather(*(one(s) for s in g)) for g in groups))
+        finished = [[s for attempt in g for s in attempt] for g in attempts]
+        await asyncio.gather(*(score_group(cfg, g, extensions.reward, extensions.group_reward, counters,
+                                           evaluation=True) for g in finished))
+        unscored = [s.index for g in finished for s in g if s.reward is None]
+        if unscored:
+            raise ValueError(f"evaluation {name}: {len(unscored)} sample(s) have no reward (e.g. sample {unscored[0]}): "
+                             "set --rm-type or --custom-rm-path (or set sample.reward in the generate function)")
         rewards = [s.reward for g in finished for s in g]
         output.metrics[f"eval/{name}/reward_mean"] = sum(rewards) / len(rewards)
+        for key, mean in reward_entry_means([s for g in finished for s in g]).items():
+            output.metrics[f"eval/{name}/reward/{key}_mean"] = mean
         for k in sorted({1, n}):
-            scores = [pass_at_k(len(g), sum(s.reward >= 1.0 for s in g), k) for g in finished]
+            scores = [pass_at_k(len(g), sum(any(s.reward >= 1.0 for s in attempt) for attempt in g), k)
+                      for g in attempts]
             output.metrics[f"eval/{name}/pass@{k}"] = sum(scores) / len(scores)
         output.metrics[f"eval/{name}/response_len_mean"] = sum(s.response_length for g in finished for s in g) / len(rewards)
         output.samples[name] = [s for g in finished for s in g]

@@ -14,11 +14,15 @@ class PluginError(ValueError):
 def load_function(
     path: str,
     flag: str,
-    num_args: int,
+    num_args: int | tuple[int, ...],
     must_be_async: bool = False,
     must_be_sync: bool = False,
+    keywords: tuple[str, ...] = (),
 ) -> Callable[..., Any]:
-    """Import `pkg.module.attr` and check that it can be called with `num_args` positional arguments.
+    """Import `pkg.module.attr` and check that it can be called with `num_args` positional arguments
+    (a tuple: with any one of those counts, e.g. (3, 4) for a generate function that may take
+    `evaluation`), plus the keyword arguments `keywords` (passed by name, e.g. a loss's inputs).
+    A class is a callable too: its constructor's parameters are checked.
 
     `flag` names the command-line flag in every error, so a typo is reported as the user typed it.
     """
@@ -41,16 +45,44 @@ def load_function(
         raise PluginError(f"{flag} {path!r}: must be an `async def` function")
     if must_be_sync and is_async:
         raise PluginError(f"{flag} {path!r}: must be a plain `def` function, not `async def`")
+    counts = (num_args,) if isinstance(num_args, int) else tuple(num_args)
     try:
-        inspect.signature(fn).bind(*([None] * num_args))
-    except TypeError as err:
-        raise PluginError(
-            f"{flag} {path!r}: must accept {num_args} positional argument(s); "
-            f"its signature is {attr}{inspect.signature(fn)} ({err})"
-        ) from err
+        signature = inspect.signature(fn)
     except ValueError:
-        pass  # builtins without an inspectable signature: trust them
-    return fn
+        return fn  # builtins without an inspectable signature: trust them
+    errors = []
+    for count in counts:
+        try:
+            signature.bind(*([None] * count), **{name: None for name in keywords})
+            return fn
+        except TypeError as err:
+            errors.append(err)
+    wanted = " or ".join(str(c) for c in counts)
+    named = f" and the keyword argument(s) {', '.join(keywords)}" if keywords else ""
+    raise PluginError(
+        f"{flag} {path!r}: must accept {wanted} positional argument(s){named}; "
+        f"its signature is {attr}{signature} ({errors[0]})"
+    ) from errors[0]
+
+
+def accepts_positional(fn: Callable[..., Any], count: int) -> bool:
+    """Whether `fn` can be called with `count` positional arguments (True when not inspectable)."""
+    try:
+        inspect.signature(fn).bind(*([None] * count))
+    except TypeError:
+        return False
+    except ValueError:
+        return True
+    return True
+
+
+def keyword_only(fn: Callable[..., Any], name: str) -> bool:
+    """Whether `fn` has a keyword-only parameter `name` (e.g. `def f(a, b, *, evaluation=False)`)."""
+    try:
+        parameter = inspect.signature(fn).parameters.get(name)
+    except ValueError:
+        return False
+    return parameter is not None and parameter.kind is inspect.Parameter.KEYWORD_ONLY
 
 
 class HookReturnError(TypeError):

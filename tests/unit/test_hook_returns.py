@@ -5,6 +5,8 @@ A reward of NaN / inf is one sample's failure."""
 
 import asyncio
 import collections
+import copy
+import dataclasses
 import math
 import types
 
@@ -21,7 +23,7 @@ from lean_rl.utils.plugins import HookReturnError
 def _cfg(**rollout):
     return types.SimpleNamespace(
         reward=types.SimpleNamespace(rm_timeout=5.0, rm_retries=0, rm_url=None, custom_rm_path="my_hooks.rm",
-                                     rm_type=None),
+                                     rm_type=None, reward_key=None),
         rollout=types.SimpleNamespace(max_concurrency=4, sampling=types.SimpleNamespace(to_sglang=lambda: {"max_new_tokens": 4}),
                                       custom_generate_function_path="my_hooks.gen",
                                       dynamic_sampling_filter_path="my_hooks.keep",
@@ -77,7 +79,7 @@ def test_bad_hook_group_reward_of_the_wrong_type_stops_the_run(value):
         return value
 
     with pytest.raises(HookReturnError, match=r"^--custom-rm-path my_hooks\.rm \(.*rm\) returned .*"
-                                              r"it must return a list of numbers, one per sample"):
+                                              r"it must return a list with one of these per sample: a number"):
         _score(rm, group_rm=True)
 
 
@@ -148,10 +150,25 @@ def test_bad_hook_generate_that_raises_is_a_failed_sample_and_a_list_of_samples_
     async def two_turns(cfg, sample, params):
         sample.append_response([3], text="x", log_probs=[-0.1], weight_versions=0)
         sample.status = Status.COMPLETED
-        return [sample, sample]
+        return [sample, copy.deepcopy(sample)]
 
-    kept, buffer, _ = _run_group(generate=two_turns)
-    assert len(kept) == 4 and buffer.finished == [kept]
+    kept, buffer, runner = _run_group(generate=two_turns)
+    assert len(kept) == 4 and buffer.finished == [kept] and runner.counters["fanout_samples"] == 2
+    assert {s.group_index for s in kept} == {0} and all(s.reward == 1.0 for s in kept)  # one group, all scored
+
+
+@pytest.mark.parametrize("fan_out, problem", [
+    (lambda s: [s, s], "it holds the same Sample object more than once"),
+    (lambda s: [s, dataclasses.replace(s, group_index=7)], r"every sample must keep group_index 0, got \[0, 7\]"),
+])
+def test_bad_hook_generate_fan_out_leaving_its_group_stops_the_run(fan_out, problem):
+    async def gen(cfg, sample, params):
+        sample.append_response([3], text="x", log_probs=[-0.1], weight_versions=0)
+        sample.status = Status.COMPLETED
+        return fan_out(sample)
+
+    with pytest.raises(HookReturnError, match=rf"^--custom-generate-function-path my_hooks\.gen .*{problem}"):
+        _run_group(generate=gen)
 
 
 @pytest.mark.parametrize("verdict", [1, None, "yes", [True]])
@@ -187,3 +204,38 @@ def test_bad_hook_rollout_function_returning_no_rollout_output_stops_the_run(out
         rollout_output(_cfg(), my_rollout, output)
     good = RolloutOutput(metrics={"a": 1, "b": np.float64(2.0)})
     assert rollout_output(_cfg(), my_rollout, good) is good
+
+
+def test_the_all_samples_process_sees_kept_and_filtered_groups_once_and_not_the_surplus():
+    from lean_rl.buffer.data_buffer import DataBuffer
+    from lean_rl.buffer.prompt_source import PromptRecord, PromptSource
+    from lean_rl.rollout.default import _collect_batch
+    from lean_rl.rollout.filters import reward_varies
+
+    async def generate(cfg, sample, params):  # prompt row 1 gets equal rewards: filtered out
+        sample.append_response([3], text="x", log_probs=[-0.1], weight_versions=0)
+        sample.status = Status.COMPLETED
+        sample.reward = 1.0 if sample.metadata["prompt_row"] == 1 else float(sample.index % 2)
+        return sample
+
+    seen = []
+
+    async def process(cfg, groups, rollout_id):
+        seen.append((rollout_id, sorted(g[0].metadata["prompt_row"] for g in groups)))
+
+    buffer = DataBuffer(PromptSource([PromptRecord(row, "p", (1, 2)) for row in range(4)], num_epochs=1), 2)
+    ext = Extensions(rollout=None, generate=generate, reward=None, group_reward=False, dynamic_filter=reward_varies,
+                     all_samples_process=process)
+    cfg = _cfg(rollout_batch_size=1, over_sampling_batch_size=2, partial_rollout=False)
+    out = asyncio.run(_collect_batch(cfg, buffer, ext, rollout_id=5))
+    assert out.metrics["rollout/groups"] == 1 and out.metrics["rollout/groups_filtered"] == 1
+    assert seen == [(5, [0, 1])]  # row 0 kept, row 1 filtered; rows 2-3 were never needed
+
+
+def test_an_eval_function_returning_the_wrong_type_names_its_own_flag():
+    cfg = _cfg()
+    cfg.eval = types.SimpleNamespace(function_path="my_hooks.evaluate")
+    with pytest.raises(HookReturnError, match=r"^--eval-function-path my_hooks\.evaluate \(.*\) returned NoneType"):
+        rollout_output(cfg, my_rollout, None, evaluation=True)
+    with pytest.raises(HookReturnError, match=r"^--rollout-function-path my_hooks\.rollout"):
+        rollout_output(cfg, my_rollout, None)

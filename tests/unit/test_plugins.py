@@ -3,7 +3,7 @@ import textwrap
 
 import pytest
 
-from lean_rl.utils.plugins import PluginError, load_function
+from lean_rl.utils.plugins import PluginError, accepts_positional, keyword_only, load_function
 
 
 @pytest.fixture
@@ -18,6 +18,17 @@ def user_module(tmp_path, monkeypatch):
             return None
         def two_args(a, b):
             return None
+        async def old_generate(cfg, sample, sampling_params):
+            return sample
+        async def new_generate(cfg, sample, sampling_params, evaluation=False):
+            return sample
+        async def slime_generate(args, sample, sampling_params, *, evaluation=False):
+            return sample
+        def loss(algo, *, log_probs, advantages, mask, **rest):
+            return None
+        class Source:
+            def __init__(self, cfg):
+                self.cfg = cfg
     """))
     (tmp_path / "broken_user_pkg.py").write_text("raise RuntimeError('boom at import')\n")
     monkeypatch.syspath_prepend(str(tmp_path))
@@ -47,3 +58,23 @@ def test_errors_name_the_flag_and_the_problem(user_module, path, kwargs, message
     with pytest.raises(PluginError, match=message) as info:
         load_function(path, "--flag", **kwargs)
     assert str(info.value).startswith(f"--flag {path!r}")
+
+
+def test_several_argument_counts_and_keywords(user_module):
+    for name in ("old_generate", "new_generate", "slime_generate"):
+        assert load_function(f"my_user_pkg.{name}", "--g", num_args=(3, 4), must_be_async=True).__name__ == name
+    with pytest.raises(PluginError, match=r"--g 'my_user_pkg.two_args': must accept 3 or 4 positional argument\(s\)"):
+        load_function("my_user_pkg.two_args", "--g", num_args=(3, 4))
+    assert load_function("my_user_pkg.loss", "--l", num_args=1, keywords=("log_probs", "advantages", "mask", "entropy"))
+    with pytest.raises(PluginError, match=r"must accept 1 positional argument\(s\) and the keyword argument\(s\) "
+                                          r"log_probs, weights; its signature is two_args\(a, b\)"):
+        load_function("my_user_pkg.two_args", "--l", num_args=1, keywords=("log_probs", "weights"))
+    assert load_function("my_user_pkg.Source", "--data-source-path", num_args=1, must_be_sync=True).__name__ == "Source"
+
+
+def test_how_a_generate_function_takes_evaluation(user_module):
+    import my_user_pkg
+
+    assert accepts_positional(my_user_pkg.new_generate, 4) and not accepts_positional(my_user_pkg.old_generate, 4)
+    assert not accepts_positional(my_user_pkg.slime_generate, 4) and keyword_only(my_user_pkg.slime_generate, "evaluation")
+    assert not keyword_only(my_user_pkg.new_generate, "evaluation")

@@ -23,7 +23,8 @@ def test_exact_boxed_and_f1():
 
 
 def _cfg(timeout=5.0):
-    return types.SimpleNamespace(reward=types.SimpleNamespace(rm_timeout=timeout, rm_retries=0, rm_url=None))
+    return types.SimpleNamespace(reward=types.SimpleNamespace(rm_timeout=timeout, rm_retries=0, rm_url=None,
+                                                              reward_key=None))
 
 
 def _sample(response, label):
@@ -100,3 +101,110 @@ def test_remote_reward_retries_server_errors_and_names_the_url_when_it_gives_up(
     dead = types.SimpleNamespace(reward=types.SimpleNamespace(rm_timeout=1.0, rm_retries=1, rm_url=url))
     with pytest.raises(RuntimeError, match=r"--rm-url http://127\.0\.0\.1:\d+/score: no answer after 2 tries"):
         asyncio.run(remote_reward(dead, sample))
+
+
+def _keyed_cfg(reward_key=None, eval_reward_key=None):
+    cfg = _cfg()
+    cfg.reward.reward_key, cfg.reward.custom_rm_path, cfg.reward.rm_type = reward_key, "my_hooks.rm", None
+    cfg.eval = types.SimpleNamespace(reward_key=eval_reward_key)
+    cfg.rollout = types.SimpleNamespace(custom_generate_function_path="my_hooks.gen")
+    return cfg
+
+
+def _score(cfg, samples, reward_fn, group_rm=False, evaluation=False):
+    counters = collections.Counter()
+    asyncio.run(score_group(cfg, samples, reward_fn, group_rm=group_rm, counters=counters, evaluation=evaluation))
+    return counters
+
+
+async def _graded(cfg, sample):
+    return {"acc": float(sample.response == sample.label), "format": 0.5, "len": len(sample.response)}
+
+
+def test_a_dict_reward_trains_on_its_reward_key_and_keeps_the_whole_dict():
+    samples = [_sample("4", "4"), _sample("5", "4")]
+    _score(_keyed_cfg("acc"), samples, _graded)
+    assert [s.reward for s in samples] == [1.0, 0.0]
+    assert samples[0].metadata["rewards"] == {"acc": 1.0, "format": 0.5, "len": 1.0}
+    evaluated = [_sample("4", "4")]  # --eval-reward-key in evaluation
+    _score(_keyed_cfg("acc", eval_reward_key="format"), evaluated, _graded, evaluation=True)
+    assert evaluated[0].reward == 0.5
+
+
+def test_group_rewards_may_be_dicts_too():
+    async def group(cfg, samples):
+        return [{"acc": 1.0, "bonus": 2.0}, 0.25]
+
+    samples = [_sample("a", "x"), _sample("b", "x")]
+    _score(_keyed_cfg("acc"), samples, group, group_rm=True)
+    assert [s.reward for s in samples] == [1.0, 0.25] and samples[0].metadata["rewards"]["bonus"] == 2.0
+
+
+@pytest.mark.parametrize("key, value, message", [
+    (None, {"acc": 1.0}, r"returned dict .* so pass --reward-key to choose the entry"),
+    ("score", {"acc": 1.0}, r"the dict has no entry 'score' \(--reward-key / --eval-reward-key\); its keys are \['acc'\]"),
+    ("acc", {"acc": "high"}, r"entry 'acc' is not a number"),
+])
+def test_a_bad_dict_reward_stops_the_run_naming_flag_and_key(key, value, message):
+    from lean_rl.utils.plugins import HookReturnError
+
+    async def rm(cfg, sample):
+        return value
+
+    with pytest.raises(HookReturnError, match=rf"^--custom-rm-path my_hooks\.rm .*{message}"):
+        _score(_keyed_cfg(key), [_sample("a", "x")], rm)
+
+
+def test_a_reward_set_by_the_generate_function_is_kept_and_not_scored_again():
+    called = []
+
+    async def rm(cfg, sample):
+        called.append(sample.index)
+        return 0.0
+
+    preset, preset_dict, fresh, failed = (_sample(t, "x") for t in ("a", "b", "c", "d"))
+    for i, s in enumerate((preset, preset_dict, fresh, failed)):
+        s.index = i
+    preset.reward, preset_dict.reward = 0.75, {"acc": 1.0, "turns": 3}
+    failed.status, failed.reward = Status.FAILED, {"acc": 1.0}
+    _score(_keyed_cfg("acc"), [preset, preset_dict, fresh, failed], rm)
+    assert called == [2]  # only the sample without a reward is scored
+    assert [preset.reward, preset_dict.reward, fresh.reward, failed.reward] == [0.75, 1.0, 0.0, 0.0]
+    assert preset_dict.metadata["rewards"] == {"acc": 1.0, "turns": 3.0}
+
+    group_calls = []
+
+    async def group(cfg, samples):
+        group_calls.append(len(samples))
+        return [0.0] * len(samples)
+
+    all_set = [_sample("a", "x"), _sample("b", "x")]
+    all_set[0].reward, all_set[1].reward = 1.0, 0.5
+    _score(_keyed_cfg(), all_set, group, group_rm=True)
+    assert group_calls == [] and [s.reward for s in all_set] == [1.0, 0.5]  # nothing to score: not called
+    some_set = [_sample("a", "x"), _sample("b", "x")]
+    some_set[0].reward = 1.0
+    _score(_keyed_cfg(), some_set, group, group_rm=True)
+    assert group_calls == [2] and [s.reward for s in some_set] == [1.0, 0.0]  # the whole group seen, one set
+
+
+def test_a_preset_reward_of_the_wrong_type_names_the_generate_function():
+    from lean_rl.utils.plugins import HookReturnError
+
+    sample = _sample("a", "x")
+    sample.reward = "1"
+    with pytest.raises(HookReturnError, match=r"^--custom-generate-function-path my_hooks\.gen \(sample\.reward\) "
+                                              r"\(my_hooks\.gen\) returned str '1'"):
+        _score(_keyed_cfg(), [sample], None)
+
+
+def test_every_entry_of_dict_rewards_is_a_rollout_metric():
+    from lean_rl.rollout.default import rollout_metrics
+
+    samples = [_sample("4", "4"), _sample("5", "4"), _sample("4", "4")]
+    samples[2].status = Status.FAILED  # left out of the means
+    _score(_keyed_cfg("acc"), samples[:2], _graded)
+    samples[2].metadata["rewards"] = {"acc": 1.0, "format": 9.0}
+    metrics = rollout_metrics([samples])
+    assert metrics["rollout/reward/acc_mean"] == 0.5 and metrics["rollout/reward/format_mean"] == 0.5
+    assert metrics["rollout/reward/len_mean"] == 1.0 and metrics["rollout/reward_mean"] == 0.5

@@ -82,3 +82,140 @@ def test_pass_at_k_matches_the_combinatorial_definition():
 def test_weight_version_strings():
     assert parse_weight_version("default") == 0 and parse_weight_version(None) == 0
     assert parse_weight_version("12") == 12
+
+
+HOOKS = textwrap.dedent("""
+    import torch
+    from lean_rl.algorithms.hooks import builtin_advantages
+    from lean_rl.algorithms.losses import policy_loss
+    from lean_rl.buffer.prompt_source import PromptRecord, PromptSource
+
+    async def generate3(cfg, sample, params):
+        sample.metadata["seen"] = "3 parameters"
+        return sample
+    async def generate4(cfg, sample, params, evaluation=False):
+        sample.metadata["seen"] = evaluation
+        return sample
+    async def generate_kw(cfg, sample, params, *, evaluation=False):
+        sample.metadata["seen"] = ("keyword", evaluation)
+        return sample
+    def eval_rollout(cfg, rollout_id, buffer, evaluation=False):
+        return None
+    def sample_filter(cfg, group):
+        return [True] * len(group)
+    def process(cfg, groups, rollout_id):
+        return None
+    def post_process(cfg, group):
+        return [s.reward for s in group]
+    def loss(algo, **inputs):
+        return policy_loss(algo, **inputs)
+    def advantages(algo, inputs):
+        return builtin_advantages(algo, inputs)
+    def source(cfg):
+        return PromptSource([PromptRecord(1, "p", (1, 2))])
+    async def async_filter(cfg, group):
+        return [True]
+    def loss_without_keywords(algo, log_probs):
+        return None
+""")
+
+
+@pytest.fixture
+def hooks_module(tmp_path, monkeypatch):
+    (tmp_path / "user_hooks_mod.py").write_text(HOOKS)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    yield "user_hooks_mod"
+    sys.modules.pop("user_hooks_mod", None)
+
+
+def test_every_new_hook_is_loaded_and_checked_at_start_up(tiny_qwen2, prompts, hooks_module):
+    m = hooks_module
+    ext = load_extensions(_cfg(
+        tiny_qwen2, prompts, "--eval-function-path", f"{m}.eval_rollout", "--rollout-sample-filter-path",
+        f"{m}.sample_filter", "--rollout-all-samples-process-path", f"{m}.process", "--custom-reward-post-process-path",
+        f"{m}.post_process", "--custom-loss-function-path", f"{m}.loss", "--custom-advantage-function-path",
+        f"{m}.advantages", "--data-source-path", f"{m}.source"))
+    named = {name: getattr(ext, name).__name__ for name in (
+        "eval_rollout", "sample_filter", "all_samples_process", "reward_post_process", "custom_loss",
+        "custom_advantage", "data_source")}
+    assert named == {"eval_rollout": "eval_rollout", "sample_filter": "sample_filter", "all_samples_process": "process",
+                     "reward_post_process": "post_process", "custom_loss": "loss", "custom_advantage": "advantages",
+                     "data_source": "source"}
+    assert ext.evaluation_rollout is ext.eval_rollout
+    default = load_extensions(_cfg(tiny_qwen2, prompts))
+    assert default.evaluation_rollout is default.rollout  # --eval-function-path defaults to the rollout function
+
+
+@pytest.mark.parametrize("flag, hook, message", [
+    ("--rollout-sample-filter-path", "async_filter", "must be a plain `def` function"),
+    ("--custom-reward-post-process-path", "generate3", "must be a plain `def` function"),
+    ("--rollout-all-samples-process-path", "sample_filter", r"must accept 3 positional argument\(s\)"),
+    ("--eval-function-path", "sample_filter", r"must accept 4 positional argument\(s\)"),
+    ("--custom-generate-function-path", "sample_filter", "must be an `async def`"),
+    ("--custom-loss-function-path", "loss_without_keywords", r"must accept 1 positional argument\(s\) and the keyword "
+                                                             r"argument\(s\) log_probs, advantages, mask"),
+    ("--custom-advantage-function-path", "process", r"must accept 2 positional argument\(s\)"),
+    ("--data-source-path", "missing", "module 'user_hooks_mod' has no attribute 'missing'"),
+])
+def test_a_bad_new_hook_fails_at_start_up_naming_its_flag(tiny_qwen2, prompts, hooks_module, flag, hook, message):
+    with pytest.raises(PluginError, match=rf"^{flag} 'user_hooks_mod.{hook}': {message}"):
+        load_extensions(_cfg(tiny_qwen2, prompts, flag, f"{hooks_module}.{hook}"))
+
+
+@pytest.mark.parametrize("hook, training, evaluation", [
+    ("generate3", "3 parameters", "3 parameters"), ("generate4", False, True),
+    ("generate_kw", ("keyword", False), ("keyword", True))])
+def test_generate_gets_evaluation_when_its_signature_takes_it(tiny_qwen2, prompts, hooks_module, hook, training,
+                                                              evaluation):
+    import asyncio
+
+    from lean_rl.sample import Sample
+
+    ext = load_extensions(_cfg(tiny_qwen2, prompts, "--custom-generate-function-path", f"{hooks_module}.{hook}"))
+    seen = [asyncio.run(ext.generate_call(None, Sample(0, 0, "p", [1]), {}, flag)).metadata["seen"]
+            for flag in (False, True)]
+    assert seen == [training, evaluation]
+
+
+def test_data_source_replaces_prompt_data_and_some_hooks_need_a_rollout(tiny_qwen2, hooks_module, prompts):
+    cfg = parse_config(["--hf-checkpoint", str(tiny_qwen2), "--data-source-path", f"{hooks_module}.source"])
+    assert cfg.data.prompt_data is None and cfg.data.data_source_path == f"{hooks_module}.source"
+    with pytest.raises(ConfigError, match="--prompt-data is required \\(or --data-source-path\\)"):
+        parse_config(["--hf-checkpoint", str(tiny_qwen2)])
+    with pytest.raises(ConfigError, match="--rollout-all-samples-process-path is called at the end of each rollout"):
+        _cfg(tiny_qwen2, prompts, "--async-mode", "full", "--max-staleness", "1",
+             "--rollout-all-samples-process-path", f"{hooks_module}.process")
+
+
+def test_custom_config_is_read_once_read_only_and_reaches_the_trainer_side(tiny_qwen2, prompts, tmp_path):
+    import pickle
+
+    path = tmp_path / "custom.yaml"
+    path.write_text("length_penalty: 0.01\njudge:\n  url: http://127.0.0.1:9\n  retries: [1, 2]\n")
+    cfg = _cfg(tiny_qwen2, prompts, "--custom-config-path", str(path), "--reward-key", "acc",
+               "--eval-reward-key", "pass")
+    assert cfg.custom["length_penalty"] == 0.01 and cfg.custom.judge.url == "http://127.0.0.1:9"
+    assert cfg.custom["judge"]["retries"] == (1, 2) and cfg.algorithm.custom == cfg.custom
+    assert (cfg.reward.reward_key, cfg.eval.reward_key) == ("acc", "pass")
+    with pytest.raises(TypeError):
+        cfg.custom["length_penalty"] = 1.0
+    with pytest.raises(TypeError, match="cfg.custom is read-only"):
+        cfg.custom.judge.url = "elsewhere"
+    with pytest.raises(AttributeError, match="cfg.custom has no key 'missing'"):
+        cfg.custom.missing
+    assert pickle.loads(pickle.dumps(cfg.algorithm)).custom["judge"]["url"] == "http://127.0.0.1:9"
+    assert _cfg(tiny_qwen2, prompts).custom == {}
+
+
+@pytest.mark.parametrize("text, message", [
+    ("a: 1\nb: [1, 2\nc: 3\n", r"--custom-config-path: .*custom.yaml:3:\d+: invalid YAML"),
+    ("- 1\n- 2\n", "the file must hold a mapping"),
+    ("1: x\n", "top-level keys must be strings"),
+])
+def test_a_bad_custom_config_names_the_file_and_line(tiny_qwen2, prompts, tmp_path, text, message):
+    path = tmp_path / "custom.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=message):
+        _cfg(tiny_qwen2, prompts, "--custom-config-path", str(path))
+    with pytest.raises(ConfigError, match="--custom-config-path .*nope.yaml: cannot read the file"):
+        _cfg(tiny_qwen2, prompts, "--custom-config-path", str(tmp_path / "nope.yaml"))

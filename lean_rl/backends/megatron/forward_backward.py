@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import partial
+from typing import Callable
 
 import torch
 import torch.distributed as dist
@@ -32,6 +33,8 @@ class StepContext:
     vocab_size: int
     temperature: float
     device: torch.device
+    # the actor's loss: losses.policy_loss, or --custom-loss-function-path (algorithms/hooks.loss_function)
+    loss_fn: Callable = policy_loss
 
 
 def _inputs(micro_batch: dict[str, torch.Tensor], device: torch.device):
@@ -68,7 +71,7 @@ def _actor_loss(ctx: StepContext, micro_batch, targets, scale: float, output: to
     algo = ctx.algorithm
     log_probs, entropy = log_probs_from_output(output, targets, ctx, entropy_grad=algo.entropy_coef != 0)
     get = partial(_field, micro_batch, device=ctx.device)
-    loss, metrics = policy_loss(
+    loss, metrics = ctx.loss_fn(
         algo, log_probs=log_probs, advantages=get("advantages"), mask=get("mask"), weights=get("weights"),
         metric_weights=get("metric_weights"), old_log_probs=get("old_log_probs"),
         ref_log_probs=get("ref_log_probs"), rollout_log_probs=get("rollout_log_probs"), entropy=entropy)

@@ -11,6 +11,7 @@ SGLang engines go into the same bundles (runtime.py)."""
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
@@ -79,6 +80,10 @@ class MegatronGroup:
         # OMP threads per rank. The gloo / NCCL socket interface is set by each rank (init_distributed),
         # from the address of the node it landed on.
         env = {"OMP_NUM_THREADS": str(num_threads)}
+        # the driver's PYTHONPATH, so that the ranks import what it imports: a --custom-loss-function-path
+        # module is called there (on a cluster the same paths must exist on every node)
+        if os.environ.get("PYTHONPATH"):
+            env["PYTHONPATH"] = os.environ["PYTHONPATH"]
         try:
             # colocated: a fraction of a GPU (> 1/2, so that two ranks never share one) or of the CPUs
             share = COLOCATED_RANK_SHARE if colocated else 1

@@ -12,6 +12,7 @@ import torch
 from megatron.core import parallel_state
 
 from lean_rl.algorithms.config import AlgorithmConfig
+from lean_rl.algorithms.hooks import loss_function
 from lean_rl.backends.megatron import checkpoint
 from lean_rl.backends.megatron.config import MegatronConfig
 from lean_rl.backends.megatron.forward_backward import StepContext, forward_backward, forward_only
@@ -46,8 +47,11 @@ class RankTrainer:
         self.checkpoint_config = train.checkpoint
         self.bundle = build_optimizer(model, train.optimizer, lr,
                                       pipeline_parallel=config.parallel.pipeline_model_parallel_size > 1)
+        # --custom-loss-function-path is imported here, on the rank: its module must be importable on
+        # every trainer node (on one node the driver's PYTHONPATH and working directory reach the ranks)
         self.ctx = StepContext(role=role, algorithm=algorithm, vocab_size=config.arch.vocab_size,
-                               temperature=train.temperature, device=device)
+                               temperature=train.temperature, device=device,
+                               loss_fn=loss_function(algorithm) if role == "actor" else None)
         self.reference: ReferenceWeights | None = None
         self.counters = {"optimizer_steps": 0, "skipped_steps": 0, "consecutive_skipped_steps": 0}
         self._offloader: StorageOffloader | None = None

@@ -20,8 +20,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from lean_rl.algorithms.advantages import compute_advantages
 from lean_rl.algorithms.config import AlgorithmConfig
+from lean_rl.algorithms.hooks import AdvantageInputs, compute_custom_or_builtin_advantages
 from lean_rl.algorithms.kl import kl_estimate
 from lean_rl.algorithms.losses import aggregation_weights
 from lean_rl.backends.megatron.rollout_batch import RolloutBatch, batch_metrics, check_failed_fraction, rollout_batch
@@ -147,9 +147,11 @@ def train_on_rollout(actor: "MegatronGroup", groups: list[list[Sample]], policy_
     values = forward_rollout(critic, batch) if algo.needs_critic else None
     forward_s = time.perf_counter() - started
     kl_in_reward = kl_estimate(old, ref, "k1") * masks if algo.kl_coef != 0 else None
-    advantages, returns = compute_advantages(
-        algo.advantage_estimator, batch.rewards, batch.group_ids, masks, valid=batch.valid, kl=kl_in_reward,
-        kl_coef=algo.kl_coef, values=values, gamma=algo.gamma, lam=algo.lambd, normalize=algo.normalize_advantages)
+    # --advantage-estimator, or --custom-advantage-function-path (algorithms/hooks.py)
+    advantages, returns = compute_custom_or_builtin_advantages(algo, AdvantageInputs(
+        rewards=batch.rewards, group_ids=batch.group_ids, mask=masks, valid=batch.valid,
+        rollout_log_probs=batch.rollout_log_probs, old_log_probs=old, ref_log_probs=ref, values=values,
+        kl=kl_in_reward))
     metrics = batch_metrics(batch, policy_version)
     metrics["rollout/advantage_mean"] = float((advantages * masks).sum() / masks.sum().clamp(min=1))
     if values is not None:

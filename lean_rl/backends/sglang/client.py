@@ -66,6 +66,11 @@ class EngineHTTPError(EngineError):
         self.status_code, self.server_message = status_code, server_message
 
 
+# sglang-router 0.3.2 reads this header (its `manual` policy pins each key to one worker; the default
+# `cache_aware` policy keeps a session together through its shared prefix).
+ROUTING_KEY_HEADER = "x-smg-routing-key"
+
+
 def _json_body(response: httpx.Response) -> Any:
     try:
         return response.json()
@@ -135,14 +140,17 @@ class EngineClient:
 
     # ------------------------------------------------------------------ the one request path
     async def request(
-        self, method: str, endpoint: str, json: Any = None, *, timeout_s: float | None = None
+        self, method: str, endpoint: str, json: Any = None, *, timeout_s: float | None = None,
+        headers: dict[str, str] | None = None,
     ) -> httpx.Response:
-        """Send one request with the retry and error policy of the module docstring."""
+        """Send one request with the retry and error policy of the module docstring; `headers` are
+        added to the client's own (the API key)."""
         timeout = httpx.Timeout(timeout_s or self.timeout_s, connect=self.connect_timeout_s)
         backoffs = self.retry.backoffs()
         while True:
             try:
-                response = await self._client().request(method, endpoint, json=json, timeout=timeout)
+                response = await self._client().request(method, endpoint, json=json, timeout=timeout,
+                                                         headers=headers)
                 break
             except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
                 delay = next(backoffs, None)
@@ -175,11 +183,14 @@ class EngineClient:
         return_logprob: bool = False,
         rid: str | None = None,
         timeout_s: float | None = None,
+        routing_key: str | None = None,
     ) -> GenerateResult:
         """Generate from token ids. `rid` names the request for abort_request; with return_logprob the
-        result carries one log-prob per output token."""
+        result carries one log-prob per output token. `routing_key`: requests with the same key belong
+        to one session (the turns of one trajectory); sent to the router as its routing-key header."""
         payload = build_generate_payload(input_ids, sampling_params, return_logprob=return_logprob, rid=rid)
-        response = await self.request("POST", "/generate", payload, timeout_s=timeout_s)
+        headers = {ROUTING_KEY_HEADER: routing_key} if routing_key else None
+        response = await self.request("POST", "/generate", payload, timeout_s=timeout_s, headers=headers)
         try:
             return parse_generate_response(_json_body(response), return_logprob=return_logprob)
         except ValueError as exc:

@@ -1,0 +1,152 @@
+"""The trainer-side user hooks (docs/extending.md): --custom-advantage-function-path replaces the
+advantage estimator (called once per rollout on the driver) and --custom-loss-function-path the policy
+loss (called per micro-batch on every trainer rank). Both get the AlgorithmConfig (`algo`, with the
+--custom-config-path settings as `algo.custom`), as the built-ins do: the ranks never hold the whole
+run Config. Loaded and checked here, at start-up in the driver (rollout/base.load_extensions) and
+again where they are called; what they return is checked on every call."""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable
+
+import torch
+
+from lean_rl.algorithms.advantages import broadcast, compute_advantages
+from lean_rl.algorithms.losses import policy_loss
+from lean_rl.utils.plugins import hook_return_error, load_function
+
+if TYPE_CHECKING:
+    from lean_rl.algorithms.config import AlgorithmConfig
+
+LOSS_FLAG = "--custom-loss-function-path"
+ADVANTAGE_FLAG = "--custom-advantage-function-path"
+# The keyword arguments of a policy loss (lean_rl.algorithms.losses.policy_loss takes exactly these)
+LOSS_INPUTS = ("log_probs", "advantages", "mask", "weights", "metric_weights", "old_log_probs", "ref_log_probs",
+               "rollout_log_probs", "entropy")
+
+
+# ---------------------------------------------------------------- advantages
+@dataclass(frozen=True)
+class AdvantageInputs:
+    """One rollout, as the advantage estimator sees it: B sequences, per-token tensors [B, T]
+    response-aligned (row i: sequence i's response tokens from column 0, zero-padded to the longest)."""
+
+    rewards: torch.Tensor  # [B] float32: the trained reward (after --custom-reward-post-process-path)
+    group_ids: torch.Tensor  # [B] int64: the prompt group of each sequence
+    mask: torch.Tensor  # [B, T] float32: 1 on trained tokens; 0 on padding, tool tokens, FAILED samples
+    valid: torch.Tensor  # [B] bool: False for a FAILED sample (keep it out of every statistic)
+    rollout_log_probs: torch.Tensor  # [B, T]: the engine's log-probs of the sampled tokens
+    old_log_probs: torch.Tensor | None = None  # [B, T]: recomputed (or the rollout's) when the step needs them
+    ref_log_probs: torch.Tensor | None = None  # [B, T]: the reference model's, when a KL term needs them
+    values: torch.Tensor | None = None  # [B, T]: the critic's (--advantage-estimator ppo)
+    kl: torch.Tensor | None = None  # [B, T]: k1 KL(old || ref) per token, when --kl-coef != 0
+
+
+def builtin_advantages(algo: AlgorithmConfig, inputs: AdvantageInputs) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """--advantage-estimator's (advantages [B, T], returns [B, T] or None): what runs without the hook,
+    and what a custom function may start from."""
+    return compute_advantages(
+        algo.advantage_estimator, inputs.rewards, inputs.group_ids, inputs.mask, valid=inputs.valid, kl=inputs.kl,
+        kl_coef=algo.kl_coef, values=inputs.values, gamma=algo.gamma, lam=algo.lambd,
+        normalize=algo.normalize_advantages)
+
+
+def load_advantage_function(path: str) -> Callable:
+    return load_function(path, ADVANTAGE_FLAG, num_args=2, must_be_sync=True)
+
+
+def advantage_function(algo: AlgorithmConfig) -> Callable:
+    """The hook named by the flag, or the built-in estimator."""
+    path = algo.custom_advantage_function_path
+    return _cached_advantage_function(path) if path else builtin_advantages
+
+
+@functools.lru_cache(maxsize=8)
+def _cached_advantage_function(path: str) -> Callable:
+    return load_advantage_function(path)
+
+
+def compute_custom_or_builtin_advantages(algo: AlgorithmConfig, inputs: AdvantageInputs
+                                         ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(advantages [B, T], returns or None), from the hook (checked, see checked_advantages) or the
+    built-in estimator."""
+    fn = advantage_function(algo)
+    if fn is builtin_advantages:
+        return builtin_advantages(algo, inputs)
+    return checked_advantages(algo, fn, fn(algo, inputs), inputs.mask)
+
+
+def checked_advantages(algo: AlgorithmConfig, fn: Callable, result, mask: torch.Tensor
+                       ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """A custom advantage function's result: a tensor [B, T] (or [B]: one advantage per sequence,
+    spread over its trained tokens), or (advantages, returns) with returns [B, T] or None (PPO needs
+    them for its critic). 0 is set wherever `mask` is 0 (padding, tool tokens, FAILED samples)."""
+    flag = f"{ADVANTAGE_FLAG} {algo.custom_advantage_function_path}"
+    shape = tuple(mask.shape)
+    expected = (f"a tensor of advantages shaped [B, T] = {list(shape)} (or [B] = [{shape[0]}]), or a pair "
+                "(advantages, returns)")
+    advantages, returns = (result if isinstance(result, (tuple, list)) and len(result) == 2 else (result, None))
+    if not isinstance(advantages, torch.Tensor) or (returns is not None and not isinstance(returns, torch.Tensor)):
+        raise hook_return_error(flag, fn, result, expected)
+    if tuple(advantages.shape) == shape[:1]:
+        advantages = broadcast(advantages, mask)
+    if tuple(advantages.shape) != shape or (returns is not None and tuple(returns.shape) != shape):
+        raise hook_return_error(flag, fn, result, f"{expected}; got shape {list(advantages.shape)}"
+                                + (f" and returns {list(returns.shape)}" if returns is not None else ""))
+    if algo.needs_critic and returns is None:
+        raise hook_return_error(flag, fn, result, f"{expected}: with --advantage-estimator ppo the pair "
+                                "(advantages, returns), returns being the critic's targets")
+    trained = mask > 0
+    advantages = torch.where(trained, advantages.detach().float(), 0.0)
+    if returns is not None:
+        returns = torch.where(trained, returns.detach().float(), 0.0)
+    return advantages, returns
+
+
+# ---------------------------------------------------------------- the policy loss
+def load_loss_function(path: str) -> Callable:
+    return load_function(path, LOSS_FLAG, num_args=1, must_be_sync=True, keywords=LOSS_INPUTS)
+
+
+def loss_function(algo: AlgorithmConfig) -> Callable:
+    """The hook named by the flag (imported on the rank that calls this), or the built-in policy loss."""
+    path = algo.custom_loss_function_path
+    return _checked_loss(path) if path else policy_loss
+
+
+@functools.lru_cache(maxsize=8)
+def _checked_loss(path: str) -> Callable:
+    fn = load_loss_function(path)
+
+    @functools.wraps(fn)
+    def call(algo, **inputs):
+        return checked_loss(path, fn, fn(algo, **inputs))
+
+    return call
+
+
+def checked_loss(path: str, fn: Callable, result) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """A custom loss's result: (loss, metrics): the loss a 0-d tensor that carries the gradient;
+    metrics a dict of name -> scalar (a tensor or a number), each already weighted as the built-in's
+    (sum(metric_weights * x)), so that summing over micro-batches and ranks gives the step's mean."""
+    expected = "a pair (loss: a 0-d tensor with a gradient, metrics: dict[str, scalar tensor or number])"
+    flag = f"{LOSS_FLAG} {path}"
+    if not (isinstance(result, (tuple, list)) and len(result) == 2):
+        raise hook_return_error(flag, fn, result, expected)
+    loss, metrics = result
+    if not isinstance(loss, torch.Tensor) or loss.numel() != 1 or not isinstance(metrics, dict):
+        raise hook_return_error(flag, fn, result, expected)
+    if not loss.requires_grad:
+        raise hook_return_error(flag, fn, result, f"{expected}; this loss carries no gradient (was it detached, "
+                                "or computed under torch.no_grad?)")
+    out = {}
+    for name, value in metrics.items():
+        if isinstance(value, torch.Tensor) and value.numel() == 1:
+            out[name] = value.detach().reshape(())
+        elif isinstance(value, (int, float)) and not isinstance(value, bool):
+            out[name] = torch.tensor(float(value))
+        else:
+            raise hook_return_error(flag, fn, result, f"{expected}; metric {name!r} is not a scalar")
+    return loss.reshape(()), out

@@ -1,0 +1,187 @@
+"""The generic multi-turn generate: the model and an environment (`--environment-path`) take turns.
+
+    model turn (SGLang /generate on the ids so far) -> env.step(text) -> observation ids -> model turn ...
+
+Token in, token out: the prompt of turn k+1 is exactly the ids of turns <= k (the model's sampled ids
+as the engine returned them, the observations' ids as rendered once) plus the new observation's. No
+earlier turn is re-tokenized, so nothing drifts between what was sampled and what is trained.
+Model tokens carry loss mask 1 with their rollout log-probs and weight versions; observation tokens
+loss mask 0. Every turn of a trajectory goes to one engine (session affinity, below), whose prefix
+cache holds the turns so far.
+
+Ends: the environment says done (COMPLETED); the response budget (--rollout-max-response-len, model
+and observation tokens together) or --max-turns runs out (TRUNCATED, metadata["stop_reason"]); the
+environment raises, answers the wrong type or exceeds --environment-timeout (FAILED,
+metadata["environment_error"]); weights change under a turn (ABORTED: the trajectory restarts from the
+prompt, since an environment's state cannot be rewound). Per-step rewards are summed into
+sample.reward. An episode the environment gave no reward is left for the reward function
+(--rm-type / --custom-rm-path) when there is one, and earns 0 when there is none.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import inspect
+import time
+from typing import TYPE_CHECKING
+
+from lean_rl.backends.sglang.client import EngineClient, EngineError
+from lean_rl.buffer.prompt_source import load_tokenizer
+from lean_rl.rollout.base import engine_client, router_client
+from lean_rl.rollout.default import _count_retry, generate_with_retries, token_versions
+from lean_rl.rollout.environment import ObservationRenderer, as_observation, as_step_result
+from lean_rl.sample import Sample, Status
+from lean_rl.utils.plugins import load_function
+
+if TYPE_CHECKING:
+    from lean_rl.config import Config
+
+
+class EnvironmentFailed(Exception):
+    """The environment failed (raised, timed out, answered the wrong type): the sample fails."""
+
+
+async def generate(cfg: Config, sample: Sample, sampling_params: dict, evaluation: bool = False) -> Sample:
+    mt = cfg.rollout.multi_turn
+    if sample.response_length:
+        sample.reset_response()  # an aborted trajectory starts over: the environment cannot be rewound
+    tokenizer = load_tokenizer(cfg.engines.model_path)
+    renderer = _renderer(cfg.engines.model_path, cfg.data.apply_chat_template)
+    budget = sampling_params["max_new_tokens"]
+    turns: list[dict] = []
+    sample.metadata["turns"] = turns
+    rewards: list[float] = []
+    env = None
+    try:
+        env = await _call(mt, "make_env", _make_env(mt.environment_path), cfg, sample)
+        first = await _call(mt, "reset", getattr(env, "reset", None), sample)
+        try:
+            first = as_observation(first, "reset")
+        except TypeError as err:
+            raise EnvironmentFailed(str(err)) from None
+        if first is not None:
+            ids, text = renderer.ids(first, model_ended_turn=False)
+            sample.append_response(ids, text, trainable=False)
+        while True:
+            left = budget - sample.response_length
+            if left <= 0:
+                return _end(cfg, sample, Status.TRUNCATED, "response_budget", rewards, tokenizer)
+            max_new = min(left, mt.max_tokens_per_turn or left)
+            input_len = len(sample.tokens)
+            result = await generate_with_retries(
+                cfg, sample.tokens, {**sampling_params, "max_new_tokens": max_new},
+                rid=f"lean_rl-{sample.index}-turn{len(turns)}", on_retry=lambda err: _count_retry(sample, err),
+                routing_key=f"lean_rl-group-{sample.group_index}",
+                engine=await session_engine(cfg, sample.group_index))
+            turns.append({"input_tokens": input_len, "engine_prompt_tokens": result.prompt_tokens,
+                          "cached_tokens": result.cached_tokens, "output_tokens": len(result.output_ids),
+                          "finish_reason": result.finish_reason})
+            if result.aborted:
+                sample.reset_response()
+                sample.status = Status.ABORTED
+                return sample
+            sample.append_response(result.output_ids, log_probs=result.output_log_probs,
+                                   weight_versions=token_versions(result))
+            if result.finish_reason == "length" and max_new == left:
+                return _end(cfg, sample, Status.TRUNCATED, "response_budget", rewards, tokenizer)
+            action = tokenizer.decode(result.output_ids, skip_special_tokens=True)
+            step = await _call(mt, "step", getattr(env, "step", None), action)
+            try:
+                step = as_step_result(step)
+            except TypeError as err:
+                raise EnvironmentFailed(str(err)) from None
+            if step.reward is not None:
+                rewards.append(float(step.reward))
+            if step.info:
+                turns[-1]["info"] = step.info
+            if step.done:
+                return _end(cfg, sample, Status.COMPLETED, "done", rewards, tokenizer)
+            if len(turns) >= mt.max_turns:
+                return _end(cfg, sample, Status.TRUNCATED, "max_turns", rewards, tokenizer)
+            if step.observation is None:
+                raise EnvironmentFailed("step returned no observation for an episode that is not done")
+            ids, text = renderer.ids(step.observation,
+                                     model_ended_turn=result.output_ids[-1:] == [tokenizer.eos_token_id])
+            if len(ids) > budget - sample.response_length:
+                return _end(cfg, sample, Status.TRUNCATED, "response_budget", rewards, tokenizer)
+            sample.append_response(ids, text, trainable=False)
+    except EnvironmentFailed as err:
+        sample.status = Status.FAILED
+        sample.metadata["environment_error"] = str(err)[:1000]
+        return sample
+    finally:
+        if env is not None and hasattr(env, "close"):
+            try:
+                await _call(mt, "close", env.close)
+            except EnvironmentFailed as err:
+                sample.metadata["environment_close_error"] = str(err)[:1000]
+
+
+def _end(cfg: Config, sample: Sample, status: Status, reason: str, rewards: list[float], tokenizer) -> Sample:
+    sample.status = status
+    sample.metadata["stop_reason"] = reason
+    sample.response = tokenizer.decode(sample.response_tokens)
+    if sample.reward is None and (rewards or not (cfg.reward.rm_type or cfg.reward.custom_rm_path)):
+        sample.reward = sum(rewards)  # no reward function: an episode the environment never rewarded earns 0
+    return sample
+
+
+async def _call(mt, what: str, fn, *args):
+    """One environment call, bounded by --environment-timeout; its failures become EnvironmentFailed."""
+    if not callable(fn):
+        raise EnvironmentFailed(f"the environment has no {what}() method (--environment-path: see "
+                                "lean_rl/rollout/environment.py)")
+    try:
+        result = fn(*args)
+        if inspect.isawaitable(result):
+            result = await asyncio.wait_for(result, mt.environment_timeout)
+        return result
+    except asyncio.TimeoutError:
+        raise EnvironmentFailed(f"environment {what} took longer than --environment-timeout "
+                                f"{mt.environment_timeout:g} s") from None
+    except Exception as err:  # noqa: BLE001 - a failing environment fails its sample, not the rollout
+        raise EnvironmentFailed(f"environment {what} raised {type(err).__name__}: {err}") from err
+
+
+# ---------------------------------------------------------------- session affinity
+# The turns of a trajectory go to one engine, whose prefix cache holds the turns so far; the samples of
+# a group share it too (one prompt). The engine is picked among those the router serves now (its
+# healthy workers: a restarted engine is listed only once it has the trainer's weights), by group, and
+# asked directly; a failed call is retried through the router. Any router policy keeps this.
+_ROUTER_WORKERS_TTL_S = 2.0
+_router_workers: dict[str, tuple[float, tuple[str, ...]]] = {}  # router url -> (monotonic time, engine urls)
+
+
+async def session_engine(cfg: Config, group_index: int) -> EngineClient | None:
+    """The engine of group `group_index`'s sessions; None (use the router) when it cannot say."""
+    url = cfg.engines.router_url
+    fetched_at, workers = _router_workers.get(url, (-1e9, ()))
+    if time.monotonic() - fetched_at > _ROUTER_WORKERS_TTL_S:
+        try:
+            body = (await router_client(cfg).request("GET", "/workers", timeout_s=5.0)).json()
+            workers = tuple(sorted(w["url"] for w in body["workers"] if w.get("is_healthy")))
+        except (EngineError, ValueError, KeyError, TypeError):
+            workers = ()
+        _router_workers[url] = (time.monotonic(), workers)
+    if not workers:
+        return None
+    return engine_client(workers[group_index % len(workers)], cfg.engines.request_timeout_s, cfg.engines.api_key)
+
+
+@functools.lru_cache(maxsize=8)
+def _make_env(path: str | None):
+    if not path:
+        raise ValueError(f"{__name__}.generate needs --environment-path (the environment to talk to)")
+    return load_function(path, "--environment-path", num_args=2, must_be_sync=True)
+
+
+@functools.lru_cache(maxsize=8)
+def _renderer(model_path: str, chat: bool) -> ObservationRenderer:
+    return ObservationRenderer(load_tokenizer(model_path), chat)
+
+
+def check_environment(cfg: Config) -> None:
+    """Start-up check of --environment-path (import, a plain callable of (cfg, sample))."""
+    if cfg.rollout.multi_turn.environment_path:
+        _make_env(cfg.rollout.multi_turn.environment_path)

@@ -1,0 +1,21 @@
+"""An OpenAI-compatible capture endpoint: an unmodified agent written with the `openai` client
+(base_url + api_key) becomes a lean_rl rollout, every call recorded token-exact.
+
+    from lean_rl.rollout.openai_capture import CaptureSession
+
+    async def generate(cfg, sample, sampling_params):          # --custom-generate-function-path
+        async with CaptureSession(cfg, sample, sampling_params) as session:
+            client = openai.AsyncOpenAI(base_url=session.base_url, api_key=session.api_key)
+            await my_agent(client, sample.prompt)
+        return session.samples()
+
+session.py: the session (rendering, the engine call, what is recorded); server.py: the HTTP endpoint;
+chat.py: the OpenAI wire format; trajectory.py: calls -> Samples.
+"""
+
+from lean_rl.rollout.openai_capture.server import capture_server, stop_capture_servers
+from lean_rl.rollout.openai_capture.session import CaptureSession
+from lean_rl.rollout.openai_capture.trajectory import CallRecord, TrajectoryAssembler, fanout_index
+
+__all__ = ["CaptureSession", "CallRecord", "TrajectoryAssembler", "capture_server", "fanout_index",
+           "stop_capture_servers"]

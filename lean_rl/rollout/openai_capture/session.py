@@ -1,0 +1,289 @@
+"""CaptureSession: one rollout sample served to an unmodified OpenAI-client agent, every call recorded
+token-exact, and the trajectory turned into Samples.
+
+    async def generate(cfg, sample, sampling_params):          # --custom-generate-function-path
+        async with CaptureSession(cfg, sample, sampling_params) as session:
+            client = openai.AsyncOpenAI(base_url=session.base_url, api_key=session.api_key)
+            answer = await my_agent(client, sample.prompt)
+            session.set_reward(...)   # optional: or the agent POSTs /v1/reward, or --rm-type scores later
+        return session.samples()
+
+The endpoint runs on the event loop of the code that opened the session: an agent written with the
+blocking `openai.OpenAI` client must run in a thread (`await asyncio.to_thread(agent, ...)`), or its
+first call would block the loop that has to answer it.
+
+One chat completion: the messages (and tools) are rendered with the model's chat template
+(tool_calls.render_chat) and tokenized; the router's /generate samples from those ids with the
+session's sampling params (the run's, with the request's temperature / top_p / max_tokens / stop on
+top) and the session id as routing key; the answer goes back in the chat.completion format, tool calls
+parsed out. The prompt ids, the sampled ids (output_ids, never re-tokenized), their log-probs and weight
+versions are recorded (trajectory.CallRecord).
+
+Keeping the trajectory one Sample: an agent sends its history back as text, and re-tokenizing the
+model's own output rarely reproduces the ids it sampled (a random or RL-trained policy does not write
+canonical BPE). So (1) an assistant message this session answered (the same content and tool-call ids)
+is rendered from the exact text of the sampled ids, not re-formatted from its parsed tool calls; and
+(2) when the rendered prompt text starts with the text of an earlier call's prompt + output, the new
+prompt ids are that call's ids followed by the tokenized rest. The engine is then given exactly the
+ids that are recorded and trained on. Where neither applies (the template drops earlier reasoning, the
+agent trimmed or edited its history), the call starts a new Sample of the group (trajectory.py).
+
+Budget: sampling_params["max_new_tokens"] (--rollout-max-response-len) bounds the response of each
+Sample (model output and the context between calls together); a call that finds it used up is answered
+with an empty `length` completion and its Sample ends TRUNCATED.
+
+Ends: the engine aborted a call (weights update, surplus): that call and every later one get 503, an
+exception the agent raises for it is swallowed by the `async with`, and samples() returns the samples
+ABORTED (the rollout hands the prompt out again; a capture trajectory restarts from the prompt). An
+agent that raises for any other reason fails its sample (the rollout marks it FAILED). No call at all:
+samples() returns the sample FAILED with metadata["capture_error"].
+"""
+
+from __future__ import annotations
+
+import functools
+import hmac
+import itertools
+import math
+import secrets
+import time
+from typing import TYPE_CHECKING, Any
+
+import jinja2
+
+from lean_rl.backends.sglang.client import EngineError, EngineHTTPError
+from lean_rl.buffer.prompt_source import load_tokenizer
+from lean_rl.rollout.default import generate_with_retries, token_versions
+from lean_rl.rollout.openai_capture.chat import (ChatRequest, RequestError, as_sampled, chat_completion_body,
+                                                 completion_from_output, error_body, message_signature,
+                                                 parse_chat_request)
+from lean_rl.rollout.openai_capture.server import CaptureServer, capture_server
+from lean_rl.rollout.openai_capture.trajectory import CallRecord, TrajectoryAssembler, splice_prompt_ids
+from lean_rl.rollout.tool_calls import render_chat
+from lean_rl.sample import Sample, Status
+
+if TYPE_CHECKING:
+    from lean_rl.config import Config
+
+# metadata keys this module writes on a sample (cleared when a sample is captured again)
+_METADATA_KEYS = ("capture_session", "capture_calls", "capture_errors", "capture_error", "trajectory_parts",
+                  "agent_reward", "reward_parts", "capture_late_calls")
+_ABORTED_MESSAGE = ("generation was aborted by the trainer (a weight update or a finished batch); "
+                    "this rollout sample will be generated again")
+
+
+@functools.lru_cache(maxsize=8)
+def session_tokenizer(model_path: str):
+    return load_tokenizer(model_path)
+
+
+class CaptureSession:
+    def __init__(self, cfg: Config, sample: Sample, sampling_params: dict, *, session_id: str | None = None):
+        if "max_new_tokens" not in sampling_params:
+            raise ValueError("CaptureSession: sampling_params needs max_new_tokens (the response budget)")
+        self.cfg, self.sample = cfg, sample
+        self.sampling_params = dict(sampling_params)
+        self.budget = int(sampling_params["max_new_tokens"])
+        self.id = session_id or f"s{sample.index}-{secrets.token_hex(8)}"
+        self.api_key = f"lean-rl-session-{secrets.token_urlsafe(24)}"
+        self.model = str(cfg.engines.model_path)
+        self.tokenizer = session_tokenizer(str(cfg.engines.model_path))
+        self.reward: float | None = None
+        self.aborted = False
+        self.closed = False
+        self._reward_detail: Any = None
+        self._assembler: TrajectoryAssembler | None = None
+        self._server: CaptureServer | None = None
+        self._numbers = itertools.count()
+        self._tips: list[tuple[str, list[int]]] = []  # (text, ids) of each call's prompt + output
+        self._history_text: dict[tuple, str] = {}  # message_signature -> the exact text of its sampled ids
+        self._errors: list[dict] = []
+        self._late_calls = 0
+
+    @property
+    def base_url(self) -> str:
+        """What an OpenAI client takes as base_url: http://host:port/sessions/<id>/v1"""
+        if self._server is None:
+            raise RuntimeError("CaptureSession.base_url: enter the session first (async with)")
+        return f"{self._server.url}/sessions/{self.id}/v1"
+
+    async def __aenter__(self) -> CaptureSession:
+        if self.sample.response_length:  # an aborted trajectory: an agent cannot be resumed mid-way
+            self.sample.reset_response()
+        for key in _METADATA_KEYS:
+            self.sample.metadata.pop(key, None)
+        self._assembler = TrajectoryAssembler(self.sample)
+        self._server = await capture_server(self.cfg)
+        self._server.register(self)
+        return self
+
+    async def __aexit__(self, exc_type, exc, tb) -> bool:
+        self.close()
+        # the agent failed because we aborted its generation: the samples say ABORTED, not FAILED
+        return self.aborted and exc is not None and isinstance(exc, Exception)
+
+    def close(self) -> None:
+        """No more calls (409 from now on); calls still running are answered but not recorded."""
+        self.closed = True
+        if self._server is not None:
+            self._server.unregister(self.id)
+
+    def accepts_key(self, key: str) -> bool:
+        run_key = self.cfg.engines.api_key
+        return hmac.compare_digest(key.encode(), self.api_key.encode()) or bool(
+            run_key and hmac.compare_digest(key.encode(), run_key.encode()))
+
+    # ------------------------------------------------------------ reward
+    def set_reward(self, value: Any) -> None:
+        """The trajectory's reward, set on each of its samples: a number, or named numbers (their sum is
+        the reward, the parts go to metadata["reward_parts"]). A --rm-type / --custom-rm-path given to
+        the run scores the samples afterwards and replaces it."""
+        if isinstance(value, dict):
+            if not value or not all(isinstance(k, str) and _is_number(v) for k, v in value.items()):
+                raise ValueError(f"reward: expected a number or {{name: number}}, got {str(value)[:200]}")
+            total = sum(float(v) for v in value.values())
+        elif _is_number(value):
+            total = float(value)
+        else:
+            raise ValueError(f"reward: expected a number or {{name: number}}, got {str(value)[:200]}")
+        if not math.isfinite(total):
+            raise ValueError(f"reward: {total} is not a finite number")
+        self.reward, self._reward_detail = total, value
+
+    # ------------------------------------------------------------ the result
+    def samples(self) -> list[Sample]:
+        """The Samples of the trajectory (one, or more where the exact-prefix property broke), finished."""
+        if self._assembler is None:
+            raise RuntimeError("CaptureSession.samples: the session was never entered")
+        if len(self._assembler) == 0:
+            sample = self.sample
+            sample.status = Status.ABORTED if self.aborted else Status.FAILED
+            sample.metadata["capture_error"] = ("the generation was aborted" if self.aborted else
+                                                "the agent made no successful chat completion call")
+            self._annotate(sample)
+            return [sample]
+        samples = self._assembler.samples(reward=self.reward)
+        for sample in samples:
+            if self.aborted:
+                sample.status = Status.ABORTED
+            sample.response = self.tokenizer.decode(sample.response_tokens)
+            self._annotate(sample)
+        return samples
+
+    def _annotate(self, sample: Sample) -> None:
+        sample.metadata["capture_session"] = self.id
+        if self._errors:
+            sample.metadata["capture_errors"] = list(self._errors)
+        if isinstance(self._reward_detail, dict):
+            sample.metadata["reward_parts"] = dict(self._reward_detail)
+        if self.reward is not None:
+            sample.metadata["agent_reward"] = self.reward
+        if self._late_calls:
+            sample.metadata["capture_late_calls"] = self._late_calls
+
+    # ------------------------------------------------------------ one chat completion (server.py calls it)
+    def refuse(self, message: str, param: str | None = None, status: int = 400) -> tuple[int, dict]:
+        """Answer an error and record it in the session (it ends up in the samples' metadata)."""
+        self._errors.append({"status": status, "message": message[:1000], "param": param})
+        return status, error_body(message, param, status)
+
+    async def chat_completion(self, body: Any) -> tuple[int, dict]:
+        number = next(self._numbers)
+        entered = time.monotonic()
+        if self.aborted:
+            return 503, error_body(_ABORTED_MESSAGE, None, 503)
+        try:
+            request = parse_chat_request(body)
+            text = self._render(request)
+        except RequestError as err:
+            return self.refuse(str(err), err.param, err.status)
+        prompt_ids = self._prompt_ids(text)
+        left = self.budget - self._assembler.response_length_after_prompt(prompt_ids)
+        if left <= 0:
+            self._assembler.mark_truncated(prompt_ids)
+            completion = completion_from_output("", "length", None, False)
+            return 200, chat_completion_body(f"chatcmpl-{self.id}-{number}", self.model, completion,
+                                             len(prompt_ids), 0)
+        params = self._sampling_params(request, left)
+        started = time.monotonic()
+        try:
+            result = await generate_with_retries(self.cfg, prompt_ids, params, rid=f"capture-{self.id}-{number}",
+                                                 routing_key=self.id)
+        except EngineError as err:
+            client_fault = isinstance(err, EngineHTTPError) and 400 <= err.status_code < 500
+            return self.refuse(f"generation failed: {err}", None, 400 if client_fault else 502)
+        if result.aborted:
+            self.aborted = True
+            return self.refuse(_ABORTED_MESSAGE, None, 503)
+        seconds = time.monotonic() - started
+        eos = result.finish_reason == "stop" and isinstance(result.finish_detail, int) \
+            and result.output_ids[-1:] == [result.finish_detail]
+        spoken_ids = result.output_ids[:-1] if eos else result.output_ids
+        history_text = self._text_after(prompt_ids, spoken_ids)
+        completion = completion_from_output(history_text, result.finish_reason, result.finish_detail,
+                                            request.parse_tools)
+        if self.closed:
+            self._late_calls += 1
+        else:
+            call = CallRecord(prompt_ids, result.output_ids, result.output_log_probs, token_versions(result),
+                              result.finish_reason, info={
+                                  "call": number, "engine_prompt_tokens": result.prompt_tokens,
+                                  "cached_tokens": result.cached_tokens, "engine_seconds": round(seconds, 4),
+                                  # rendering, tokenizing, decoding, parsing: what the endpoint adds
+                                  "capture_seconds": round(time.monotonic() - entered - seconds, 5),
+                                  "temperature": params["temperature"], "top_p": params["top_p"],
+                                  "max_new_tokens": params["max_new_tokens"],
+                                  "tool_calls": len(completion.message.get("tool_calls") or ()),
+                                  **({"tool_call_errors": list(completion.tool_call_errors)}
+                                     if completion.tool_call_errors else {})})
+            self._assembler.add(call)
+            full_ids = prompt_ids + result.output_ids
+            self._tips.append((self._decode(full_ids), full_ids))
+            self._history_text[message_signature(completion.message)] = history_text
+        return 200, chat_completion_body(f"chatcmpl-{self.id}-{number}", self.model, completion,
+                                         len(prompt_ids), len(result.output_ids))
+
+    def _render(self, request: ChatRequest) -> str:
+        messages = [self._as_sampled(m) for m in request.messages]
+        try:
+            return render_chat(self.tokenizer, messages, request.tools, add_generation_prompt=True)
+        except ValueError as err:
+            raise RequestError(str(err), str(err).split(":", 1)[0]) from None
+        except jinja2.TemplateError as err:  # e.g. a template that refuses the order of the roles
+            raise RequestError(f"the model's chat template refused the messages: {err}", "messages") from None
+
+    def _as_sampled(self, message: Any) -> Any:
+        return as_sampled(message, self._history_text)
+
+    def _prompt_ids(self, text: str) -> list[int]:
+        return splice_prompt_ids(text, self._tips, self._encode)
+
+    def _text_after(self, prompt_ids: list[int], output_ids: list[int]) -> str:
+        """The text the output adds to the prompt (decoded together: a tokenizer may decode a leading
+        space differently at the start of a sequence)."""
+        prompt_text = self._decode(prompt_ids)
+        full = self._decode(prompt_ids + output_ids)
+        return full[len(prompt_text):] if full.startswith(prompt_text) else self._decode(output_ids)
+
+    def _sampling_params(self, request: ChatRequest, left: int) -> dict:
+        params = dict(self.sampling_params)
+        params["max_new_tokens"] = min(request.max_tokens or left, left)
+        if request.temperature is not None:
+            params["temperature"] = request.temperature
+        if request.top_p is not None:
+            params["top_p"] = request.top_p
+        if request.stop:
+            params["stop"] = list(dict.fromkeys([*params.get("stop", ()), *request.stop]))
+        params.setdefault("temperature", 1.0)
+        params.setdefault("top_p", 1.0)
+        return params
+
+    def _encode(self, text: str) -> list[int]:
+        return self.tokenizer.encode(text, add_special_tokens=False)
+
+    def _decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)

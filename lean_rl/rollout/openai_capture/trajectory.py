@@ -1,0 +1,154 @@
+"""Recorded chat-completion calls -> training Samples (pure logic, no I/O).
+
+A call whose prompt ids start exactly with the ids of a trajectory so far (the previous call's prompt
++ output) extends that trajectory's Sample: the rest of its prompt (the tool results, the next user
+turn, the template's glue) goes in with loss mask 0, its output with loss mask 1, the engine's
+log-probs and weight versions. Where that property breaks (a chat template that drops earlier
+reasoning, context trimming, an agent that edits its history, two calls branching from one context),
+the call starts a new Sample in the same group; nothing is re-tokenized or patched to make it fit.
+
+Fan-out indices: the first Sample of a trajectory keeps the index the buffer gave; part k >= 1 gets
+`fanout_index(index, k)` = k * 2**40 + index, with metadata["parent_index"] = index and
+metadata["trajectory_part"] = k. The buffer counts indices up from 0 and never reaches 2**40, so
+they cannot collide with one it hands out, nor with another trajectory's parts.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from lean_rl.sample import Sample, Status
+
+FANOUT_STRIDE = 2**40
+FINISH_TO_STATUS = {"stop": Status.COMPLETED, "length": Status.TRUNCATED, "abort": Status.ABORTED}
+
+
+def fanout_index(parent_index: int, part: int) -> int:
+    if part < 1:
+        raise ValueError(f"fan-out part must be >= 1, got {part}")
+    if not 0 <= parent_index < FANOUT_STRIDE:
+        raise ValueError(f"sample index {parent_index} is outside [0, 2**40): no collision-free fan-out index")
+    return part * FANOUT_STRIDE + parent_index
+
+
+@dataclass
+class CallRecord:
+    """One chat completion, token-exact: the ids the engine was given and the ids it sampled."""
+
+    prompt_ids: list[int]
+    output_ids: list[int]
+    output_log_probs: list[float]
+    weight_versions: list[int]  # per output token
+    finish_reason: str  # the engine's: "stop", "length" or "abort"
+    info: dict[str, Any] = field(default_factory=dict)  # what the call recorded besides tokens
+
+    def __post_init__(self) -> None:
+        n = len(self.output_ids)
+        if len(self.output_log_probs) != n or len(self.weight_versions) != n:
+            raise ValueError(f"call: {n} output ids but {len(self.output_log_probs)} log-probs and "
+                             f"{len(self.weight_versions)} versions")
+        if self.finish_reason not in FINISH_TO_STATUS:
+            raise ValueError(f"call: unknown finish reason {self.finish_reason!r}")
+        if not self.prompt_ids:
+            raise ValueError("call: empty prompt")
+
+
+def splice_prompt_ids(text: str, tips: list[tuple[str, list[int]]], encode: Callable[[str], list[int]]) -> list[int]:
+    """The prompt ids of rendered `text`: when it starts with the text of an earlier call's prompt +
+    output (`tips`: (text, ids) pairs; the longest match), those very ids followed by the rest encoded,
+    so the model's sampled ids are never re-tokenized; else the whole text encoded."""
+    best: tuple[str, list[int]] | None = None
+    for tip_text, tip_ids in tips:
+        if text.startswith(tip_text) and (best is None or len(tip_text) > len(best[0])):
+            best = (tip_text, tip_ids)
+    if best is None:
+        return encode(text)
+    rest = text[len(best[0]):]
+    return list(best[1]) + (encode(rest) if rest else [])
+
+
+class TrajectoryAssembler:
+    """Adds calls in the order they finished; `samples()` is the result. The first Sample is `base`
+    itself (its tokens replaced by the first call's prompt), so it keeps its identity in the group."""
+
+    def __init__(self, base: Sample):
+        self.base = base
+        self._samples: list[Sample] = []
+        self._last_call: list[CallRecord] = []  # per sample
+        self._truncated: set[int] = set()  # samples whose response budget ran out before a call
+
+    def __len__(self) -> int:
+        return len(self._samples)
+
+    def parent(self, prompt_ids: list[int]) -> int | None:
+        """The sample a call with these prompt ids extends: the one whose tokens are the longest exact
+        prefix of them (None: the call starts a new sample)."""
+        best, best_len = None, -1
+        for i, sample in enumerate(self._samples):
+            n = len(sample.tokens)
+            if n <= len(prompt_ids) and n > best_len and prompt_ids[:n] == sample.tokens:
+                best, best_len = i, n
+        return best
+
+    def response_length_after_prompt(self, prompt_ids: list[int]) -> int:
+        """How long the response of the sample this prompt lands in is once the prompt is in (0 for a new
+        sample): what a call has used of the response budget before it generates."""
+        i = self.parent(prompt_ids)
+        if i is None:
+            return 0
+        sample = self._samples[i]
+        return sample.response_length + len(prompt_ids) - len(sample.tokens)
+
+    def mark_truncated(self, prompt_ids: list[int]) -> None:
+        """A call was refused for lack of response budget: its sample ends TRUNCATED."""
+        i = self.parent(prompt_ids)
+        if i is not None:
+            self._truncated.add(i)
+
+    def add(self, call: CallRecord) -> int:
+        """Append the call; returns the position of the sample it went into."""
+        i = self.parent(call.prompt_ids)
+        if i is None:
+            i = len(self._samples)
+            self._samples.append(self._new_sample(call.prompt_ids, part=i))
+            self._last_call.append(call)
+            extension: list[int] = []
+        else:
+            extension = call.prompt_ids[len(self._samples[i].tokens):]
+            self._last_call[i] = call
+        sample = self._samples[i]
+        if extension:
+            sample.append_response(extension, trainable=False)
+        sample.append_response(call.output_ids, log_probs=call.output_log_probs,
+                               weight_versions=call.weight_versions, trainable=True)
+        sample.metadata.setdefault("capture_calls", []).append(
+            {**call.info, "prompt_tokens": len(call.prompt_ids), "context_tokens": len(extension),
+             "completion_tokens": len(call.output_ids), "finish_reason": call.finish_reason})
+        return i
+
+    def _new_sample(self, prompt_ids: list[int], part: int) -> Sample:
+        if part == 0:
+            sample = self.base
+            sample.reset_response()
+            sample.tokens = list(prompt_ids)
+            return sample
+        metadata = copy.deepcopy({k: v for k, v in self.base.metadata.items() if k != "capture_calls"})
+        metadata.update(parent_index=self.base.index, trajectory_part=part)
+        return Sample(index=fanout_index(self.base.index, part), group_index=self.base.group_index,
+                      prompt=copy.deepcopy(self.base.prompt), tokens=list(prompt_ids),
+                      label=copy.deepcopy(self.base.label), metadata=metadata)
+
+    def samples(self, reward: float | None = None) -> list[Sample]:
+        """Every sample with its status (from its last call's finish reason; TRUNCATED when the budget ran
+        out) and, when given, `reward` (the trajectory's, on each of its samples)."""
+        for i, (sample, last) in enumerate(zip(self._samples, self._last_call)):
+            sample.status = Status.TRUNCATED if i in self._truncated and last.finish_reason == "stop" \
+                else FINISH_TO_STATUS[last.finish_reason]
+            if reward is not None:
+                sample.reward = reward
+            sample.metadata["trajectory_parts"] = len(self._samples)
+            sample.check()
+        return list(self._samples)

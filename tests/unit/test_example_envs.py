@@ -1,0 +1,83 @@
+"""The example environments' step logic on their own (the calculator's tool runs in the real sandbox):
+tool calls, malformed calls, the limits, answers and rewards; searches and answers."""
+
+import asyncio
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from lean_rl.rollout.tool_calls import format_tool_call
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+
+
+@pytest.fixture(scope="module")
+def examples_on_path():
+    paths = [str(EXAMPLES / "tool_calling"), str(EXAMPLES / "search_env")]
+    sys.path[:0] = paths
+    yield
+    for p in paths:
+        sys.path.remove(p)
+
+
+def step(env, action):
+    return asyncio.run(env.step(action))
+
+
+def calculator(label="10081"):
+    from calculator_env import CalculatorEnv
+
+    return CalculatorEnv(None, SimpleNamespace(label=label))
+
+
+def test_calculator_runs_the_call_in_the_sandbox(examples_on_path):
+    result = step(calculator(), "let me compute " + format_tool_call("python", {"code": "print(347*29+18)"}))
+    assert not result.done and result.reward is None
+    assert result.observation.role == "tool" and result.observation.text.strip() == "10081"
+    assert result.info == {"tools": ["ok"]}
+
+
+@pytest.mark.parametrize("code, status, text", [
+    ("while True: pass", "cpu_limit", "CPU time"),
+    ("import time; time.sleep(60)", "timeout", "time"),
+    ("import socket; socket.create_connection(('127.0.0.1', 9))", "error", "rror"),
+    ("open('/etc/passwd').read()", "error", "rror"),
+    ("print('x' * 10**7)", "output_limit", "x"),
+])
+def test_a_bad_tool_run_becomes_the_tools_answer(examples_on_path, code, status, text):
+    from calculator_env import LIMITS
+
+    result = step(calculator(), format_tool_call("python", {"code": code}))
+    assert not result.done and result.info == {"tools": [status]}
+    assert text in result.observation.text and len(result.observation.text) <= LIMITS.max_output_bytes + 200
+
+
+def test_malformed_and_wrong_calls_are_error_observations(examples_on_path):
+    result = step(calculator(), "<tool_call>{not json</tool_call>")
+    assert not result.done and result.observation.text.startswith("error:") and result.info["malformed_calls"] == 1
+    result = step(calculator(), format_tool_call("shell", {"cmd": "ls"}))
+    assert "call the tool as" in result.observation.text and result.info == {"tools": ["bad_call"]}
+    three = "".join(format_tool_call("python", {"code": f"print({i})"}) for i in range(3))
+    result = step(calculator(), three)
+    assert result.info == {"tools": ["ok", "ok"]} and "at most 2 calls" in result.observation.text
+
+
+def test_an_answer_without_a_call_ends_the_episode(examples_on_path):
+    assert step(calculator(), "The answer is 10081.").reward == 1.0
+    wrong = step(calculator(), "I think 10080")
+    assert wrong.done and wrong.reward == 0.0 and wrong.observation is None
+
+
+def test_search_env_searches_then_scores_the_answer(examples_on_path):
+    import search_env
+
+    fact = search_env._facts()[0]
+    env = search_env.SearchEnv(None, SimpleNamespace(label=fact["capital"]))
+    result = step(env, f"<search>capital of {fact['country']}</search>")
+    assert not result.done and f"capital is {fact['capital']}" in result.observation.text
+    hint = step(env, "no tags at all")
+    assert not hint.done and "<search>" in hint.observation.text
+    assert step(env, f"<answer>{fact['capital'].lower()}</answer>").reward == 1.0
+    assert step(env, "<answer>Paris</answer>").reward == 0.0
