@@ -10,7 +10,8 @@ per-token bookkeeping). Two floors, bare httpx posts through the same router at 
 concurrency:
   replay  - the same turns, in order within each trajectory (same growing prompts)
   single  - the same number of calls, all independent single-turn calls of the first prompt
-Rounds alternate so drift of a shared machine hits all three; ratios are of the median rounds.
+Every round starts with the engines' prefix caches flushed. Rounds alternate so drift of a shared
+machine hits all three; ratios are of the median rounds.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from pathlib import Path
 
 import httpx
 
+from lean_rl.backends.sglang.client import EngineClient
 from lean_rl.backends.sglang.engines import EngineGroup
 from lean_rl.buffer.data_buffer import create_data_buffer
 from lean_rl.config import parse_config
@@ -83,6 +85,12 @@ async def floor_round(router_url: str, trajectories: list[list[list[int]]], para
         return time.monotonic() - started, sum(tokens)
 
 
+async def flush_caches(engines_cfg) -> None:
+    for url in engines_cfg.engine_urls:
+        async with EngineClient(url, api_key=engines_cfg.api_key) as client:
+            await client.flush_cache()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--num-engines", type=int, default=2)
@@ -118,6 +126,7 @@ def main(argv: list[str] | None = None) -> int:
         trajectories = [[s.tokens[:t["input_tokens"]] for t in s.metadata["turns"]] for s in samples]
         for _ in range(args.rounds):
             for name in results:
+                asyncio.run(flush_caches(engines.config))  # no side starts with the other's prefixes cached
                 if name == "ours":
                     seconds, tokens, _ = asyncio.run(ours_round(cfg))
                 else:

@@ -123,6 +123,8 @@ def parse_config(argv: list[str]) -> Config:
                 raise ConfigError(f"{flag}: {err}") from None
     if not data.prompt_data and not data.data_source_path and not run.debug_train_only:
         raise ConfigError("--prompt-data is required (or --data-source-path)")
+    if data.prompt_data and data.data_source_path:
+        raise ConfigError("give either --prompt-data or --data-source-path (a source of your own), not both")
     custom = load_custom_config(rollout.custom_config.custom_config_path)
     megatron = _megatron_config(argv, args, read_options(ParallelConfig, args))
     checkpoint = read_options(CheckpointConfig, args, hf_checkpoint=args.hf_checkpoint)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import re
 import sys
 from pathlib import Path
 
@@ -88,7 +89,7 @@ def plot_run(run_dir: str | Path, out: str | Path | None = None) -> list[str]:
     panels = []  # (title, draw(ax))
     if "rollout/reward_mean" in present:
         panels.append(("reward", lambda ax: _reward(ax, rows)))
-    eval_keys = sorted(k for k in present if k.startswith("eval/") and k.endswith("/reward_mean"))
+    eval_keys = sorted(k for k in present if re.fullmatch(r"eval/[^/]+/reward_mean", k))  # not .../reward/<key>_mean
     if eval_keys:
         panels.append(("eval reward", lambda ax: _eval_reward(ax, rows, eval_keys)))
     for title, metrics in LINE_PANELS:

@@ -302,6 +302,10 @@ class Runtime:
             logger.warning("%s", stopped)
             self.save(stopped.step)
             return stopped
+        finally:
+            capture = sys.modules.get("lean_rl.rollout.openai_capture.server")
+            if capture is not None:  # a capture endpoint served this loop's rollouts: close its port
+                await capture.stop_capture_servers()
         return None
 
     def maybe_save(self, step: int) -> None:

@@ -38,6 +38,11 @@ class DataBuffer:
         self.next_sample_index = 0
         self.counters: collections.Counter = collections.Counter()
 
+    @property
+    def _source_kind(self) -> str:
+        """Which flag made the prompts (checked on resume: the two sources' states do not mix)."""
+        return "--prompt-data" if isinstance(self.source, PromptSource) else "--data-source-path"
+
     # ------------------------------------------------------------ rollout side
     def get_prompt_groups(self, num_groups: int, max_new: int | None = None) -> list[Group]:
         """Up to `num_groups` groups to generate: resumable/requeued ones first, then at most `max_new`
@@ -115,6 +120,7 @@ class DataBuffer:
     def state_dict(self) -> dict[str, Any]:
         return {
             "source": self.source.state_dict(),
+            "source_kind": self._source_kind,
             # in flight at save time: nothing of them reached training, so hand them out again
             "pending": [[s.to_dict() for s in g] for g in list(self.pending) + list(self.in_flight.values())],
             "ready": [[s.to_dict() for s in g] for g in self.ready],
@@ -124,6 +130,10 @@ class DataBuffer:
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        saved = state.get("source_kind", "--prompt-data")  # checkpoints from before --data-source-path
+        if saved != self._source_kind:
+            raise ValueError(f"the checkpoint's prompts came from {saved}, this run's from {self._source_kind}: "
+                             "resume with the same kind of prompt source (or start a new run)")
         self.source.load_state_dict(state["source"])
         self.pending = collections.deque([Sample.from_dict(d) for d in g] for g in state["pending"])
         self.ready = collections.deque([Sample.from_dict(d) for d in g] for g in state["ready"])

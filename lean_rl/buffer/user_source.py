@@ -64,6 +64,13 @@ class UserSource:
             problem = "its tokens must be a non-empty list of token ids (lean_rl.buffer.prompt_source.render_prompt)"
         elif not isinstance(record.metadata, dict):
             problem = f"its metadata must be a dict, got {describe(record.metadata)}"
+        elif not isinstance(record.prompt, (str, list)):
+            problem = f"its prompt must be text or a list of chat messages, got {describe(record.prompt)}"
+        else:
+            try:  # every sample is saved with the checkpoint: a field JSON cannot hold would break resume
+                json.dumps([record.prompt, record.label, record.metadata])
+            except (TypeError, ValueError) as err:
+                problem = f"its prompt, label and metadata must be JSON-serialisable ({err})"
         if problem:
             raise hook_return_error(f"{self._flag} next()", self.source.next, item, f"{expected}; {problem}")
         return item

@@ -4,6 +4,7 @@ extension points resolved (and checked) once at start-up."""
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import functools
 import logging
 from collections.abc import Awaitable, Callable
@@ -12,6 +13,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from lean_rl.backends.sglang.client import EngineClient, EngineConnectionError
 from lean_rl.rollout import rewards
+from lean_rl.rollout.config import MULTI_TURN_GENERATE
 from lean_rl.sample import Sample
 from lean_rl.utils.plugins import accepts_positional, hook_return_error, keyword_only, load_function
 
@@ -144,7 +146,7 @@ def load_extensions(cfg: Config) -> Extensions:
     if r.custom_generate_function_path:
         generate_fn = load_function(r.custom_generate_function_path, "--custom-generate-function-path",
                                     num_args=(3, 4), must_be_async=True)
-    if r.multi_turn.environment_path:
+    if r.multi_turn.environment_path or r.custom_generate_function_path == MULTI_TURN_GENERATE:
         from lean_rl.rollout.multi_turn import check_environment  # multi_turn builds on this module
 
         check_environment(cfg)
@@ -231,6 +233,32 @@ def rollout_output(cfg: Config, rollout_fn, output, evaluation: bool = False) ->
 
 def _raise(error: Exception):
     raise error
+
+
+# ---------------------------------------------------------------- surplus work
+# Set (per rollout task) by the group runner to an event that is set while what still runs is surplus
+# (the batch is full, or the async generator pauses for a weight update). Aborting the engines stops
+# requests in flight; a multi-turn generate between two requests (inside an environment step, an
+# agent's own code) asks `rollout_stopping()` before its next request and stops there.
+_STOPPING: contextvars.ContextVar[asyncio.Event | None] = contextvars.ContextVar("lean_rl_rollout_stopping",
+                                                                               default=None)
+
+
+def set_stopping_event(event: asyncio.Event) -> None:
+    """Make `event` the one `rollout_stopping()` reads in this task and the tasks it starts."""
+    _STOPPING.set(event)
+
+
+def rollout_stopping() -> bool:
+    """True when the rollout no longer wants more of this sample: return it ABORTED (no new request)."""
+    event = _STOPPING.get()
+    return event is not None and event.is_set()
+
+
+def stopping_event() -> asyncio.Event | None:
+    """The event behind `rollout_stopping()`, for code that answers requests outside the rollout's
+    tasks (the capture endpoint's handlers): take it while in the generate function."""
+    return _STOPPING.get()
 
 
 @functools.lru_cache(maxsize=64)

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 from lean_rl.backends.sglang.client import EngineClient, EngineConnectionError, EngineHTTPError, EngineTimeoutError
 from lean_rl.buffer.prompt_source import load_tokenizer
 from lean_rl.rollout.base import (Extensions, RolloutOutput, filter_verdict, generated_samples, load_extensions,
-                                  on_every_engine, parse_weight_version, router_client)
+                                  on_every_engine, parse_weight_version, router_client, set_stopping_event)
 from lean_rl.rollout.evaluation import run_evaluation
 from lean_rl.rollout.rewards import reward_entry_means, score_group
 from lean_rl.sample import Sample, Status
@@ -31,7 +31,7 @@ if TYPE_CHECKING:  # not at run time: lean_rl.config imports every flag group (M
     from lean_rl.buffer.data_buffer import DataBuffer
     from lean_rl.config import Config
 
-_FINISH_TO_STATUS = {"stop": Status.COMPLETED, "length": Status.TRUNCATED, "abort": Status.ABORTED}
+FINISH_TO_STATUS = {"stop": Status.COMPLETED, "length": Status.TRUNCATED, "abort": Status.ABORTED}
 
 
 async def generate(cfg: Config, sample: Sample, sampling_params: dict, evaluation: bool = False) -> Sample:
@@ -44,11 +44,11 @@ async def generate(cfg: Config, sample: Sample, sampling_params: dict, evaluatio
         return sample
     result = await generate_with_retries(cfg, sample.tokens, {**sampling_params, "max_new_tokens": budget},
                                          rid=f"lean_rl-{sample.index}-{sample.response_length}",
-                                         on_retry=lambda err: _count_retry(sample, err))
+                                         on_retry=lambda err: count_retry(sample, err))
     sample.append_response(result.output_ids, log_probs=result.output_log_probs,
                            weight_versions=token_versions(result))
     sample.response = load_tokenizer(cfg.engines.model_path).decode(sample.response_tokens)
-    sample.status = _FINISH_TO_STATUS[result.finish_reason]
+    sample.status = FINISH_TO_STATUS[result.finish_reason]
     return sample
 
 
@@ -75,7 +75,7 @@ async def generate_with_retries(cfg: Config, input_ids: list[int], sampling_para
     raise AssertionError("unreachable")
 
 
-def _count_retry(sample: Sample, err: Exception) -> None:
+def count_retry(sample: Sample, err: Exception) -> None:
     sample.metadata["generate_retries"] = sample.metadata.get("generate_retries", 0) + 1
     sample.metadata["last_generate_error"] = str(err)[:500]
 
@@ -103,15 +103,24 @@ class GroupRunner:
         self.semaphore = asyncio.Semaphore(cfg.rollout.max_concurrency)
         self.sampling_params = cfg.rollout.sampling.to_sglang()
         self.counters: collections.Counter = collections.Counter()
-        self.stopping = False  # set when what is still running is surplus: nothing new starts
+        self._stopping = asyncio.Event()  # set while what still runs is surplus: nothing new starts
         # every group that finished generating and was scored, kept or dropped by the filter, when
         # --rollout-all-samples-process-path wants them (the per-step rollout hands them over at its end)
         self.finished_groups: list[list[Sample]] | None = [] if extensions.all_samples_process else None
+
+    @property
+    def stopping(self) -> bool:
+        return self._stopping.is_set()
+
+    @stopping.setter
+    def stopping(self, value: bool) -> None:
+        self._stopping.set() if value else self._stopping.clear()
 
     async def run_group(self, group: list[Sample], is_wanted=lambda: True) -> list[Sample] | None:
         """The group's samples if it was kept (now in the buffer as finished), else None.
         `is_wanted()` is asked once the group is scored and passed the filter; it claims a place in the
         batch (False: no place left, the group goes back to the buffer as surplus)."""
+        set_stopping_event(self._stopping)  # this group's task: its generate calls see `rollout_stopping()`
         results = await asyncio.gather(*(self._run_sample(s) for s in group))
         # a generate that fans out returns several samples: all stay in the prompt's group (one baseline)
         samples = [s for r in results for s in generated_samples(self.cfg, self.generate_fn, r, group[0].group_index)]
@@ -125,6 +134,11 @@ class GroupRunner:
         await score_group(self.cfg, samples, self.ext.reward, self.ext.group_reward, self.counters)
         if self.ext.reward is not None:
             self.counters["reward_seconds"] += time.monotonic() - started  # summed over groups, not wall
+        elif not self.cfg.run.debug_rollout_only:  # training needs a reward on every sample: say so now
+            unscored = [s.index for s in samples if s.reward is None and s.status != Status.FAILED]
+            if unscored:
+                raise ValueError(f"samples {unscored[:4]} have no reward and there is no reward function: set "
+                                 "--rm-type or --custom-rm-path, or set sample.reward in the generate function")
         if self.ext.dynamic_filter is not None and not filter_verdict(
                 self.cfg, self.ext.dynamic_filter, self.ext.dynamic_filter(self.cfg, samples)):
             self.buffer.drop_groups([samples], "filtered")
@@ -204,7 +218,8 @@ def rollout_metrics(groups: list[list[Sample]], seconds: float | None = None,
     if turns:
         metrics["rollout/turns_mean"] = sum(turns) / len(turns)
         metrics["rollout/turns_max"] = float(max(turns))
-        metrics["rollout/environment_failed"] = float(sum("environment_error" in s.metadata for s in samples))
+        metrics["rollout/environment_failed"] = float(sum(s.status == Status.FAILED and "environment_error" in s.metadata
+                                                          for s in samples))
     return metrics
 
 

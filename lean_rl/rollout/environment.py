@@ -82,45 +82,72 @@ def as_step_result(value: Any) -> StepResult:
 
 
 class ObservationRenderer:
-    """Observation -> the token ids appended after the model's turn. Earlier turns are never
-    re-tokenized: only the new observation is, so the ids of turn k+1's prompt are exactly those of
-    turns <= k plus these.
+    """Observation -> token ids. Earlier turns are never re-tokenized: only the new observation is, so
+    the ids of turn k+1's prompt are exactly those of turns <= k plus these.
 
-    With a chat template, a text observation becomes what the template puts between the end of an
-    assistant message and the next assistant turn: rendered once around a marker,
+    With a chat template, a text observation after a model turn becomes what the template puts between
+    the end of an assistant message and the next assistant turn: rendered once around a marker,
     `[user "?", assistant MARK, role text]` + generation prompt, everything after MARK. That starts
-    with the template's end of the assistant message; when the model already ended its turn with the
-    end-of-turn token (eos) that part is dropped, when it stopped otherwise (a stop string, the
-    per-turn cap) it is kept, so the context stays what the template would have made."""
+    with the template's end of the assistant message; when the model's turn already ended with that
+    text (it stopped on the end-of-turn token) it is not repeated, when it stopped otherwise (a stop
+    string, the per-turn cap) it is kept, so the context stays what the template would have made.
+    reset's observation comes before the first model turn: a `role` message inserted before the
+    prompt's generation prompt."""
 
     _MARK = "\x00lean_rl-turn-end\x00"
 
     def __init__(self, tokenizer, chat: bool):
         self.tokenizer, self.chat = tokenizer, chat
-        self.eos_text = tokenizer.decode([tokenizer.eos_token_id]) if tokenizer.eos_token_id is not None else ""
 
-    def ids(self, observation: Observation, model_ended_turn: bool) -> tuple[list[int], str]:
-        """(token ids, their text) of `observation` after a model turn; `model_ended_turn`: that turn's
-        last token was the eos."""
+    def ids(self, observation: Observation, turn_end: str = "") -> tuple[list[int], str]:
+        """(token ids, their text) of `observation` after a model turn; `turn_end`: the text of the
+        token that ended that turn ("" when the turn did not end on a stop token)."""
         if observation.token_ids is not None:
             return list(observation.token_ids), self.tokenizer.decode(list(observation.token_ids))
         text = observation.text
         if self.chat:
-            suffix = self._chat_suffix(observation.role)
-            if model_ended_turn and self.eos_text and suffix.startswith(self.eos_text):
-                suffix = suffix[len(self.eos_text):]
+            suffix = self._after_assistant(observation.role)
+            if turn_end and suffix.startswith(turn_end):
+                suffix = suffix[len(turn_end):]
             text = suffix.replace(self._MARK, observation.text)
         return self.tokenizer.encode(text, add_special_tokens=False), text
 
+    def prompt_with(self, prompt_ids: list[int], observation: Observation) -> list[int]:
+        """The prompt with reset's observation: appended (token ids, plain text) or, with a chat
+        template, a message inserted before the generation prompt that ends the prompt."""
+        if observation.token_ids is not None:
+            return prompt_ids + list(observation.token_ids)
+        if not self.chat:
+            return prompt_ids + self.tokenizer.encode(observation.text, add_special_tokens=False)
+        message, generation_prompt = self._before_generation(observation.role)
+        tail = self.tokenizer.encode(generation_prompt, add_special_tokens=False)
+        if not tail or prompt_ids[-len(tail):] != tail:
+            raise ValueError(f"the prompt does not end with the chat template's generation prompt "
+                             f"{generation_prompt!r}: reset cannot insert a {observation.role!r} message")
+        inserted = self.tokenizer.encode(message.replace(self._MARK, observation.text), add_special_tokens=False)
+        return prompt_ids[:-len(tail)] + inserted + tail
+
     @functools.lru_cache(maxsize=8)
-    def _chat_suffix(self, role: str) -> str:
+    def _after_assistant(self, role: str) -> str:
         """The template's text after an assistant message, with a `role` message whose content is the
         marker, up to the next assistant turn."""
-        messages = [{"role": "user", "content": "?"}, {"role": "assistant", "content": self._MARK},
-                    {"role": role, "content": self._MARK}]
-        rendered = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-        first = rendered.find(self._MARK)
-        if first < 0 or rendered.count(self._MARK) != 2:
+        rendered = self._render([{"role": "user", "content": "?"}, {"role": "assistant", "content": self._MARK},
+                                 {"role": role, "content": self._MARK}], True)
+        if rendered.count(self._MARK) != 2:
             raise ValueError(f"the chat template does not render a {role!r} message after an assistant message "
                              "as text: give observations as token ids, or another role")
-        return rendered[first + len(self._MARK):]
+        return rendered[rendered.find(self._MARK) + len(self._MARK):]
+
+    @functools.lru_cache(maxsize=8)
+    def _before_generation(self, role: str) -> tuple[str, str]:
+        """(a `role` message's text after a user message, the generation prompt), from renders of
+        [user], [user, role MARK] and [user] + generation prompt."""
+        user = [{"role": "user", "content": "?"}]
+        plain, with_message = self._render(user, False), self._render(user + [{"role": role, "content": self._MARK}], False)
+        generation = self._render(user, True)
+        if not (with_message.startswith(plain) and generation.startswith(plain)) or self._MARK not in with_message:
+            raise ValueError(f"the chat template does not render a {role!r} message after a user message as text")
+        return with_message[len(plain):], generation[len(plain):]
+
+    def _render(self, messages: list[dict], generation_prompt: bool) -> str:
+        return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=generation_prompt)

@@ -28,11 +28,12 @@ from typing import TYPE_CHECKING
 
 from lean_rl.backends.sglang.client import EngineClient, EngineError
 from lean_rl.buffer.prompt_source import load_tokenizer
-from lean_rl.rollout.base import engine_client, router_client
-from lean_rl.rollout.default import _count_retry, generate_with_retries, token_versions
+from lean_rl.rollout.base import engine_client, rollout_stopping, router_client
+from lean_rl.rollout.default import count_retry, generate_with_retries, token_versions
 from lean_rl.rollout.environment import ObservationRenderer, as_observation, as_step_result
 from lean_rl.sample import Sample, Status
-from lean_rl.utils.plugins import load_function
+from lean_rl.rollout.config import MULTI_TURN_GENERATE
+from lean_rl.utils.plugins import PluginError, load_function
 
 if TYPE_CHECKING:
     from lean_rl.config import Config
@@ -42,10 +43,13 @@ class EnvironmentFailed(Exception):
     """The environment failed (raised, timed out, answered the wrong type): the sample fails."""
 
 
+# what one attempt writes into sample.metadata; an attempt that starts over clears it
+_ATTEMPT_KEYS = ("turns", "stop_reason", "environment_error", "environment_close_error", "prompt_length_before_reset")
+
+
 async def generate(cfg: Config, sample: Sample, sampling_params: dict, evaluation: bool = False) -> Sample:
     mt = cfg.rollout.multi_turn
-    if sample.response_length:
-        sample.reset_response()  # an aborted trajectory starts over: the environment cannot be rewound
+    _start_over(sample)  # an aborted or failed trajectory starts over: an environment cannot be rewound
     tokenizer = load_tokenizer(cfg.engines.model_path)
     renderer = _renderer(cfg.engines.model_path, cfg.data.apply_chat_template)
     budget = sampling_params["max_new_tokens"]
@@ -56,29 +60,30 @@ async def generate(cfg: Config, sample: Sample, sampling_params: dict, evaluatio
     try:
         env = await _call(mt, "make_env", _make_env(mt.environment_path), cfg, sample)
         first = await _call(mt, "reset", getattr(env, "reset", None), sample)
-        try:
-            first = as_observation(first, "reset")
-        except TypeError as err:
-            raise EnvironmentFailed(str(err)) from None
-        if first is not None:
-            ids, text = renderer.ids(first, model_ended_turn=False)
-            sample.append_response(ids, text, trainable=False)
+        if (first := _checked(as_observation, first, "reset")) is not None:
+            prompt = _checked(renderer.prompt_with, sample.tokens, first)
+            sample.metadata["prompt_length_before_reset"] = len(sample.tokens)
+            sample.tokens[:] = prompt  # still no response: the observation joins the prompt
         while True:
             left = budget - sample.response_length
             if left <= 0:
                 return _end(cfg, sample, Status.TRUNCATED, "response_budget", rewards, tokenizer)
+            if rollout_stopping():  # surplus (the batch is full, or weights are changing): no new turn
+                _start_over(sample)
+                sample.status = Status.ABORTED
+                return sample
             max_new = min(left, mt.max_tokens_per_turn or left)
             input_len = len(sample.tokens)
             result = await generate_with_retries(
                 cfg, sample.tokens, {**sampling_params, "max_new_tokens": max_new},
-                rid=f"lean_rl-{sample.index}-turn{len(turns)}", on_retry=lambda err: _count_retry(sample, err),
+                rid=f"lean_rl-{sample.index}-turn{len(turns)}", on_retry=lambda err: count_retry(sample, err),
                 routing_key=f"lean_rl-group-{sample.group_index}",
                 engine=await session_engine(cfg, sample.group_index))
             turns.append({"input_tokens": input_len, "engine_prompt_tokens": result.prompt_tokens,
                           "cached_tokens": result.cached_tokens, "output_tokens": len(result.output_ids),
                           "finish_reason": result.finish_reason})
             if result.aborted:
-                sample.reset_response()
+                _start_over(sample)
                 sample.status = Status.ABORTED
                 return sample
             sample.append_response(result.output_ids, log_probs=result.output_log_probs,
@@ -86,11 +91,7 @@ async def generate(cfg: Config, sample: Sample, sampling_params: dict, evaluatio
             if result.finish_reason == "length" and max_new == left:
                 return _end(cfg, sample, Status.TRUNCATED, "response_budget", rewards, tokenizer)
             action = tokenizer.decode(result.output_ids, skip_special_tokens=True)
-            step = await _call(mt, "step", getattr(env, "step", None), action)
-            try:
-                step = as_step_result(step)
-            except TypeError as err:
-                raise EnvironmentFailed(str(err)) from None
+            step = _checked(as_step_result, await _call(mt, "step", getattr(env, "step", None), action))
             if step.reward is not None:
                 rewards.append(float(step.reward))
             if step.info:
@@ -101,8 +102,7 @@ async def generate(cfg: Config, sample: Sample, sampling_params: dict, evaluatio
                 return _end(cfg, sample, Status.TRUNCATED, "max_turns", rewards, tokenizer)
             if step.observation is None:
                 raise EnvironmentFailed("step returned no observation for an episode that is not done")
-            ids, text = renderer.ids(step.observation,
-                                     model_ended_turn=result.output_ids[-1:] == [tokenizer.eos_token_id])
+            ids, text = renderer.ids(step.observation, turn_end=_turn_end(result, tokenizer))
             if len(ids) > budget - sample.response_length:
                 return _end(cfg, sample, Status.TRUNCATED, "response_budget", rewards, tokenizer)
             sample.append_response(ids, text, trainable=False)
@@ -118,6 +118,33 @@ async def generate(cfg: Config, sample: Sample, sampling_params: dict, evaluatio
                 sample.metadata["environment_close_error"] = str(err)[:1000]
 
 
+def _start_over(sample: Sample) -> None:
+    """Back to the prompt as the buffer handed it out: no response, no observation of reset, no record
+    of an earlier attempt."""
+    if sample.response_length:
+        sample.reset_response()
+    if "prompt_length_before_reset" in sample.metadata:
+        del sample.tokens[sample.metadata["prompt_length_before_reset"]:]
+    for key in _ATTEMPT_KEYS:
+        sample.metadata.pop(key, None)
+
+
+def _turn_end(result, tokenizer) -> str:
+    """The text of the token that ended a model turn (eos or a --rollout-stop-token-ids token; SGLang
+    reports it as the matched id), "" when the turn ended otherwise."""
+    if result.finish_reason == "stop" and isinstance(result.finish_detail, int):
+        return tokenizer.decode([result.finish_detail])
+    return ""
+
+
+def _checked(convert, *args):
+    """`convert(*args)` on what the environment returned; its TypeError / ValueError fail the sample."""
+    try:
+        return convert(*args)
+    except (TypeError, ValueError) as err:
+        raise EnvironmentFailed(str(err)) from None
+
+
 def _end(cfg: Config, sample: Sample, status: Status, reason: str, rewards: list[float], tokenizer) -> Sample:
     sample.status = status
     sample.metadata["stop_reason"] = reason
@@ -128,13 +155,17 @@ def _end(cfg: Config, sample: Sample, status: Status, reason: str, rewards: list
 
 
 async def _call(mt, what: str, fn, *args):
-    """One environment call, bounded by --environment-timeout; its failures become EnvironmentFailed."""
+    """One environment call, bounded by --environment-timeout (a plain `def` runs in a thread, so it
+    neither blocks the rollout's event loop nor escapes the deadline); its failures become
+    EnvironmentFailed."""
     if not callable(fn):
         raise EnvironmentFailed(f"the environment has no {what}() method (--environment-path: see "
                                 "lean_rl/rollout/environment.py)")
     try:
-        result = fn(*args)
-        if inspect.isawaitable(result):
+        if inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(getattr(fn, "__call__", None)):
+            return await asyncio.wait_for(fn(*args), mt.environment_timeout)
+        result = await asyncio.wait_for(asyncio.to_thread(fn, *args), mt.environment_timeout)
+        if inspect.isawaitable(result):  # a plain function that returned a coroutine
             result = await asyncio.wait_for(result, mt.environment_timeout)
         return result
     except asyncio.TimeoutError:
@@ -170,9 +201,7 @@ async def session_engine(cfg: Config, group_index: int) -> EngineClient | None:
 
 
 @functools.lru_cache(maxsize=8)
-def _make_env(path: str | None):
-    if not path:
-        raise ValueError(f"{__name__}.generate needs --environment-path (the environment to talk to)")
+def _make_env(path: str):
     return load_function(path, "--environment-path", num_args=2, must_be_sync=True)
 
 
@@ -182,6 +211,8 @@ def _renderer(model_path: str, chat: bool) -> ObservationRenderer:
 
 
 def check_environment(cfg: Config) -> None:
-    """Start-up check of --environment-path (import, a plain callable of (cfg, sample))."""
-    if cfg.rollout.multi_turn.environment_path:
-        _make_env(cfg.rollout.multi_turn.environment_path)
+    """Start-up check of --environment-path (given; importable; a plain callable of (cfg, sample))."""
+    if not cfg.rollout.multi_turn.environment_path:
+        raise PluginError(f"--custom-generate-function-path {MULTI_TURN_GENERATE} needs --environment-path "
+                          "(the environment the model talks to)")
+    _make_env(cfg.rollout.multi_turn.environment_path)

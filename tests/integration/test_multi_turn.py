@@ -39,6 +39,10 @@ def env_module(tmp_path_factory):
                 return StepResult(Observation(text=f"feedback {self.turn}: ok", role="tool"), 0.25, self.turn == 3,
                                   {"action_chars": len(action)})
 
+        class StartsWithText(Feedback):
+            async def reset(self, sample):
+                return Observation(text="the game begins", role="user")
+
         class Endless(Feedback):
             async def step(self, action):
                 return "go on", None, False
@@ -127,21 +131,37 @@ def test_turns_extend_each_other_token_exactly(engine_group, chat_prompts, env_m
                 assert scored[i] == pytest.approx(s.rollout_log_probs[i], abs=2e-3), (s.index, i)
 
 
-@pytest.mark.parametrize("env, reason, error", [
-    ("Endless", "max_turns", None),
-    ("RaisesOnSecond", None, "environment step raised RuntimeError: environment exploded"),
-    ("Hangs", None, "environment step took longer than --environment-timeout 1 s"),
-    ("WrongType", None, "step returned dict"),
+def test_reset_observation_joins_the_prompt_as_a_message(engine_group, chat_prompts, env_module):
+    cfg, _, samples = rollout(engine_group, chat_prompts, "StartsWithText", "--rollout-batch-size", "1")
+    tokenizer = load_tokenizer(cfg.engines.model_path)
+    for s in samples:
+        assert s.status is Status.COMPLETED and s.metadata["prompt_length_before_reset"] < s.prompt_length
+        prompt = tokenizer.decode(s.tokens[:s.prompt_length])
+        assert prompt.endswith("<|im_end|>\n<|im_start|>user\nthe game begins<|im_end|>\n<|im_start|>assistant\n")
+        assert prompt.count("<|im_start|>assistant") == 1  # no empty assistant turn before it
+        assert s.metadata["turns"][0]["input_tokens"] == s.metadata["turns"][0]["engine_prompt_tokens"] == s.prompt_length
+
+
+@pytest.mark.parametrize("env, flags, reason, error", [
+    ("Endless", (), "max_turns", None),
+    ("Endless", ("--rollout-max-response-len", "30"), "response_budget", None),
+    ("RaisesOnSecond", (), None, "environment step raised RuntimeError: environment exploded"),
+    ("Hangs", (), None, "environment step took longer than --environment-timeout 1 s"),
+    ("WrongType", (), None, "step returned dict"),
 ])
-def test_a_bad_environment_fails_only_its_sample(engine_group, chat_prompts, env_module, env, reason, error):
+def test_a_bad_environment_fails_only_its_sample(engine_group, chat_prompts, env_module, env, flags, reason, error):
     cfg, out, samples = rollout(engine_group, chat_prompts, env, "--max-turns", "3", "--environment-timeout", "1",
                                 "--rollout-batch-size", "1", "--max-failed-fraction", "1.0",
-                                "--rm-type", "f1")
+                                "--rm-type", "f1", *flags)
     assert len(samples) == 2
     for s in samples:
         s.check()
         if reason:
             assert s.status is Status.TRUNCATED and s.metadata["stop_reason"] == reason
-            assert len(s.metadata["turns"]) == 3
+            turns = len(s.metadata["turns"])
+            assert turns == 3 if reason == "max_turns" else 1 <= turns <= 3
+            assert s.response_length <= cfg.rollout.sampling.max_response_len
         else:
             assert s.status is Status.FAILED and error in s.metadata["environment_error"]
+    if error:
+        assert out.metrics["rollout/environment_failed"] == 2

@@ -44,7 +44,9 @@ SOURCES = textwrap.dedent("""
     class BadRecords(Countdown):
         def next(self):
             self.position += 1
-            return [None, (0, "a prompt"), (0, PromptRecord(row=1, prompt="p", tokens=()))][self.position - 1]
+            return [None, (0, "a prompt"), (0, PromptRecord(row=1, prompt="p", tokens=())),
+                    (0, PromptRecord(row=2, prompt={"question": "q"}, tokens=(1, 2))),
+                    (0, PromptRecord(row=3, prompt="p", tokens=(1, 2), label={1, 2}))][self.position - 1]
 
     class UnsavableCursor(Countdown):
         def state_dict(self):
@@ -111,7 +113,22 @@ def test_a_source_answering_wrongly_stops_the_run_naming_the_flag(sources, tiny_
         buffer.get_prompt_groups(1)
     with pytest.raises(HookReturnError, match=r"its tokens must be a non-empty list of token ids"):
         buffer.get_prompt_groups(1)
+    # what a checkpoint could not hold (a resume would fail on it) is refused when it comes, not at resume
+    with pytest.raises(HookReturnError, match=r"its prompt must be text or a list of chat messages, got dict"):
+        buffer.get_prompt_groups(1)
+    with pytest.raises(HookReturnError, match=r"must be JSON-serialisable \(Object of type set"):
+        buffer.get_prompt_groups(1)
     unsavable = _buffer(tiny_qwen2, "UnsavableCursor")
     with pytest.raises(HookReturnError, match=r"^--data-source-path my_sources.UnsavableCursor state_dict\(\) .*"
                                               r"it must return a JSON-serialisable dict"):
         unsavable.state_dict()
+
+
+def test_a_checkpoint_resumes_only_with_the_same_kind_of_source(sources, tiny_qwen2, tmp_path):
+    data = tmp_path / "p.jsonl"
+    data.write_text('{"prompt": "hi", "label": "x"}\n')
+    from_file = create_data_buffer(parse_config(["--hf-checkpoint", str(tiny_qwen2), "--prompt-data", str(data)]))
+    with pytest.raises(ValueError, match="prompts came from --prompt-data, this run's from --data-source-path"):
+        _buffer(tiny_qwen2, "Countdown").load_state_dict(json.loads(json.dumps(from_file.state_dict())))
+    with pytest.raises(ValueError, match="prompts came from --data-source-path, this run's from --prompt-data"):
+        from_file.load_state_dict(json.loads(json.dumps(_buffer(tiny_qwen2, "Countdown").state_dict())))

@@ -35,26 +35,45 @@ def test_step_result_forms():
 
 def test_chat_observation_is_the_templates_text_between_turns(tokenizer):
     renderer = ObservationRenderer(tokenizer, chat=True)
-    ids, text = renderer.ids(Observation(text="result: 42", role="tool"), model_ended_turn=True)
+    ids, text = renderer.ids(Observation(text="result: 42", role="tool"), turn_end="<|im_end|>")
     assert text == "\n<|im_start|>tool\nresult: 42<|im_end|>\n<|im_start|>assistant\n"
     assert ids == tokenizer.encode(text, add_special_tokens=False)
     # the model stopped without closing its turn (stop string, per-turn cap): the template closes it
-    _, text = renderer.ids(Observation(text="result: 42", role="tool"), model_ended_turn=False)
+    _, text = renderer.ids(Observation(text="result: 42", role="tool"))
     assert text.startswith("<|im_end|>\n<|im_start|>tool\n")
+    # a turn that ended on another stop token (not the template's end of turn) does not drop it
+    _, text = renderer.ids(Observation(text="result: 42", role="tool"), turn_end="<|endoftext|>")
+    assert text.startswith("<|im_end|>\n")
     # a whole conversation rendered by the template equals prompt + turns + observations glued by ids
     messages = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a1"},
                 {"role": "tool", "content": "result: 42"}]
     full = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     head = tokenizer.apply_chat_template(messages[:1], tokenize=False, add_generation_prompt=True)
-    _, observation = renderer.ids(Observation(text="result: 42", role="tool"), model_ended_turn=True)
+    _, observation = renderer.ids(Observation(text="result: 42", role="tool"), turn_end="<|im_end|>")
     assert full == head + "a1<|im_end|>" + observation
+
+
+def test_reset_observation_goes_before_the_generation_prompt(tokenizer):
+    renderer = ObservationRenderer(tokenizer, chat=True)
+    prompt = tokenizer.apply_chat_template([{"role": "user", "content": "q"}], tokenize=False,
+                                           add_generation_prompt=True)
+    prompt_ids = tokenizer.encode(prompt, add_special_tokens=False)
+    ids = renderer.prompt_with(prompt_ids, Observation(text="you are in a maze", role="user"))
+    expected = tokenizer.apply_chat_template([{"role": "user", "content": "q"}, {"role": "user", "content": "you are in a maze"}],
+                                             tokenize=False, add_generation_prompt=True)
+    assert tokenizer.decode(ids) == expected
+    assert ids[:len(prompt_ids) - 3] == prompt_ids[:-3]  # the prompt's own ids are kept, not re-tokenized
+    with pytest.raises(ValueError, match="does not end with the chat template's generation prompt"):
+        renderer.prompt_with(prompt_ids[:-1], Observation(text="x"))
+    plain = ObservationRenderer(tokenizer, chat=False)
+    assert plain.prompt_with([5], Observation(text=" more")) == [5] + tokenizer.encode(" more", add_special_tokens=False)
 
 
 def test_plain_and_token_observations(tokenizer):
     renderer = ObservationRenderer(tokenizer, chat=False)
-    ids, text = renderer.ids(Observation(text=" result: 42"), model_ended_turn=True)
+    ids, text = renderer.ids(Observation(text=" result: 42"), turn_end="<|im_end|>")
     assert text == " result: 42" and tokenizer.decode(ids) == text
-    assert renderer.ids(Observation(token_ids=(5, 6)), model_ended_turn=False)[0] == [5, 6]
+    assert renderer.ids(Observation(token_ids=(5, 6)))[0] == [5, 6]
 
 
 def test_environment_path_turns_on_the_multi_turn_generate(tiny_qwen2, tmp_path):

@@ -84,7 +84,8 @@ def load(tiny_qwen2, prompts, my_hooks, tmp_path):
 
     def load(name: str, *extra: str):
         flags = [files.get(flag, flag) for flag in doc_examples()[name]]
-        cfg = parse_config(["--hf-checkpoint", str(tiny_qwen2), "--prompt-data", str(prompts),
+        data = [] if "--data-source-path" in flags else ["--prompt-data", str(prompts)]
+        cfg = parse_config(["--hf-checkpoint", str(tiny_qwen2), *data,
                             "--rollout-batch-size", "2", "--n-samples-per-prompt", "2",
                             "--rollout-max-response-len", "64", "--output-dir", str(tmp_path / "run"),
                             *flags, *extra])

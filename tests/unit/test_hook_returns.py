@@ -27,7 +27,8 @@ def _cfg(**rollout):
         rollout=types.SimpleNamespace(max_concurrency=4, sampling=types.SimpleNamespace(to_sglang=lambda: {"max_new_tokens": 4}),
                                       custom_generate_function_path="my_hooks.gen",
                                       dynamic_sampling_filter_path="my_hooks.keep",
-                                      rollout_function_path="my_hooks.rollout", **rollout))
+                                      rollout_function_path="my_hooks.rollout", **rollout),
+        run=types.SimpleNamespace(debug_rollout_only=False))
 
 
 def _group(n=2):

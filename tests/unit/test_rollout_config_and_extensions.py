@@ -19,7 +19,8 @@ def prompts(tmp_path):
 
 
 def _cfg(tiny_qwen2, prompts, *flags):
-    return parse_config(["--hf-checkpoint", str(tiny_qwen2), "--prompt-data", str(prompts), *flags])
+    data = [] if "--data-source-path" in flags else ["--prompt-data", str(prompts)]
+    return parse_config(["--hf-checkpoint", str(tiny_qwen2), *data, *flags])
 
 
 def test_flags_become_typed_config_with_derived_values(tiny_qwen2, prompts):
@@ -179,6 +180,9 @@ def test_generate_gets_evaluation_when_its_signature_takes_it(tiny_qwen2, prompt
 
 def test_data_source_replaces_prompt_data_and_some_hooks_need_a_rollout(tiny_qwen2, hooks_module, prompts):
     cfg = parse_config(["--hf-checkpoint", str(tiny_qwen2), "--data-source-path", f"{hooks_module}.source"])
+    with pytest.raises(ConfigError, match="give either --prompt-data or --data-source-path"):
+        parse_config(["--hf-checkpoint", str(tiny_qwen2), "--data-source-path", f"{hooks_module}.source",
+                      "--prompt-data", str(prompts)])
     assert cfg.data.prompt_data is None and cfg.data.data_source_path == f"{hooks_module}.source"
     with pytest.raises(ConfigError, match="--prompt-data is required \\(or --data-source-path\\)"):
         parse_config(["--hf-checkpoint", str(tiny_qwen2)])

@@ -53,6 +53,7 @@ import jinja2
 
 from lean_rl.backends.sglang.client import EngineError, EngineHTTPError
 from lean_rl.buffer.prompt_source import load_tokenizer
+from lean_rl.rollout.base import stopping_event
 from lean_rl.rollout.default import generate_with_retries, token_versions
 from lean_rl.rollout.openai_capture.chat import (ChatRequest, RequestError, as_sampled, chat_completion_body,
                                                  completion_from_output, error_body, message_signature,
@@ -91,6 +92,7 @@ class CaptureSession:
         self.reward: float | None = None
         self.aborted = False
         self.closed = False
+        self._rollout_stopping = stopping_event()  # set when the rollout wants no more of this sample
         self._reward_detail: Any = None
         self._assembler: TrajectoryAssembler | None = None
         self._server: CaptureServer | None = None
@@ -190,6 +192,8 @@ class CaptureSession:
     async def chat_completion(self, body: Any) -> tuple[int, dict]:
         number = next(self._numbers)
         entered = time.monotonic()
+        if self._rollout_stopping is not None and self._rollout_stopping.is_set():
+            self.aborted = True  # surplus, or weights are changing: the agent's next call is not served
         if self.aborted:
             return 503, error_body(_ABORTED_MESSAGE, None, 503)
         try:

@@ -20,10 +20,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from lean_rl.rollout.default import FINISH_TO_STATUS
 from lean_rl.sample import Sample, Status
 
 FANOUT_STRIDE = 2**40
-FINISH_TO_STATUS = {"stop": Status.COMPLETED, "length": Status.TRUNCATED, "abort": Status.ABORTED}
 
 
 def fanout_index(parent_index: int, part: int) -> int:
