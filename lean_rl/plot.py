@@ -25,6 +25,7 @@ LINE_PANELS = (
                            ("train/behav_dropped_frac", "behaviour-weight dropped frac"))),
     ("staleness (policy versions)", (("train/staleness_max", "max"), ("train/staleness_mean", "mean"))),
     ("response length (tokens)", (("rollout/response_len_mean", "mean"),)),
+    ("turns per trajectory", (("rollout/turns_mean", "mean"), ("rollout/turns_max", "max"))),
 )
 # time/* keys that are not a phase of the step: the total, idle times (overlap the phases), and the
 # probe (timed inside time/sync).
