@@ -20,8 +20,11 @@ logger = logging.getLogger(__name__)
 # their own: their scales (1e-5 log-prob differences, fractions, whole versions) would flatten each other.
 LINE_PANELS = (
     ("KL", (("train/ppo_kl", "old vs current policy (ppo_kl)"), ("train/kl_loss", "vs reference (kl_loss)"))),
-    ("train-inference mismatch", (("sync/probe_max_abs_diff", "weight-sync probe max |Δ log p|"),)),
+    ("train-inference mismatch", (("sync/probe_max_abs_diff", "weight-sync probe max |Δ log p|"),
+                                  ("train/rollout_logprob_abs_diff", "trained tokens mean |Δ log p|"),
+                                  ("train/mismatch_kl", "KL(rollout || train)"))),
     ("off-policy tokens", (("rollout/stale_token_frac", "stale token frac"), ("train/tis_clipfrac", "TIS clip frac"),
+                           ("train/rs_masked_frac", "rejected (RS) frac"),
                            ("train/behav_dropped_frac", "behaviour-weight dropped frac"))),
     ("staleness (policy versions)", (("train/staleness_max", "max"), ("train/staleness_mean", "mean"))),
     ("response length (tokens)", (("rollout/response_len_mean", "mean"),)),

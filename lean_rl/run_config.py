@@ -37,6 +37,12 @@ class RunConfig:
         None, metavar="PATH", help="save each rollout's groups to PATH (use {rollout_id} in it)")
     load_debug_rollout_data: str | None = option(  # a path with {rollout_id}
         None, metavar="PATH", help="train on rollouts saved by --save-debug-rollout-data instead of generating")
+    ci_test: bool = option(False, help=(
+        "checks for the CI of a recipe (lean_rl/ci_test.py): at step 0 the trainer's log-probs of the rollout "
+        "equal the engine's within --ci-test-max-mismatch and the reference's within 1e-6 (float32); every "
+        "synchronous step keeps the mismatch under the bound; a failed check stops the run"))
+    ci_test_max_mismatch: float = option(0.02, positive=True, help=(
+        "--ci-test bound on the mean |trainer - engine| log-prob of trained tokens and on KL(rollout || train)"))
     pause_mode: str = option(  # how full async pauses the engines for a weight update
         "retract", flag="--pause-generation-mode", choices=("abort", "retract", "in_place"),
         help="full async: how engines pause for a weight update. retract (default): running requests go back to "

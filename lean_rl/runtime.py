@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 
 from lean_rl.buffer.data_buffer import DataBuffer, create_data_buffer
+from lean_rl.ci_test import check_step
 from lean_rl.config import Config
 from lean_rl.debug_rollout import load_debug_rollout
 from lean_rl.plot import write_run_curves
@@ -247,7 +248,11 @@ class Runtime:
         # --rollout-sample-filter-path, --custom-reward-post-process-path (rollout/train_hooks.py)
         hook_metrics = before_training(self.cfg, self.extensions, groups)
         with changing, released:  # no engine is given the trainer's weights halfway through a step
-            return {**train_on_rollout(self.trainer, groups, policy_version=step, critic=self.critic), **hook_metrics}
+            metrics = train_on_rollout(self.trainer, groups, policy_version=step, critic=self.critic,
+                                       recompute_old=self.cfg.run.ci_test)
+        if self.cfg.run.ci_test:
+            check_step(self.cfg, step, metrics)  # lean_rl/ci_test.py: raises CITestFailed
+        return {**metrics, **hook_metrics}
 
     def sync_weights(self, version: int, probe: bool = True):
         """probe=False while the engines are paused (the probe generates): call probe_weights after resuming.

@@ -11,7 +11,7 @@ from typing import Any
 
 from lean_rl.algorithms.advantages import ESTIMATORS, KL_IN_REWARD_ESTIMATORS
 from lean_rl.algorithms.kl import KL_TYPES
-from lean_rl.algorithms.losses import AGGREGATION_MODES
+from lean_rl.algorithms.losses import AGGREGATION_MODES, IS_LEVELS
 from lean_rl.options import ConfigError, option
 from lean_rl.utils.custom_config import ReadOnlyMapping
 
@@ -29,15 +29,27 @@ class AlgorithmConfig:
     advantage_estimator: str = option("grpo", choices=ESTIMATORS)
     eps_clip: float = option(0.2, help="PPO clip range (lower side)")
     eps_clip_high: float | None = option(None, help="upper clip range; default --eps-clip")  # None: eps_clip
-    eps_clip_c: float | None = option(None, help="dual-clip bound (> 1) for negative advantages")
+    eps_clip_c: float | None = option(None, help="dual clip (Ye et al. 2020): for negative advantages the loss is "
+                                                 "capped at -c * A; c > 1. Off unless given (verl applies c=3 by default)")
     kl_loss_coef: float = option(0.0, help="KL(policy || reference) loss weight")
-    kl_loss_type: str = option("k1", choices=KL_TYPES)
+    kl_loss_type: str = option("k1", choices=KL_TYPES, help=(
+        "estimator of KL(policy || reference), log r = ref - logp: k1 = -log r; k2 = (log r)^2 / 2; "
+        "k3 = (r - 1) - log r, unclamped (as slime); low_var_kl = k3 with log r clamped to [-20, 20] "
+        "and the result to [-10, 10] (slime's and verl's low_var_kl, verl's k3)"))
     # KL in the reward (REINFORCE++ variants, PPO); always the k1 estimate
     kl_coef: float = option(0.0, help="KL penalty in the reward (reinforce_plus_plus[_baseline], ppo)")
     entropy_coef: float = option(0.0)
     use_tis: bool = option(False, help="truncated importance sampling against the rollout log-probs")
-    tis_clip: float = option(2.0)
-    tis_clip_low: float = option(0.0)
+    tis_clip: float = option(2.0, help="upper bound of the TIS weight")
+    tis_clip_low: float = option(0.0, help="lower bound of the TIS weight")
+    tis_level: str = option("token", choices=IS_LEVELS, help=(
+        "TIS ratio per token, per sequence (product of token ratios) or geometric (their geometric mean)"))
+    use_rs: bool = option(False, help=(
+        "rejection sampling (masked IS): tokens or sequences whose engine/trainer ratio leaves "
+        "[--rs-lower-bound, --rs-upper-bound] get no gradient"))
+    rs_level: str = option("token", choices=IS_LEVELS, help="rejection per token, sequence or geometric mean")
+    rs_lower_bound: float | None = option(None, help="default 1 / --rs-upper-bound")
+    rs_upper_bound: float = option(2.0)
     decoupled_ppo: bool = option(False, help="AReaL decoupled PPO: clip against the recomputed (proximal) policy, "
                                              "weight by exp(proximal - behaviour) for stale samples")
     behav_imp_weight_cap: float | None = option(None, help="drop tokens whose behaviour weight exceeds this "
@@ -96,6 +108,10 @@ class AlgorithmConfig:
         _require(self.tis_clip > 0, f"--tis-clip must be > 0, got {self.tis_clip}")
         _require(0 <= self.tis_clip_low < self.tis_clip,
                  f"--tis-clip-low must be in [0, --tis-clip {self.tis_clip}), got {self.tis_clip_low}")
+        if self.rs_lower_bound is None:
+            object.__setattr__(self, "rs_lower_bound", 1 / self.rs_upper_bound if self.rs_upper_bound > 0 else 0.0)
+        _require(0 < self.rs_lower_bound < self.rs_upper_bound,
+                 f"--rs-lower-bound ({self.rs_lower_bound}) must be > 0 and < --rs-upper-bound ({self.rs_upper_bound})")
         _require(not (self.use_tis and self.decoupled_ppo),
                  "--use-tis and --decoupled-ppo are two forms of the same correction; choose one")
         _require(not (self.decoupled_ppo and self.use_rollout_logprobs),
@@ -128,4 +144,4 @@ class AlgorithmConfig:
 
     @property
     def needs_rollout_log_probs(self) -> bool:
-        return self.use_tis or self.decoupled_ppo or self.use_rollout_logprobs
+        return self.use_tis or self.use_rs or self.decoupled_ppo or self.use_rollout_logprobs

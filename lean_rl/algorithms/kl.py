@@ -3,8 +3,11 @@ divergence", http://joschu.net/blog/kl-approx.html), with the names verl and sli
 --kl-loss-type. With log r = ref - logp (samples drawn from the current policy):
     k1 = -log r = logp - ref             unbiased, high variance, can be negative
     k2 = (log r)^2 / 2                   biased, low variance
-    k3 = (r - 1) - log r                 unbiased, low variance, always >= 0
-    low_var_kl = clamp(k3, -10, 10)      k3 with its outliers cut (slime / verl)"""
+    k3 = (r - 1) - log r                 unbiased, low variance, always >= 0; unclamped, as slime's k3
+    low_var_kl = clamp(k3(clamp(log r, -20, 20)), -10, 10)
+                                         k3 with the log-ratio clamped before exp (so value and gradient
+                                         stay finite for any input) and its outliers cut (slime's and
+                                         verl's low_var_kl; verl also calls this k3)"""
 
 from __future__ import annotations
 
@@ -12,6 +15,7 @@ import torch
 
 KL_TYPES = ("k1", "k2", "k3", "low_var_kl")
 LOW_VAR_KL_BOUND = 10.0
+LOG_RATIO_BOUND = 20.0  # exp(20) ~ 5e8: finite in float32, and so is its gradient
 
 
 def kl_estimate(log_probs: torch.Tensor, ref_log_probs: torch.Tensor, kind: str) -> torch.Tensor:
@@ -21,7 +25,11 @@ def kl_estimate(log_probs: torch.Tensor, ref_log_probs: torch.Tensor, kind: str)
         return log_ratio
     if kind == "k2":
         return log_ratio.square() / 2
-    if kind in ("k3", "low_var_kl"):
-        kl = torch.exp(-log_ratio) - 1 + log_ratio
-        return kl.clamp(-LOW_VAR_KL_BOUND, LOW_VAR_KL_BOUND) if kind == "low_var_kl" else kl
+    if kind == "k3":
+        return torch.exp(-log_ratio) - 1 + log_ratio
+    if kind == "low_var_kl":
+        # clamp before exp: with ref - logp ~ 90, exp overflows to inf and its gradient is inf * 0 = NaN,
+        # even though the outer clamp makes the value finite
+        log_ratio = log_ratio.clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND)
+        return (torch.exp(-log_ratio) - 1 + log_ratio).clamp(-LOW_VAR_KL_BOUND, LOW_VAR_KL_BOUND)
     raise ValueError(f"--kl-loss-type {kind!r}: choose one of {', '.join(KL_TYPES)}")

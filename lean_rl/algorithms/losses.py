@@ -11,13 +11,19 @@ step is the first after generation and nothing else is asked for):
           --eps-clip-c c (dual clip) the loss of a negative-advantage token is capped at -c * A_t
     gspo  r_i = exp(mean_t(logp - old)) for the whole sequence (geometric mean of token ratios), clipped
           the same way; its gradient flows through every token (GSPO-token form, value equals r_i)
-Off-policy correction against the rollout (behaviour) log-probs from the engine, detached:
-    TIS        w_t = clamp(exp(old_t - rollout_t), tis_clip_low, tis_clip)
+Off-policy correction against the rollout (behaviour) log-probs from the engine, detached; with
+log w = old - rollout per token (--tis-level / --rs-level token), summed over the sequence (sequence)
+or averaged (geometric, the geometric mean of token ratios):
+    TIS        w_t = clamp(exp(log w), tis_clip_low, tis_clip)
+    RS         masked IS: a token (or its whole sequence) with exp(log w) outside
+               [--rs-lower-bound, --rs-upper-bound] gets weight 0 (it still counts in the denominator)
     decoupled  (AReaL) the ratio is taken against the proximal policy (old = recomputed) and
                w_t = exp(prox_t - behav_t); tokens with w_t > --behav-imp-weight-cap get weight 0
 Total per token: w_t * pg_t + kl_loss_coef * KL_t(pi || pi_ref) - entropy_coef * H_t."""
 
 from __future__ import annotations
+
+import math
 
 import torch
 
@@ -82,11 +88,43 @@ def sequence_ratio(log_probs: torch.Tensor, old_log_probs: torch.Tensor, mask: t
     return _ratio(log_probs - log_probs.detach() + seq_log_ratio.detach())
 
 
+IS_LEVELS = ("token", "sequence", "geometric")
+
+
+def rollout_log_ratio(old_log_probs: torch.Tensor, rollout_log_probs: torch.Tensor, mask: torch.Tensor,
+                      level: str = "token") -> torch.Tensor:
+    """log of the importance ratio pi_train / pi_rollout (detached), per token [B, T]:
+        token      old_t - rollout_t
+        sequence   sum_t (old_t - rollout_t) over the row's trained tokens (the product of token ratios)
+        geometric  mean_t (old_t - rollout_t) (the geometric mean of token ratios)
+    the two sequence levels broadcast to every token of the row."""
+    log_ratio = (old_log_probs.detach() - rollout_log_probs) * mask
+    if level == "token":
+        return log_ratio
+    total = log_ratio.sum(-1, keepdim=True)
+    if level == "sequence":
+        return total.expand_as(log_ratio)
+    if level == "geometric":
+        return (total / mask.sum(-1, keepdim=True).clamp(min=1)).expand_as(log_ratio)
+    raise ValueError(f"importance-sampling level {level!r}: choose one of {', '.join(IS_LEVELS)}")
+
+
 def tis_weights(old_log_probs: torch.Tensor, rollout_log_probs: torch.Tensor, clip: float,
-                clip_low: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
-    """Truncated importance sampling weights (detached) and 1.0 where the cap applied."""
-    raw = _ratio(old_log_probs.detach() - rollout_log_probs)
+                clip_low: float = 0.0, mask: torch.Tensor | None = None,
+                level: str = "token") -> tuple[torch.Tensor, torch.Tensor]:
+    """Truncated importance sampling weights clamp(ratio, clip_low, clip) at `level` (detached) and
+    1.0 where the bound applied."""
+    mask = torch.ones_like(rollout_log_probs) if mask is None else mask
+    raw = _ratio(rollout_log_ratio(old_log_probs, rollout_log_probs, mask, level).clamp(min=-LOG_RATIO_MAX))
     return raw.clamp(min=clip_low, max=clip), ((raw > clip) | (raw < clip_low)).float()
+
+
+def rejection_mask(old_log_probs: torch.Tensor, rollout_log_probs: torch.Tensor, mask: torch.Tensor,
+                   lower: float, upper: float, level: str = "token") -> torch.Tensor:
+    """Masked importance sampling: 1.0 where the ratio at `level` lies in [lower, upper], 0 where the
+    token (or its whole sequence) is rejected."""
+    log_ratio = rollout_log_ratio(old_log_probs, rollout_log_probs, mask, level)
+    return ((log_ratio >= math.log(lower)) & (log_ratio <= math.log(upper))).float()
 
 
 def behaviour_weights(proximal_log_probs: torch.Tensor, behaviour_log_probs: torch.Tensor,
@@ -125,10 +163,20 @@ def policy_loss(cfg, *, log_probs: torch.Tensor, advantages: torch.Tensor, mask:
         ratio = token_ratio(log_probs, old)
     pg, clip_taken = ppo_clip(ratio, advantages, cfg.eps_clip, cfg.eps_clip_high, cfg.eps_clip_c)
     metrics = {"pg_clipfrac": clip_taken, "ppo_kl": (old - log_probs).detach()}
+    if rollout_log_probs is not None:  # train-inference mismatch, every step: the engine vs the trainer
+        delta = old.detach() - rollout_log_probs
+        metrics.update(rollout_logprob_abs_diff=delta.abs(),
+                       mismatch_kl=torch.exp(delta.clamp(max=LOG_RATIO_MAX)) - 1 - delta)  # k3 of KL(rollout || train)
+    if cfg.use_rs:
+        if rollout_log_probs is None:
+            raise ValueError("--use-rs needs the rollout log-probs of every sample")
+        keep = rejection_mask(old, rollout_log_probs, mask, cfg.rs_lower_bound, cfg.rs_upper_bound, cfg.rs_level)
+        metrics["rs_masked_frac"] = 1 - keep
+        pg = pg * keep
     if cfg.use_tis:
         if rollout_log_probs is None:
             raise ValueError("--use-tis needs the rollout log-probs of every sample")
-        off_policy, capped = tis_weights(old, rollout_log_probs, cfg.tis_clip, cfg.tis_clip_low)
+        off_policy, capped = tis_weights(old, rollout_log_probs, cfg.tis_clip, cfg.tis_clip_low, mask, cfg.tis_level)
         metrics.update(tis_weight=off_policy, tis_clipfrac=capped)
         pg = pg * off_policy
     elif cfg.decoupled_ppo:

@@ -21,10 +21,12 @@ def _check_learned(result, out):
 
 
 def test_sync_colocated_learns(tiny_qwen2, toy_data, tmp_path):
-    result = run_lean_rl("lean_rl.train", run_flags(tiny_qwen2, toy_data, tmp_path, "--colocate",
+    result = run_lean_rl("lean_rl.train", run_flags(tiny_qwen2, toy_data, tmp_path, "--colocate", "--ci-test",
                                                     "--num-rollout", str(STEPS)))
     rows = _check_learned(result, tmp_path)
     assert all(r["rollout/groups"] == 8 and r["rollout/samples"] == 64 for r in rows)
+    # --ci-test held every step: the engine's and the trainer's log-probs of what was trained agree
+    assert all(r["train/rollout_logprob_abs_diff"] < 1e-3 and r["train/mismatch_kl"] < 1e-5 for r in rows)
 
 
 def test_one_step_async_learns(tiny_qwen2, toy_data, tmp_path):

@@ -9,7 +9,7 @@ import torch
 from lean_rl.algorithms.config import AlgorithmConfig
 from lean_rl.algorithms.kl import kl_estimate
 from lean_rl.algorithms.losses import (aggregate, aggregation_weights, behaviour_weights, policy_loss, ppo_clip,
-                                       sequence_ratio, tis_weights, value_loss)
+                                      rejection_mask, rollout_log_ratio, sequence_ratio, tis_weights, value_loss)
 
 LN2 = math.log(2)
 
@@ -31,6 +31,26 @@ def test_low_var_kl_is_k3_clamped():
     assert kl_estimate(logp, ref, "low_var_kl").item() == 10.0
     with pytest.raises(ValueError, match="--kl-loss-type"):
         kl_estimate(logp, ref, "k4")
+
+
+@pytest.mark.parametrize("gap", [90.0, -90.0, 1e4, -1e4])
+def test_low_var_kl_value_and_gradient_are_finite_for_any_log_ratio(gap):
+    """ref - logp = 90: exp(90) overflows float32; without the inner clamp the value is clamped to 10
+    but the gradient is inf * 0 = NaN. With it, both are finite (and the gradient is 0 where clamped)."""
+    logp = torch.tensor([0.0, -1.0], requires_grad=True)
+    ref = torch.tensor([gap, -1.5])
+    kl = kl_estimate(logp, ref, "low_var_kl")
+    kl.sum().backward()
+    assert torch.isfinite(kl).all() and torch.isfinite(logp.grad).all()
+    # log r clamped to +-20: k3 = e^20 - 21 or e^-20 + 19, both past the outer bound 10
+    assert kl[0].item() == 10.0 and logp.grad[0].item() == 0.0
+    # an ordinary token: value k3, gradient d/dlogp [exp(ref - logp) - 1 - (ref - logp)] = 1 - exp(ref - logp)
+    assert kl[1].item() == pytest.approx(math.exp(-0.5) - 1 + 0.5, rel=1e-6)
+    assert logp.grad[1].item() == pytest.approx(1 - math.exp(-0.5), rel=1e-6)
+
+
+def test_k3_is_slimes_unclamped_estimator():
+    assert kl_estimate(torch.tensor([0.0]), torch.tensor([90.0]), "k3").item() == math.inf  # the overflow
 
 
 def test_ppo_clip_and_dual_clip():
@@ -160,3 +180,63 @@ def test_gspo_policy_loss_uses_the_sequence_ratio():
     r = math.sqrt(2)
     # token 1: A=1: max(-r, -1.414 clipped to 1.5 -> -r) = -r; token 2: A=-1: max(r, r) = r
     assert loss.item() == pytest.approx(0.5 * (-r + r), abs=1e-6)
+
+
+def _two_rows():
+    """Two sequences of 3 tokens (the last token of row 1 not trained); train and rollout log-probs
+    chosen so the token ratios pi_train / pi_rollout are row 0: 2, 1, 0.5 and row 1: 4, 4, (masked)."""
+    mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])
+    old = torch.log(torch.tensor([[0.4, 0.3, 0.2], [0.4, 0.4, 0.9]]))
+    rollout = torch.log(torch.tensor([[0.2, 0.3, 0.4], [0.1, 0.1, 0.1]]))
+    return old, rollout, mask
+
+
+@pytest.mark.parametrize("level, row0, row1", [
+    ("token", [2.0, 1.0, 0.5], [4.0, 4.0]),
+    ("sequence", [1.0] * 3, [16.0] * 2),                    # product of the trained tokens' ratios
+    ("geometric", [1.0] * 3, [4.0] * 2),                    # (prod)^(1 / number of trained tokens)
+])
+def test_importance_ratio_levels(level, row0, row1):
+    old, rollout, mask = _two_rows()
+    ratio = torch.exp(rollout_log_ratio(old, rollout, mask, level))
+    assert ratio[0].tolist() == pytest.approx(row0, rel=1e-5)
+    assert ratio[1, :2].tolist() == pytest.approx(row1, rel=1e-5)
+
+
+def test_truncated_is_at_the_sequence_level():
+    old, rollout, mask = _two_rows()
+    weights, bounded = tis_weights(old, rollout, clip=2.0, clip_low=0.5, mask=mask, level="sequence")
+    assert weights[0].tolist() == pytest.approx([1.0] * 3) and weights[1, :2].tolist() == pytest.approx([2.0] * 2)
+    assert bounded[:, :2].tolist() == [[0.0, 0.0], [1.0, 1.0]]
+
+
+@pytest.mark.parametrize("level, kept", [
+    ("token", [[0, 1, 0], [0, 0]]),      # 2 and 4 are above 1.5, 0.5 below 1/1.5
+    ("geometric", [[1, 1, 1], [0, 0]]),  # row 0's geometric mean is 1: the whole row stays
+])
+def test_rejection_sampling_masks_tokens_or_whole_sequences(level, kept):
+    old, rollout, mask = _two_rows()
+    keep = rejection_mask(old, rollout, mask, lower=1 / 1.5, upper=1.5, level=level)
+    assert keep[0].tolist() == kept[0] and keep[1, :2].tolist() == kept[1]
+
+
+def test_policy_loss_rejects_and_logs_the_mismatch_every_step():
+    old, rollout, mask = _two_rows()
+    log_probs = old.clone().requires_grad_()
+    inputs = dict(log_probs=log_probs, advantages=torch.ones(2, 3), mask=mask, weights=mask / 5,
+                  metric_weights=mask / 5)
+    loss, metrics = policy_loss(AlgorithmConfig(use_rs=True, rs_upper_bound=1.5), rollout_log_probs=rollout, **inputs)
+    assert loss.item() == pytest.approx(-1 / 5)  # ratio 1 (on policy), A = 1: only the one kept token counts
+    assert metrics["rs_masked_frac"].item() == pytest.approx(4 / 5)
+    deltas = [math.log(2), 0.0, math.log(0.5), math.log(4), math.log(4)]
+    assert metrics["rollout_logprob_abs_diff"].item() == pytest.approx(sum(map(abs, deltas)) / 5, rel=1e-5)
+    # KL(rollout || train) by k3 with r = pi_train / pi_rollout: (r - 1) - log r
+    assert metrics["mismatch_kl"].item() == pytest.approx(sum(math.exp(d) - 1 - d for d in deltas) / 5, rel=1e-5)
+    _, plain = policy_loss(AlgorithmConfig(), rollout_log_probs=rollout, **inputs)
+    assert "rs_masked_frac" not in plain and plain["rollout_logprob_abs_diff"] == metrics["rollout_logprob_abs_diff"]
+
+
+def test_rejection_bounds_are_checked():
+    assert AlgorithmConfig(use_rs=True, rs_upper_bound=4.0).rs_lower_bound == 0.25
+    with pytest.raises(Exception, match="--rs-lower-bound"):
+        AlgorithmConfig(use_rs=True, rs_lower_bound=3.0, rs_upper_bound=2.0)

@@ -123,9 +123,10 @@ def _mean_metrics(per_step: list[dict[str, float]], prefix: str) -> dict[str, fl
 
 
 def train_on_rollout(actor: "MegatronGroup", groups: list[list[Sample]], policy_version: int,
-                     critic: "MegatronGroup | None" = None) -> dict[str, float]:
+                     critic: "MegatronGroup | None" = None, recompute_old: bool = False) -> dict[str, float]:
     """Train on one rollout (groups of Samples): old / reference log-probs and critic values as the
-    algorithm needs, advantages, then --num-steps-per-rollout optimizer steps. Returns metrics
+    algorithm needs (`recompute_old`: the old ones in any case), advantages, then --num-steps-per-rollout
+    optimizer steps. Returns metrics
     (train/loss, train/pg_clipfrac, train/kl_loss, train/entropy, train/grad_norm, train/lr,
     train/skipped_steps, train/reward_mean, rollout/trained_tokens, rollout/failed_frac ...,
     critic/... for PPO). Raises FailedSamplesError (nothing trained) when more than
@@ -140,7 +141,8 @@ def train_on_rollout(actor: "MegatronGroup", groups: list[list[Sample]], policy_
     check_failed_fraction(batch, algo.max_failed_fraction)
     num_steps = actor.batch_plan.steps_for(len(batch))
     masks = batch.masks
-    need_old = not algo.use_rollout_logprobs and (num_steps > 1 or algo.decoupled_ppo or algo.kl_coef != 0)
+    need_old = not algo.use_rollout_logprobs and (recompute_old or num_steps > 1 or algo.decoupled_ppo
+                                                  or algo.kl_coef != 0)
     old = batch.rollout_log_probs if algo.use_rollout_logprobs else (
         forward_rollout(actor, batch) if need_old else None)
     ref = forward_rollout(actor, batch, reference=True) if algo.needs_reference else None
@@ -153,6 +155,8 @@ def train_on_rollout(actor: "MegatronGroup", groups: list[list[Sample]], policy_
         rollout_log_probs=batch.rollout_log_probs, old_log_probs=old, ref_log_probs=ref, values=values,
         kl=kl_in_reward))
     metrics = batch_metrics(batch, policy_version)
+    if old is not None and ref is not None:  # equal before the first update (--ci-test checks it)
+        metrics["train/old_ref_max_abs_diff"] = float(((old - ref).abs() * masks).max())
     metrics["rollout/advantage_mean"] = float((advantages * masks).sum() / masks.sum().clamp(min=1))
     if values is not None:
         metrics["rollout/value_mean"] = float((values * masks).sum() / masks.sum().clamp(min=1))
@@ -169,8 +173,7 @@ def train_on_rollout(actor: "MegatronGroup", groups: list[list[Sample]], policy_
             fields["old_log_probs"] = old
         if ref is not None:
             fields["ref_log_probs"] = ref
-        if algo.use_tis or algo.decoupled_ppo:
-            fields["rollout_log_probs"] = batch.rollout_log_probs
+        fields["rollout_log_probs"] = batch.rollout_log_probs  # corrections, and the mismatch metrics every step
         actor_metrics.append(_optimizer_step(actor, batch, indices, fields))
     metrics.update(_mean_metrics(actor_metrics, "train"))
     if critic_metrics:
