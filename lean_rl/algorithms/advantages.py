@@ -7,6 +7,14 @@ reward failed for infrastructure reasons; its reward means nothing).
     dr_grpo                A_i = r_i - mean_g                            (Dr. GRPO: no std division)
     gspo                   same as grpo (the loss differs: sequence-level ratio)
     rloo                   A_i = r_i - mean_{j != i in g} r_j            (leave-one-out baseline)
+    cispo                  same as grpo (the loss differs: CISPO, slime's name)
+    opo                    A_i = r_i - sum_g(l_j r_j) / sum_g(l_j), l_j the number of trained tokens of
+                           response j (OPO, Hao et al. 2025: the length-weighted optimal baseline)
+    pass_at_k              rewards 0/1; a group of n with c correct, pass@k estimate R = 1 - C(n-c, k) / C(n, k),
+                           std = sqrt(R (1 - R)):  correct  A = (1 - R) / (std + eps)
+                           incorrect  A = (1 - R - C(n-c-1, k-1) / C(n-1, k-1)) / (std + eps)
+                           (Pass@k Training, Chen et al., arXiv 2508.10751, the analytical form: each
+                           sample's advantage averaged over the k-subsets holding it); k = min(--pass-k, n)
     reinforce_plus_plus    token rewards -kl_coef * kl_t, + r_i on the last policy token,
                            discounted returns G_t, whitened over the batch
     reinforce_plus_plus_baseline   (r_i - mean_g) - kl_coef * kl_t, whitened over the batch
@@ -25,9 +33,12 @@ them a failed sample only leaves the batch whitening."""
 
 from __future__ import annotations
 
+import math
+
 import torch
 
-ESTIMATORS = ("grpo", "dr_grpo", "gspo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "ppo")
+ESTIMATORS = ("grpo", "dr_grpo", "gspo", "cispo", "rloo", "opo", "pass_at_k", "reinforce_plus_plus",
+              "reinforce_plus_plus_baseline", "ppo")
 KL_IN_REWARD_ESTIMATORS = ("reinforce_plus_plus", "reinforce_plus_plus_baseline", "ppo")
 GROUP_EPS = 1e-6
 WHITEN_EPS = 1e-8
@@ -78,6 +89,50 @@ def leave_one_out(rewards: torch.Tensor, group_ids: torch.Tensor, valid: torch.T
     others = (mean * size - rewards.double()) / (size - 1).clamp(min=1)
     baseline = torch.where(size <= 1, torch.zeros_like(others), others)
     return torch.where(valid, rewards.double() - baseline, 0.0).float()
+
+
+def length_weighted_baseline(rewards: torch.Tensor, group_ids: torch.Tensor, lengths: torch.Tensor,
+                             valid: torch.Tensor | None = None) -> torch.Tensor:
+    """OPO: r_i minus the length-weighted mean reward sum(l_j r_j) / sum(l_j) of the valid members of its
+    group (no baseline for a group of one, as grpo); 0 for invalid (FAILED) sequences."""
+    valid = _all_valid(rewards, valid)
+    _, inverse = torch.unique(group_ids, return_inverse=True)
+    num_groups = int(inverse.max()) + 1 if inverse.numel() else 0
+    rewards = torch.where(valid, rewards.double(), 0.0)
+    lengths = torch.where(valid, lengths.double(), 0.0)
+
+    def per_group(values: torch.Tensor) -> torch.Tensor:
+        return torch.zeros(num_groups, dtype=torch.float64).index_add_(0, inverse, values)[inverse]
+
+    baseline = per_group(lengths * rewards) / per_group(lengths).clamp(min=1e-12)
+    baseline = torch.where(per_group(valid.double()) <= 1, torch.zeros_like(baseline), baseline)
+    return torch.where(valid, rewards - baseline, 0.0).float()
+
+
+def pass_at_k_advantages(rewards: torch.Tensor, group_ids: torch.Tensor, k: int,
+                         valid: torch.Tensor | None = None) -> torch.Tensor:
+    """Pass@k Training's analytical advantages (see the module docstring) over the valid members of
+    each group; rewards must be 0 or 1; 0 for invalid (FAILED) sequences."""
+    if k < 1:
+        raise ValueError(f"--pass-k must be >= 1, got {k}")
+    valid = _all_valid(rewards, valid)
+    binary = (rewards[valid] == 0) | (rewards[valid] == 1)
+    if not bool(binary.all()):
+        raise ValueError("--advantage-estimator pass_at_k needs rewards of 0 or 1, got "
+                         f"{sorted(set(rewards[valid][~binary].tolist()))[:5]}")
+    size, mean, _ = _group_stats(rewards, group_ids, valid)
+    out = torch.zeros(rewards.shape[0], dtype=torch.float64)
+    for i in torch.nonzero(valid).squeeze(-1).tolist():
+        n = int(size[i])
+        wrong = n - round(float(mean[i]) * n)
+        kk = min(k, n)
+        group_pass = 1 - math.comb(wrong, kk) / math.comb(n, kk)
+        std = math.sqrt(group_pass * (1 - group_pass))
+        if rewards[i] == 1:
+            out[i] = (1 - group_pass) / (std + GROUP_EPS)
+        else:  # the k-subsets holding this wrong sample fail when its k - 1 companions are all wrong too
+            out[i] = (1 - group_pass - math.comb(wrong - 1, kk - 1) / math.comb(n - 1, kk - 1)) / (std + GROUP_EPS)
+    return out.float()
 
 
 def broadcast(sequence_values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -151,13 +206,14 @@ def reinforce_plus_plus_baseline(rewards: torch.Tensor, group_ids: torch.Tensor,
 def compute_advantages(estimator: str, rewards: torch.Tensor, group_ids: torch.Tensor, mask: torch.Tensor, *,
                        valid: torch.Tensor | None = None, kl: torch.Tensor | None = None, kl_coef: float = 0.0,
                        values: torch.Tensor | None = None, gamma: float = 1.0, lam: float = 1.0,
-                       normalize: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+                       normalize: bool = False,
+                       pass_k: int | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(advantages [B, T], returns [B, T] for the critic or None). `valid` ([B] bool, default all)
     marks the sequences that are data: the others (FAILED samples) are left out of every group and
     batch statistic and get advantage 0 (see the module docstring). `kl` ([B, T], old policy vs
     reference) is the KL-in-reward term of the token-level estimators (REINFORCE++ variants, PPO);
     the group estimators take KL as a loss term instead. `normalize` whitens the result over the batch
-    (--normalize-advantages; REINFORCE++ variants are always whitened)."""
+    (--normalize-advantages; REINFORCE++ variants are always whitened). `pass_k`: the k of pass_at_k."""
     if kl_coef != 0 and kl is None:
         raise ValueError("kl_coef != 0 needs per-token kl")
     if kl_coef != 0 and estimator not in KL_IN_REWARD_ESTIMATORS:
@@ -167,12 +223,18 @@ def compute_advantages(estimator: str, rewards: torch.Tensor, group_ids: torch.T
     mask = mask.float() * valid.unsqueeze(-1)  # from here on a failed sample has no token
     kl = torch.zeros_like(mask) if kl is None else kl.float()
     returns = None
-    if estimator in ("grpo", "gspo"):
+    if estimator in ("grpo", "gspo", "cispo"):
         advantages = broadcast(group_normalized(rewards, group_ids, divide_by_std=True, valid=valid), mask)
     elif estimator == "dr_grpo":
         advantages = broadcast(group_normalized(rewards, group_ids, divide_by_std=False, valid=valid), mask)
     elif estimator == "rloo":
         advantages = broadcast(leave_one_out(rewards, group_ids, valid), mask)
+    elif estimator == "opo":
+        advantages = broadcast(length_weighted_baseline(rewards, group_ids, mask.sum(-1), valid), mask)
+    elif estimator == "pass_at_k":
+        if pass_k is None:
+            raise ValueError("--advantage-estimator pass_at_k needs --pass-k")
+        advantages = broadcast(pass_at_k_advantages(rewards, group_ids, pass_k, valid), mask)
     elif estimator == "reinforce_plus_plus":
         return reinforce_plus_plus(rewards, kl, mask, kl_coef, gamma), None
     elif estimator == "reinforce_plus_plus_baseline":

@@ -12,11 +12,16 @@ from typing import Any
 from lean_rl.algorithms.advantages import ESTIMATORS, KL_IN_REWARD_ESTIMATORS
 from lean_rl.algorithms.kl import KL_TYPES
 from lean_rl.algorithms.losses import AGGREGATION_MODES, IS_LEVELS
+from lean_rl.algorithms.policy_losses import POLICY_LOSSES
 from lean_rl.options import ConfigError, option
 from lean_rl.utils.custom_config import ReadOnlyMapping
 
 # What a user of each estimator expects when --loss-agg-mode is not given.
 DEFAULT_AGGREGATION = {"dr_grpo": "seq-mean-token-sum-norm", "gspo": "seq-mean-token-mean"}
+# ... and of each policy loss (before the estimator's): GMPO's objective is a mean over sequences
+DEFAULT_POLICY_LOSS_AGGREGATION = {"gmpo": "seq-mean-token-mean"}
+# the estimators that name their policy loss (slime's --advantage-estimator gspo / cispo)
+ESTIMATOR_POLICY_LOSS = {"gspo": "gspo", "cispo": "cispo"}
 
 
 def _require(condition: bool, message: str) -> None:
@@ -26,7 +31,24 @@ def _require(condition: bool, message: str) -> None:
 
 @dataclass(frozen=True)
 class AlgorithmConfig:
-    advantage_estimator: str = option("grpo", choices=ESTIMATORS)
+    advantage_estimator: str = option("grpo", choices=ESTIMATORS, help=(
+        "cispo: grpo's advantages with --policy-loss cispo (slime's name); opo: r minus the group's "
+        "length-weighted mean reward; pass_at_k: Pass@k Training's analytical advantages (0/1 rewards, --pass-k)"))
+    pass_k: int | None = option(None, positive=True, help=(
+        "k of --advantage-estimator pass_at_k (a group with fewer valid samples uses their number)"))
+    policy_loss: str | None = option(None, choices=POLICY_LOSSES, help=(
+        "default: gspo / cispo for those estimators, else ppo. cispo: -sg(clip(r)) * A * logp (MiniMax-M1; "
+        "--eps-clip >= 1 drops the lower bound); gmpo: -A * exp(mean of the sign-aware clipped token log-ratios), "
+        "--eps-clip / --eps-clip-high bound log r (GMPO); kl_cov / clip_cov (Cui et al. 2025): a KL penalty on, "
+        "or no gradient for, tokens of high covariance (logp - mean)(A - mean), the means over the "
+        "micro-batch's trained tokens"))
+    kl_cov_ratio: float = option(0.0002, help="kl_cov: fraction of a micro-batch's trained tokens, those of largest "
+                                              "covariance, that get the KL penalty")
+    ppo_kl_coef: float = option(1.0, help="kl_cov: weight of the penalty |logp - old logp|")
+    clip_cov_ratio: float = option(0.0002, help="clip_cov: fraction of a micro-batch's trained tokens whose "
+                                                "gradient is dropped (drawn among the candidates, seeded by the data)")
+    clip_cov_lb: float = option(1.0, help="clip_cov: candidates have covariance > this")
+    clip_cov_ub: float = option(5.0, help="clip_cov: candidates have covariance < this")
     eps_clip: float = option(0.2, help="PPO clip range (lower side)")
     eps_clip_high: float | None = option(None, help="upper clip range; default --eps-clip")  # None: eps_clip
     eps_clip_c: float | None = option(None, help="dual clip (Ye et al. 2020): for negative advantages the loss is "
@@ -59,7 +81,8 @@ class AlgorithmConfig:
     normalize_advantages: bool = option(False, help="whiten advantages over the batch")
     loss_agg_mode: str | None = option(  # None: DEFAULT_AGGREGATION, else token-mean
         None, choices=AGGREGATION_MODES,
-        help="default: seq-mean-token-sum-norm for dr_grpo, seq-mean-token-mean for gspo, else token-mean")
+        help="default: seq-mean-token-mean for --policy-loss gmpo, seq-mean-token-sum-norm for dr_grpo, "
+             "seq-mean-token-mean for gspo, else token-mean")
     loss_norm_length: int | None = option(  # the constant of seq-mean-token-sum-norm; None: max_response_len
         None, help="constant of seq-mean-token-sum-norm; default --rollout-max-response-len")
     gamma: float = option(1.0, help="discount (REINFORCE++, PPO)")
@@ -84,7 +107,6 @@ class AlgorithmConfig:
     # given by the caller (--rollout-max-response-len): the default of loss_norm_length
     max_response_len: InitVar[int | None] = None
     # derived
-    policy_loss: str = field(init=False)  # "ppo" | "gspo"
     aggregation: str = field(init=False)
 
     def __post_init__(self, max_response_len: int | None) -> None:
@@ -92,7 +114,27 @@ class AlgorithmConfig:
             object.__setattr__(self, "loss_norm_length", max_response_len)
         _require(self.advantage_estimator in ESTIMATORS,
                  f"--advantage-estimator {self.advantage_estimator!r}: choose one of {', '.join(ESTIMATORS)}")
-        _require(0 < self.eps_clip < 1, f"--eps-clip must be in (0, 1), got {self.eps_clip}")
+        implied = ESTIMATOR_POLICY_LOSS.get(self.advantage_estimator)
+        _require(self.policy_loss is None or implied is None or self.policy_loss == implied,
+                 f"--advantage-estimator {self.advantage_estimator} uses --policy-loss {implied}, "
+                 f"got --policy-loss {self.policy_loss}")
+        object.__setattr__(self, "policy_loss", self.policy_loss or implied or "ppo")
+        _require(self.policy_loss in POLICY_LOSSES,
+                 f"--policy-loss {self.policy_loss!r}: choose one of {', '.join(POLICY_LOSSES)}")
+        if self.policy_loss == "cispo":  # a lower bound 1 - eps_clip <= 0 clips nothing (MiniMax-M1's setting)
+            _require(self.eps_clip > 0, f"--eps-clip must be > 0, got {self.eps_clip}")
+        else:
+            _require(0 < self.eps_clip < 1, f"--eps-clip must be in (0, 1), got {self.eps_clip}")
+        _require(self.eps_clip_c is None or self.policy_loss in ("ppo", "gspo", "clip_cov"),
+                 f"--eps-clip-c (dual clip) applies to --policy-loss ppo, gspo, clip_cov, not {self.policy_loss}")
+        _require(self.advantage_estimator != "pass_at_k" or self.pass_k is not None,
+                 "--advantage-estimator pass_at_k needs --pass-k")
+        _require(self.pass_k is None or self.pass_k >= 1, f"--pass-k must be >= 1, got {self.pass_k}")
+        _require(0 < self.kl_cov_ratio <= 1, f"--kl-cov-ratio must be in (0, 1], got {self.kl_cov_ratio}")
+        _require(self.ppo_kl_coef >= 0, f"--ppo-kl-coef must be >= 0, got {self.ppo_kl_coef}")
+        _require(0 < self.clip_cov_ratio <= 1, f"--clip-cov-ratio must be in (0, 1], got {self.clip_cov_ratio}")
+        _require(self.clip_cov_lb < self.clip_cov_ub,
+                 f"--clip-cov-lb ({self.clip_cov_lb}) must be < --clip-cov-ub ({self.clip_cov_ub})")
         if self.eps_clip_high is None:
             object.__setattr__(self, "eps_clip_high", self.eps_clip)
         _require(self.eps_clip_high > 0, f"--eps-clip-high must be > 0, got {self.eps_clip_high}")
@@ -125,14 +167,14 @@ class AlgorithmConfig:
         _require(self.value_clip is None or self.value_clip > 0, f"--value-clip must be > 0, got {self.value_clip}")
         _require(0 <= self.max_failed_fraction <= 1,
                  f"--max-failed-fraction must be in [0, 1], got {self.max_failed_fraction}")
-        aggregation = self.loss_agg_mode or DEFAULT_AGGREGATION.get(self.advantage_estimator, "token-mean")
+        aggregation = (self.loss_agg_mode or DEFAULT_POLICY_LOSS_AGGREGATION.get(self.policy_loss)
+                       or DEFAULT_AGGREGATION.get(self.advantage_estimator, "token-mean"))
         _require(aggregation in AGGREGATION_MODES,
                  f"--loss-agg-mode {aggregation!r}: choose one of {', '.join(AGGREGATION_MODES)}")
         _require(aggregation != "seq-mean-token-sum-norm" or (self.loss_norm_length or 0) > 0,
                  f"--loss-agg-mode {aggregation} (the default of --advantage-estimator dr_grpo) needs "
                  "--loss-norm-length > 0 (the generation budget, e.g. --rollout-max-response-len)")
         object.__setattr__(self, "aggregation", aggregation)
-        object.__setattr__(self, "policy_loss", "gspo" if self.advantage_estimator == "gspo" else "ppo")
 
     @property
     def needs_reference(self) -> bool:

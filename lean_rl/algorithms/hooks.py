@@ -50,7 +50,7 @@ def builtin_advantages(algo: AlgorithmConfig, inputs: AdvantageInputs) -> tuple[
     return compute_advantages(
         algo.advantage_estimator, inputs.rewards, inputs.group_ids, inputs.mask, valid=inputs.valid, kl=inputs.kl,
         kl_coef=algo.kl_coef, values=inputs.values, gamma=algo.gamma, lam=algo.lambd,
-        normalize=algo.normalize_advantages)
+        normalize=algo.normalize_advantages, pass_k=algo.pass_k)
 
 
 def load_advantage_function(path: str) -> Callable:

@@ -11,6 +11,7 @@ step is the first after generation and nothing else is asked for):
           --eps-clip-c c (dual clip) the loss of a negative-advantage token is capped at -c * A_t
     gspo  r_i = exp(mean_t(logp - old)) for the whole sequence (geometric mean of token ratios), clipped
           the same way; its gradient flows through every token (GSPO-token form, value equals r_i)
+    cispo, gmpo, kl_cov, clip_cov: see policy_losses.py
 Off-policy correction against the rollout (behaviour) log-probs from the engine, detached; with
 log w = old - rollout per token (--tis-level / --rs-level token), summed over the sequence (sequence)
 or averaged (geometric, the geometric mean of token ratios):
@@ -28,6 +29,8 @@ import math
 import torch
 
 from lean_rl.algorithms.kl import kl_estimate
+from lean_rl.algorithms.policy_losses import (clip_cov_drop, cispo, gmpo_log_ratio, token_covariance,
+                                              top_covariance)
 
 AGGREGATION_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
 LOG_RATIO_MAX = 20.0  # exp() guard: a ratio of e^20 is clipped by PPO anyway
@@ -148,6 +151,33 @@ def value_loss(values: torch.Tensor, old_values: torch.Tensor, returns: torch.Te
     return 0.5 * torch.maximum(unclipped, clipped), (clipped > unclipped).float()
 
 
+def _policy_gradient_term(cfg, log_probs: torch.Tensor, old: torch.Tensor, advantages: torch.Tensor,
+                          mask: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """(per-token policy-gradient loss of --policy-loss, its metrics) before off-policy weights."""
+    if cfg.policy_loss == "gmpo":
+        seq_log_ratio, clipped = gmpo_log_ratio(log_probs - old, advantages, mask, cfg.eps_clip, cfg.eps_clip_high)
+        return -advantages * _ratio(seq_log_ratio), {"pg_clipfrac": clipped}
+    if cfg.policy_loss == "gspo":
+        ratio = sequence_ratio(log_probs, old, mask)
+    else:
+        ratio = token_ratio(log_probs, old)
+    if cfg.policy_loss == "cispo":
+        pg, clipped = cispo(log_probs, ratio, advantages, cfg.eps_clip, cfg.eps_clip_high)
+        return pg, {"pg_clipfrac": clipped}
+    if cfg.policy_loss == "kl_cov":
+        penalised = top_covariance(token_covariance(log_probs, advantages, mask), mask, cfg.kl_cov_ratio)
+        pg = -advantages * ratio + penalised * cfg.ppo_kl_coef * (log_probs - old).abs()
+        return pg, {"kl_cov_frac": penalised}
+    pg, clip_taken = ppo_clip(ratio, advantages, cfg.eps_clip, cfg.eps_clip_high, cfg.eps_clip_c)
+    metrics = {"pg_clipfrac": clip_taken}
+    if cfg.policy_loss == "clip_cov":
+        dropped = clip_cov_drop(token_covariance(log_probs, advantages, mask), mask, clip_taken,
+                                cfg.clip_cov_ratio, cfg.clip_cov_lb, cfg.clip_cov_ub)
+        pg = torch.where(dropped > 0, pg.detach(), pg)  # the value stays, the gradient goes
+        metrics["clip_cov_frac"] = dropped
+    return pg, metrics
+
+
 def policy_loss(cfg, *, log_probs: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
                 weights: torch.Tensor, metric_weights: torch.Tensor, old_log_probs: torch.Tensor | None = None,
                 ref_log_probs: torch.Tensor | None = None, rollout_log_probs: torch.Tensor | None = None,
@@ -157,12 +187,8 @@ def policy_loss(cfg, *, log_probs: torch.Tensor, advantages: torch.Tensor, mask:
     step after generation)."""
     mask = mask.float()
     old = log_probs.detach() if old_log_probs is None else old_log_probs
-    if cfg.policy_loss == "gspo":
-        ratio = sequence_ratio(log_probs, old, mask)
-    else:
-        ratio = token_ratio(log_probs, old)
-    pg, clip_taken = ppo_clip(ratio, advantages, cfg.eps_clip, cfg.eps_clip_high, cfg.eps_clip_c)
-    metrics = {"pg_clipfrac": clip_taken, "ppo_kl": (old - log_probs).detach()}
+    pg, metrics = _policy_gradient_term(cfg, log_probs, old, advantages, mask)
+    metrics["ppo_kl"] = (old - log_probs).detach()
     if rollout_log_probs is not None:  # train-inference mismatch, every step: the engine vs the trainer
         delta = old.detach() - rollout_log_probs
         metrics.update(rollout_logprob_abs_diff=delta.abs(),

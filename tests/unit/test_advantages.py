@@ -1,6 +1,7 @@
 """Advantage estimators against values worked out by hand (the arithmetic is spelled out here, never
 computed by the code under test)."""
 
+import itertools
 import math
 
 import pytest
@@ -140,6 +141,8 @@ THIRD, STD3, STD2 = 1 / 3, 0.5773503, 1.4142136
               1 / (STD2 + 1e-6), -1 / (STD2 + 1e-6)]),
     ("gspo", [THIRD / (STD3 + 1e-6), -2 * THIRD / (STD3 + 1e-6), 0.0, THIRD / (STD3 + 1e-6),
               1 / (STD2 + 1e-6), -1 / (STD2 + 1e-6)]),
+    ("cispo", [THIRD / (STD3 + 1e-6), -2 * THIRD / (STD3 + 1e-6), 0.0, THIRD / (STD3 + 1e-6),
+               1 / (STD2 + 1e-6), -1 / (STD2 + 1e-6)]),
     ("dr_grpo", [THIRD, -2 * THIRD, 0.0, THIRD, 1.0, -1.0]),
     ("rloo", [0.5, -1.0, 0.0, 0.5, 2.0, -2.0]),
 ])
@@ -192,3 +195,78 @@ def test_token_level_estimators_give_a_failed_sample_nothing_and_whiten_without_
     # --normalize-advantages whitens over the valid tokens only: dr_grpo on singletons is r -> same as above
     advantages, _ = compute_advantages("dr_grpo", rewards, groups, mask, valid=valid, normalize=True)
     assert torch.allclose(advantages, torch.tensor([[a, a], [-a, -a], [0.0, 0.0]]), atol=1e-5)
+
+
+def test_opo_subtracts_the_length_weighted_mean_reward_of_the_group():
+    """OPO (Hao et al. 2025): b = sum_i l_i R_i / sum_i l_i, A_i = R_i - b, l_i the response's trained tokens.
+    group 0: rewards 1, 0, 1 with lengths 2, 4, 1: b = (2 + 0 + 1) / 7 = 3/7 -> 4/7, -3/7, 4/7
+    group 1: rewards 0, 1 (FAILED, left out), 1 with lengths 3, 2, 1: b = (0 + 1) / 4 -> -1/4, 0, 3/4
+    group 2: a single sequence: no baseline, A = r"""
+    rewards = torch.tensor([1.0, 0.0, 1.0, 0.0, 1.0, 1.0, 0.6])
+    groups = torch.tensor([0, 0, 0, 1, 1, 1, 2])
+    lengths = [2, 4, 1, 3, 2, 1, 2]
+    mask = torch.tensor([[1.0] * n + [0.0] * (4 - n) for n in lengths])
+    valid = torch.tensor([True, True, True, True, False, True, True])
+    advantages, returns = compute_advantages("opo", rewards, groups, mask, valid=valid)
+    expected = torch.tensor([4 / 7, -3 / 7, 4 / 7, -1 / 4, 0.0, 3 / 4, 0.6])
+    assert returns is None
+    assert torch.allclose(advantages, expected[:, None] * mask * valid[:, None], atol=1e-6)
+
+
+def _pass_at_k_by_enumeration(rewards: list[float], k: int) -> list[float]:
+    """Each sample's advantage averaged over every k-subset of its group that holds it, the subset's
+    reward max(rewards) normalised by the mean and std of the subset rewards over all k-subsets."""
+    subsets = list(itertools.combinations(range(len(rewards)), k))
+    value = {s: max(rewards[i] for i in s) for s in subsets}
+    mean = sum(value.values()) / len(subsets)
+    std = math.sqrt(sum((v - mean) ** 2 for v in value.values()) / len(subsets))
+    return [sum((value[s] - mean) / (std + 1e-6) for s in subsets if i in s) / sum(1 for s in subsets if i in s)
+            for i in range(len(rewards))]
+
+
+def test_pass_at_k_analytical_advantages():
+    """Pass@k Training (arXiv 2508.10751), n = 4, c = 1, k = 2: R = 1 - C(3, 2) / C(4, 2) = 1/2,
+    std = sqrt(R (1 - R)) = 1/2; A_pos = (1 - R) / std = 1; A_neg = (1 - R - C(2, 1) / C(3, 1)) / std = -1/3.
+    A second group n = 5, c = 2, k = 3 is checked against the enumeration of its k-subsets, and a third,
+    all correct, has pass@k 1 and nothing to learn."""
+    rewards = torch.tensor([0.0, 1.0, 0.0, 0.0, 1.0, 0.0, 1.0, 0.0, 0.0, 1.0, 1.0])
+    groups = torch.tensor([0, 0, 0, 0, 1, 1, 1, 1, 1, 2, 2])
+    mask = torch.ones(11, 2)
+    advantages, _ = compute_advantages("pass_at_k", rewards, groups, mask, pass_k=2)
+    assert advantages[:4, 0].tolist() == pytest.approx([-1 / 3, 1.0, -1 / 3, -1 / 3], rel=1e-5)
+    assert advantages[9:, 0].tolist() == [0.0, 0.0]
+    advantages, _ = compute_advantages("pass_at_k", rewards[4:9], groups[4:9], mask[4:9], pass_k=3)
+    assert advantages[:, 0].tolist() == pytest.approx(_pass_at_k_by_enumeration([1.0, 0.0, 1.0, 0.0, 0.0], 3),
+                                                      rel=1e-5)
+
+
+def test_pass_at_k_leaves_failed_samples_out_and_needs_binary_rewards_and_k():
+    # n = 4 with one FAILED: the group [1, 0, 0] with k = 2: R = 1 - C(2, 2) / C(3, 2) = 2/3,
+    # std = sqrt(2/9); A_pos = (1/3) / std, A_neg = (1 - 2/3 - C(1, 1) / C(2, 1)) / std = (-1/6) / std
+    rewards, groups = torch.tensor([1.0, 0.0, 1.0, 0.0]), torch.zeros(4, dtype=torch.long)
+    valid = torch.tensor([True, True, False, True])
+    advantages, _ = compute_advantages("pass_at_k", rewards, groups, torch.ones(4, 1), valid=valid, pass_k=2)
+    std = math.sqrt(2 / 9)
+    assert advantages[:, 0].tolist() == pytest.approx([1 / 3 / std, -1 / 6 / std, 0.0, -1 / 6 / std], rel=1e-5)
+    # k larger than the group: pass@n (k = 3 here): R = 1, nothing to learn
+    advantages, _ = compute_advantages("pass_at_k", rewards, groups, torch.ones(4, 1), valid=valid, pass_k=8)
+    assert advantages.abs().max().item() < 1e-6
+    with pytest.raises(ValueError, match="rewards of 0 or 1"):
+        compute_advantages("pass_at_k", torch.tensor([0.5, 1.0]), torch.zeros(2, dtype=torch.long),
+                           torch.ones(2, 1), pass_k=2)
+    with pytest.raises(ValueError, match="--pass-k"):
+        compute_advantages("pass_at_k", rewards, groups, torch.ones(4, 1))
+
+
+def test_pass_at_k_and_its_k_are_configured_together():
+    from lean_rl.algorithms.config import AlgorithmConfig
+    from lean_rl.algorithms.hooks import AdvantageInputs, builtin_advantages
+
+    with pytest.raises(Exception, match="--advantage-estimator pass_at_k needs --pass-k"):
+        AlgorithmConfig(advantage_estimator="pass_at_k")
+    algo = AlgorithmConfig(advantage_estimator="pass_at_k", pass_k=2)
+    inputs = AdvantageInputs(rewards=torch.tensor([0.0, 1.0, 0.0, 0.0]), group_ids=torch.zeros(4, dtype=torch.long),
+                             mask=torch.ones(4, 1), valid=torch.ones(4, dtype=torch.bool),
+                             rollout_log_probs=torch.zeros(4, 1))
+    advantages, _ = builtin_advantages(algo, inputs)  # the driver's path passes --pass-k through
+    assert advantages[:, 0].tolist() == pytest.approx([-1 / 3, 1.0, -1 / 3, -1 / 3], rel=1e-5)

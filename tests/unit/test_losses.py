@@ -10,6 +10,7 @@ from lean_rl.algorithms.config import AlgorithmConfig
 from lean_rl.algorithms.kl import kl_estimate
 from lean_rl.algorithms.losses import (aggregate, aggregation_weights, behaviour_weights, policy_loss, ppo_clip,
                                       rejection_mask, rollout_log_ratio, sequence_ratio, tis_weights, value_loss)
+from lean_rl.algorithms.policy_losses import clip_cov_drop, token_covariance
 
 LN2 = math.log(2)
 
@@ -240,3 +241,127 @@ def test_rejection_bounds_are_checked():
     assert AlgorithmConfig(use_rs=True, rs_upper_bound=4.0).rs_lower_bound == 0.25
     with pytest.raises(Exception, match="--rs-lower-bound"):
         AlgorithmConfig(use_rs=True, rs_lower_bound=3.0, rs_upper_bound=2.0)
+
+
+# --- CISPO, GMPO, KL-Cov, Clip-Cov (lean_rl/algorithms/policy_losses.py) ---
+
+def _three_tokens():
+    """One row of 3 trained tokens; ratios pi / pi_old = 2, 1, 0.5; advantages 1, -1, -1; token-mean weights."""
+    log_probs = torch.log(torch.tensor([[0.5, 0.4, 0.3]])).requires_grad_()
+    old = torch.log(torch.tensor([[0.25, 0.4, 0.6]]))
+    return dict(log_probs=log_probs, old_log_probs=old, advantages=torch.tensor([[1.0, -1.0, -1.0]]),
+                mask=torch.ones(1, 3), weights=torch.full((1, 3), 1 / 3), metric_weights=torch.full((1, 3), 1 / 3))
+
+
+@pytest.mark.parametrize("cfg", [AlgorithmConfig(advantage_estimator="cispo"), AlgorithmConfig(policy_loss="cispo")])
+def test_cispo_detaches_the_clipped_weight_and_keeps_every_tokens_gradient(cfg):
+    """MiniMax-M1 eq. (4): J = E[ sum_t sg(r^_t) A_t log pi(t) ], r^_t = clip(r_t, 1 - eps_low, 1 + eps_high)."""
+    inputs = _three_tokens()
+    loss, metrics = policy_loss(cfg, **inputs)
+    w = [1.2, 1.0, 0.8]  # clip(2, 0.8, 1.2), 1, clip(0.5, 0.8, 1.2)
+    adv = [1.0, -1.0, -1.0]
+    logp = [math.log(0.5), math.log(0.4), math.log(0.3)]
+    assert loss.item() == pytest.approx(sum(-w[t] * adv[t] * logp[t] for t in range(3)) / 3, rel=1e-6)
+    loss.backward()
+    # d/dlogp_t = -w_t A_t / 3: tokens 1 and 3 are the ones PPO clips (zero gradient there), CISPO keeps them
+    assert inputs["log_probs"].grad[0].tolist() == pytest.approx([-w[t] * adv[t] / 3 for t in range(3)], rel=1e-6)
+    assert metrics["pg_clipfrac"].item() == pytest.approx(2 / 3)
+
+
+def test_cispo_may_drop_the_lower_bound_and_other_losses_keep_eps_clip_below_one():
+    assert AlgorithmConfig(advantage_estimator="cispo", eps_clip=1.0, eps_clip_high=4.0).policy_loss == "cispo"
+    with pytest.raises(Exception, match="--eps-clip must be in"):
+        AlgorithmConfig(eps_clip=1.0)
+    with pytest.raises(Exception, match="--advantage-estimator gspo uses --policy-loss gspo"):
+        AlgorithmConfig(advantage_estimator="gspo", policy_loss="cispo")
+    with pytest.raises(Exception, match="--eps-clip-c"):
+        AlgorithmConfig(policy_loss="gmpo", eps_clip_c=3.0)
+    assert AlgorithmConfig().policy_loss == "ppo" and AlgorithmConfig(advantage_estimator="gspo").policy_loss == "gspo"
+
+
+def test_gmpo_geometric_mean_of_sign_aware_clipped_token_ratios():
+    """GMPO (arXiv 2507.20673) eq. (6), eps = 0.4 in log space:
+    J = 1/G sum_i { prod_t min(r_t A_i, clip(r_t, e^-eps, e^eps) A_i)^(1/|o_i|) } sign(A_i)
+      = 1/G sum_i A_i (prod_t min / max(r_t, clip(r_t)))^(1/|o_i|)   (min for A > 0, max for A < 0)"""
+    cfg = AlgorithmConfig(policy_loss="gmpo", eps_clip=0.4, eps_clip_high=0.4)
+    assert cfg.aggregation == "seq-mean-token-mean"
+    log_ratio = torch.tensor([[0.5, 0.1, -0.6], [0.5, -0.6, 3.0]])  # row 1's last token is not trained
+    mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])
+    old = torch.full((2, 3), -2.0)
+    log_probs = (old + log_ratio).requires_grad_()
+    advantages = torch.tensor([[1.0] * 3, [-1.0] * 3])
+    weights = aggregation_weights(mask, cfg.aggregation)
+    loss, metrics = policy_loss(cfg, log_probs=log_probs, old_log_probs=old, advantages=advantages, mask=mask,
+                                weights=weights, metric_weights=weights)
+    e = math.exp
+    # A = +1: min(r, clip r) = e^0.4 (clipped), e^0.1, e^-0.6 (below the band: min keeps r)
+    rho0 = (min(e(0.5), e(0.4)) * e(0.1) * min(e(-0.6), e(-0.4))) ** (1 / 3)
+    # A = -1: max(r, clip r) = e^0.5 (above the band: max keeps r), e^-0.4 (clipped)
+    rho1 = (max(e(0.5), e(0.4)) * max(e(-0.6), e(-0.4))) ** (1 / 2)
+    assert loss.item() == pytest.approx((1 * -rho0 + -1 * -rho1) / 2, rel=1e-5)
+    loss.backward()
+    # d(-A_i rho_i / G)/dlogp_t = -A_i rho_i / (G |o_i|) where token t is not clipped, else 0
+    expected = [[0.0, -rho0 / 6, -rho0 / 6], [rho1 / 4, 0.0, 0.0]]
+    assert log_probs.grad.tolist()[0] == pytest.approx(expected[0], rel=1e-5, abs=1e-7)
+    assert log_probs.grad.tolist()[1] == pytest.approx(expected[1], rel=1e-5, abs=1e-7)
+    assert metrics["pg_clipfrac"].item() == pytest.approx(1 / 2 * 1 / 3 + 1 / 2 * 1 / 2)
+
+
+# 2 x 2 trained tokens (+ one untrained column that must not move the means):
+# mean logp = (-1 - 2 - 3 - 0.5) / 4 = -1.625, mean A = 0
+# cov = (logp + 1.625) * A = [[0.625, -0.375], [-1.375 * -1 = 1.375, 1.125 * -1 = -1.125]]
+COV_LOGP = [[-1.0, -2.0, -100.0], [-3.0, -0.5, -100.0]]
+COV_ADV = torch.tensor([[1.0, 1.0, 50.0], [-1.0, -1.0, 50.0]])
+COV_MASK = torch.tensor([[1.0, 1.0, 0.0], [1.0, 1.0, 0.0]])
+COV_LOG_RATIO = torch.tensor([[0.1, 0.2, 0.0], [-0.3, 0.0, 0.0]])  # ratios e^0.1, e^0.2, e^-0.3, 1
+
+
+def _cov_inputs():
+    log_probs = torch.tensor(COV_LOGP).requires_grad_()
+    return dict(log_probs=log_probs, old_log_probs=log_probs.detach() - COV_LOG_RATIO, advantages=COV_ADV,
+                mask=COV_MASK, weights=COV_MASK / 4, metric_weights=COV_MASK / 4)
+
+
+def test_token_covariance_over_the_trained_tokens():
+    cov = token_covariance(torch.tensor(COV_LOGP), COV_ADV, COV_MASK)
+    assert cov.flatten().tolist() == pytest.approx([0.625, -0.375, 0.0, 1.375, -1.125, 0.0])
+
+
+def test_kl_cov_penalises_the_top_covariance_tokens_without_ratio_clipping():
+    """Cui et al. (arXiv 2505.22617) eq. (11): L = -A_t r_t, plus k |log pi_t - log pi_old_t| for t in the
+    top-k fraction by covariance; here k = max(1, int(0.25 * 4)) = 1 token: (1, 0), cov 1.375."""
+    inputs = _cov_inputs()
+    loss, metrics = policy_loss(AlgorithmConfig(policy_loss="kl_cov", kl_cov_ratio=0.25, ppo_kl_coef=2.0), **inputs)
+    e = math.exp
+    # -A r: -e^0.1, -e^0.2 (PPO would clip it to -1.2), +e^-0.3 plus 2 * 0.3, +1
+    assert loss.item() == pytest.approx((-e(0.1) - e(0.2) + e(-0.3) + 2 * 0.3 + 1) / 4, abs=1e-6)
+    loss.backward()
+    # d/dlogp: -A r (+ 2 * sign(log r) on the penalised token), / 4
+    grad = inputs["log_probs"].grad
+    assert grad[:, :2].flatten().tolist() == pytest.approx([-e(0.1) / 4, -e(0.2) / 4, (e(-0.3) - 2) / 4, 1 / 4], rel=1e-5)
+    assert metrics["kl_cov_frac"].item() == pytest.approx(1 / 4)
+
+
+def test_clip_cov_takes_the_gradient_from_unclipped_tokens_in_the_covariance_band():
+    """Cui et al. Clip-Cov: candidates have clip_cov_lb < cov < clip_cov_ub and were not clipped by PPO;
+    with lb 0.5: (0, 0) (cov 0.625) and (1, 0) (cov 1.375, but PPO clipped it: A = -1, r = e^-0.3 < 0.8)."""
+    inputs = _cov_inputs()
+    cfg = AlgorithmConfig(policy_loss="clip_cov", clip_cov_ratio=0.25, clip_cov_lb=0.5, clip_cov_ub=5.0)
+    loss, metrics = policy_loss(cfg, **inputs)
+    e = math.exp
+    # the value is PPO's: -e^0.1, -1.2 (clipped), max(e^-0.3, 0.8) = 0.8 (clipped), 1
+    assert loss.item() == pytest.approx((-e(0.1) - 1.2 + 0.8 + 1) / 4, rel=1e-6)
+    loss.backward()
+    # gradient only from (1, 1): -A r / 4 = 1/4; (0, 0) by Clip-Cov, (0, 1) and (1, 0) by PPO's clip
+    assert inputs["log_probs"].grad[:, :2].flatten().tolist() == pytest.approx([0.0, 0.0, 0.0, 0.25])
+    assert metrics["clip_cov_frac"].item() == pytest.approx(1 / 4)
+
+
+def test_clip_cov_draws_a_deterministic_bounded_subset_of_the_candidates():
+    cov = torch.tensor([[2.0, 3.0, 0.5, 4.0], [2.5, 9.0, 1.5, 3.5]])  # band (1, 5): 6 candidates
+    mask = torch.ones(2, 4)
+    no_clip = torch.zeros(2, 4)
+    dropped = clip_cov_drop(cov, mask, no_clip, fraction=0.25, lower=1.0, upper=5.0)
+    assert dropped.sum().item() == 2  # int(0.25 * 8)
+    assert bool(((dropped > 0) <= ((cov > 1) & (cov < 5))).all())
+    assert torch.equal(clip_cov_drop(cov, mask, no_clip, 0.25, 1.0, 5.0), dropped)
