@@ -41,7 +41,10 @@ class AlgorithmConfig:
         "--eps-clip >= 1 drops the lower bound); gmpo: -A * exp(mean of the sign-aware clipped token log-ratios), "
         "--eps-clip / --eps-clip-high bound log r (GMPO); kl_cov / clip_cov (Cui et al. 2025): a KL penalty on, "
         "or no gradient for, tokens of high covariance (logp - mean)(A - mean), the means over the "
-        "micro-batch's trained tokens"))
+        "micro-batch's trained tokens; sapo: -A * sigmoid(tau (r - 1)) * 4 / tau, a soft gate instead of the clip "
+        "(SAPO)"))
+    sapo_tau_pos: float = option(1.0, positive=True, help="sapo: gate temperature for positive advantages")
+    sapo_tau_neg: float = option(1.05, positive=True, help="sapo: gate temperature for negative advantages")
     kl_cov_ratio: float = option(0.0002, help="kl_cov: fraction of a micro-batch's trained tokens, those of largest "
                                               "covariance, that get the KL penalty")
     ppo_kl_coef: float = option(1.0, help="kl_cov: weight of the penalty |logp - old logp|")
@@ -125,7 +128,7 @@ class AlgorithmConfig:
             _require(self.eps_clip > 0, f"--eps-clip must be > 0, got {self.eps_clip}")
         else:
             _require(0 < self.eps_clip < 1, f"--eps-clip must be in (0, 1), got {self.eps_clip}")
-        _require(self.eps_clip_c is None or self.policy_loss in ("ppo", "gspo", "clip_cov"),
+        _require(self.eps_clip_c is None or self.policy_loss in ("ppo", "gspo", "clip_cov"),  # not cispo/gmpo/kl_cov/sapo
                  f"--eps-clip-c (dual clip) applies to --policy-loss ppo, gspo, clip_cov, not {self.policy_loss}")
         _require(self.advantage_estimator != "pass_at_k" or self.pass_k is not None,
                  "--advantage-estimator pass_at_k needs --pass-k")

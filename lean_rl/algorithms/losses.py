@@ -11,7 +11,7 @@ step is the first after generation and nothing else is asked for):
           --eps-clip-c c (dual clip) the loss of a negative-advantage token is capped at -c * A_t
     gspo  r_i = exp(mean_t(logp - old)) for the whole sequence (geometric mean of token ratios), clipped
           the same way; its gradient flows through every token (GSPO-token form, value equals r_i)
-    cispo, gmpo, kl_cov, clip_cov: see policy_losses.py
+    cispo, gmpo, kl_cov, clip_cov, sapo: see policy_losses.py
 Off-policy correction against the rollout (behaviour) log-probs from the engine, detached; with
 log w = old - rollout per token (--tis-level / --rs-level token), summed over the sequence (sequence)
 or averaged (geometric, the geometric mean of token ratios):
@@ -29,7 +29,7 @@ import math
 import torch
 
 from lean_rl.algorithms.kl import kl_estimate
-from lean_rl.algorithms.policy_losses import (clip_cov_drop, cispo, gmpo_log_ratio, token_covariance,
+from lean_rl.algorithms.policy_losses import (clip_cov_drop, cispo, gmpo_log_ratio, sapo, token_covariance,
                                               top_covariance)
 
 AGGREGATION_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
@@ -164,6 +164,8 @@ def _policy_gradient_term(cfg, log_probs: torch.Tensor, old: torch.Tensor, advan
     if cfg.policy_loss == "cispo":
         pg, clipped = cispo(log_probs, ratio, advantages, cfg.eps_clip, cfg.eps_clip_high)
         return pg, {"pg_clipfrac": clipped}
+    if cfg.policy_loss == "sapo":
+        return sapo(ratio, advantages, cfg.sapo_tau_pos, cfg.sapo_tau_neg), {}
     if cfg.policy_loss == "kl_cov":
         penalised = top_covariance(token_covariance(log_probs, advantages, mask), mask, cfg.kl_cov_ratio)
         pg = -advantages * ratio + penalised * cfg.ppo_kl_coef * (log_probs - old).abs()

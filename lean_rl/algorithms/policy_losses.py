@@ -12,6 +12,10 @@
               (clip_cov_lb, clip_cov_ub), a random clip_cov_ratio fraction (of all trained tokens) get no gradient
               (their loss value is kept, detached; verl zeroes it: the same gradient)
 
+    sapo      (Gao et al., arXiv 2511.20347)  pg_t = -A_t * f(r_t), f(r) = sigmoid(tau (r - 1)) * 4 / tau, a soft
+              gate in place of the hard clip (gradient -A_t * 4 s (1 - s) r_t grad logp_t, equal to PPO's at r = 1);
+              tau = --sapo-tau-pos for A_t > 0, --sapo-tau-neg otherwise
+
 Covariance per token (both *_cov losses): cov_t = (logp_t - mean logp) * (A_t - mean A), the means over
 the trained tokens of the tensors given: the policy loss runs per micro-batch on each trainer rank,
 so (as in verl) they are the micro-batch's statistics, not the step's."""
@@ -22,7 +26,7 @@ import zlib
 
 import torch
 
-POLICY_LOSSES = ("ppo", "gspo", "cispo", "gmpo", "kl_cov", "clip_cov")
+POLICY_LOSSES = ("ppo", "gspo", "cispo", "gmpo", "kl_cov", "clip_cov", "sapo")
 
 
 def cispo(log_probs: torch.Tensor, ratio: torch.Tensor, advantages: torch.Tensor, eps_clip: float,
@@ -31,6 +35,12 @@ def cispo(log_probs: torch.Tensor, ratio: torch.Tensor, advantages: torch.Tensor
     (eps_clip >= 1, MiniMax-M1's setting) clips nothing from below."""
     weight = ratio.detach().clamp(min=1 - eps_clip, max=1 + eps_clip_high)
     return -weight * advantages * log_probs, (weight != ratio.detach()).float()
+
+
+def sapo(ratio: torch.Tensor, advantages: torch.Tensor, tau_pos: float, tau_neg: float) -> torch.Tensor:
+    """Per-token SAPO loss: the soft gate sigmoid(tau (r - 1)) * 4 / tau of the ratio, times -A."""
+    tau = torch.where(advantages > 0, torch.full_like(ratio, tau_pos), torch.full_like(ratio, tau_neg))
+    return -advantages * torch.sigmoid(tau * (ratio - 1)) * 4 / tau
 
 
 def gmpo_log_ratio(log_ratio: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor, eps_low: float,

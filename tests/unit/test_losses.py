@@ -365,3 +365,24 @@ def test_clip_cov_draws_a_deterministic_bounded_subset_of_the_candidates():
     assert dropped.sum().item() == 2  # int(0.25 * 8)
     assert bool(((dropped > 0) <= ((cov > 1) & (cov < 5))).all())
     assert torch.equal(clip_cov_drop(cov, mask, no_clip, 0.25, 1.0, 5.0), dropped)
+
+
+def test_sapo_soft_gate_value_and_gradient():
+    """SAPO (arXiv 2511.20347): loss_t = -A_t * sigmoid(tau (r_t - 1)) * 4 / tau, tau by the sign of A_t;
+    its gradient -A_t * 4 s (1 - s) r_t grad logp_t is PPO's -A_t grad logp_t at r = 1."""
+    cfg = AlgorithmConfig(policy_loss="sapo", sapo_tau_pos=1.0, sapo_tau_neg=2.0)
+    log_probs = torch.log(torch.tensor([[0.5, 0.5, 0.4]])).requires_grad_()
+    old = torch.log(torch.tensor([[0.25, 0.5, 0.4]]))  # r = 2, 1, 1
+    advantages = torch.tensor([[1.0, -1.0, 2.0]])
+    ones = torch.ones(1, 3)
+    loss, _ = policy_loss(cfg, log_probs=log_probs, advantages=advantages, mask=ones, weights=ones,
+                          metric_weights=ones / 3, old_log_probs=old)
+
+    def sig(x):
+        return 1 / (1 + math.exp(-x))
+
+    # token 1: A=1, tau=1, r=2: -sig(1) * 4;  token 2: A=-1, tau=2, r=1: +sig(0) * 2 = 1;  token 3: A=2, tau=1: -2 * 2
+    assert loss.item() == pytest.approx(-4 * sig(1) + 1.0 - 4.0, rel=1e-6)
+    loss.backward()
+    expected_grad = [-1 * 4 * sig(1) * (1 - sig(1)) * 2, 1.0, -2.0]
+    assert log_probs.grad[0].tolist() == pytest.approx(expected_grad, rel=1e-5)
