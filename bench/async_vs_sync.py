@@ -11,7 +11,6 @@ outside generate / wait / train / sync / save / eval). Speedups are sync wall ti
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import subprocess
@@ -19,10 +18,14 @@ import sys
 import tempfile
 from pathlib import Path
 
-from lean_rl.testing.tiny_model import make_tiny_model
+from bench_common import at_least, bench_parser, command_line, parse_bench_args, row, run_bench, write_rows
+from lean_rl.testing.tiny_model import PRESETS, make_tiny_model
 from lean_rl.testing.toy_task import write_dataset
 
 REPO = Path(__file__).resolve().parents[1]
+QUICK = {"steps": 5, "max_response_len": 128}
+SPEEDUP_GOAL = ">= 1"  # async must not be slower than sync on the same workload
+OVERHEAD_GOAL = 0.05  # of step time
 MODES = {
     "sync": ("lean_rl.train", []),
     "one-step": ("lean_rl.train_async", ["--async-mode", "one-step"]),
@@ -44,7 +47,7 @@ def run_mode(name: str, work: Path, model: Path, data: Path, args) -> list[dict]
     result = subprocess.run([sys.executable, "-m", module, *flags], cwd=REPO, env=env, capture_output=True,
                             text=True, timeout=args.timeout)
     if result.returncode != 0:
-        raise RuntimeError(f"{name} failed:\n{result.stderr[-4000:]}")
+        raise RuntimeError(f"{name} failed (last lines of its stderr):\n{result.stderr[-4000:]}")
     return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line]
 
 
@@ -61,13 +64,13 @@ def summarize(rows: list[dict]) -> dict[str, float]:
     }
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--steps", type=int, default=12)
-    parser.add_argument("--preset", default="tiny")
-    parser.add_argument("--max-response-len", type=int, default=256)
-    parser.add_argument("--timeout", type=float, default=1800)
-    args = parser.parse_args(argv)
+def main(argv: list[str]) -> int:
+    parser = bench_parser("async_vs_sync", __doc__, QUICK)
+    parser.add_argument("--steps", type=at_least(2), default=12, help="steps per mode (the first is excluded)")
+    parser.add_argument("--preset", default="tiny", choices=sorted(PRESETS), help="tiny-model preset")
+    parser.add_argument("--max-response-len", type=at_least(1), default=256)
+    parser.add_argument("--timeout", type=at_least(1), default=1800, help="seconds per mode's run")
+    args = parse_bench_args(parser, argv)
     work = Path(tempfile.mkdtemp(prefix="lean_rl_bench_async_"))
     model = make_tiny_model(work / "model", preset=args.preset)
     data = write_dataset(work / "train.jsonl", 512, seed=0)
@@ -80,8 +83,22 @@ def main(argv: list[str] | None = None) -> int:
     for name, r in results.items():
         print(f"{name:10s} {r['wall_s']:8.1f} {base / r['wall_s']:7.2f}x {r['trainer_idle']:12.1%} "
               f"{r['engine_idle']:11.1%} {r['overhead']:8.2%} {r['train_s']:8.1f} {r['tokens']:8.0f}")
+    workload = (f"{args.preset}, Pareto response lengths <= {args.max_response_len}, 8 prompts × 8 samples, "
+                f"{args.steps - 1} steps")
+    command = command_line("async_vs_sync", argv)
+    sync = results["sync"]
+    rows = [row(f"{name} async / sync wall time ({workload}); trainer idle, engine idle",
+                f"{r['wall_s']:.1f} s; idle {r['trainer_idle']:.0%}, {r['engine_idle']:.0%}",
+                f"{sync['wall_s']:.1f} s sync; idle {sync['trainer_idle']:.0%}, {sync['engine_idle']:.0%}",
+                base / r["wall_s"], SPEEDUP_GOAL, command)
+            for name, r in results.items() if name != "sync"]
+    worst = max(results, key=lambda name: results[name]["overhead"])
+    rows.append(row(f"framework overhead: step time outside generate / wait / train / sync / save / eval, worst "
+                    f"mode ({workload})", ", ".join(f"{name} {r['overhead']:.2%}" for name, r in results.items()),
+                    "—", results[worst]["overhead"], f"< {OVERHEAD_GOAL}", command))
+    write_rows(args.json, rows)
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_bench("async_vs_sync", main)

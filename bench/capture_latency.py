@@ -2,6 +2,7 @@
 the same ids straight to the router's /generate, one call at a time, same servers, one run.
 
     .venv/bin/python bench/capture_latency.py [--calls 50] [--rounds 3] [--max-new-tokens 16] [--turns 1]
+                                              [--preset tiny | --hf-checkpoint DIR]
 
 Both sides generate exactly --max-new-tokens tokens (ignore_eos) from the same prompt ids with log-probs.
 `direct` posts the ids with httpx; `capture/httpx` posts the chat request to the capture endpoint with
@@ -13,12 +14,10 @@ that drift of a shared machine hits all; figures are medians over all calls.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import dataclasses
 import json
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -26,12 +25,16 @@ from pathlib import Path
 import httpx
 import openai
 
+from bench_common import NO_GOAL, at_least, bench_parser, command_line, parse_bench_args, row, run_bench, write_rows
 from lean_rl.backends.sglang.engines import EngineGroup
 from lean_rl.config import parse_config
+from lean_rl.preflight import check_model_dir
 from lean_rl.rollout.openai_capture import CaptureSession, stop_capture_servers
 from lean_rl.sample import Sample
 from lean_rl.testing.sglang_engines import engine_config_for_tests
-from lean_rl.testing.tiny_model import make_tiny_model
+from lean_rl.testing.tiny_model import PRESETS, make_tiny_model
+
+QUICK = {"calls": 20, "rounds": 3}
 
 
 def conversation(turns: int) -> list[dict]:
@@ -83,17 +86,21 @@ async def one_round(cfg, router_url: str, headers: dict, calls: int, max_new: in
     return seconds, in_endpoint
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--calls", type=int, default=50, help="sequential calls per side and round")
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--max-new-tokens", type=int, default=16)
-    parser.add_argument("--turns", type=int, default=1, help="each call is this turn of a conversation")
-    parser.add_argument("--preset", default="tiny", help="tiny-model preset (tiny, small, base100m)")
-    args = parser.parse_args(argv)
+def main(argv: list[str]) -> int:
+    parser = bench_parser("capture_latency", __doc__, QUICK)
+    parser.add_argument("--calls", type=at_least(2), default=50, help="sequential calls per side and round")
+    parser.add_argument("--rounds", type=at_least(1), default=3)
+    parser.add_argument("--max-new-tokens", type=at_least(1), default=16)
+    parser.add_argument("--turns", type=at_least(1), default=1, help="each call is this turn of a conversation")
+    parser.add_argument("--preset", default="tiny", choices=sorted(PRESETS), help="tiny-model preset")
+    parser.add_argument("--hf-checkpoint", metavar="DIR", help="serve this HF model (with a chat template) "
+                        "instead of a tiny one")
+    args = parse_bench_args(parser, argv)
+    if args.hf_checkpoint:
+        check_model_dir(args.hf_checkpoint, "--hf-checkpoint")
 
     work = Path(tempfile.mkdtemp(prefix="lean_rl_bench_capture_"))
-    model = make_tiny_model(work / "model", preset=args.preset)
+    model = Path(args.hf_checkpoint) if args.hf_checkpoint else make_tiny_model(work / "model", preset=args.preset)
     prompts = work / "prompts.jsonl"
     prompts.write_text(json.dumps({"prompt": "x", "label": "x"}) + "\n")
     engines_cfg = engine_config_for_tests(model, "--rollout-num-engines", "1")
@@ -117,17 +124,29 @@ def main(argv: list[str] | None = None) -> int:
                 in_endpoint += inside
                 print(f"round {r} {side:15s} median {statistics.median(seconds) * 1e3:7.2f} ms/call", flush=True)
     direct = statistics.median(results["direct"])
+    workload = (f"{model.name if args.hf_checkpoint else args.preset}, {args.max_new_tokens} new tokens, "
+                f"turn {args.turns}, {args.calls}×{args.rounds} sequential calls per side, medians")
+    command = command_line("capture_latency", argv)
+    rows = []
     print(f"\ncapture endpoint latency ({args.calls} x {args.rounds} sequential calls per side, "
           f"{args.max_new_tokens} new tokens, turn {args.turns} of a conversation, medians):")
     for side in sides:
         median = statistics.median(results[side])
         print(f"  {side:15s} {median * 1e3:8.2f} ms/call   added {(median - direct) * 1e3:+7.2f} ms   "
               f"ratio {median / direct:6.3f}")
+        if side != "direct":
+            rows.append(row(f"OpenAI capture endpoint ({side}) / a direct `/generate`, per chat completion ({workload})",
+                            f"{median * 1e3:.1f} ms ({(median - direct) * 1e3:+.1f} ms)",
+                            f"{direct * 1e3:.1f} ms direct `/generate`", median / direct, NO_GOAL, command))
+    inside, inside_p95 = statistics.median(in_endpoint), statistics.quantiles(in_endpoint, n=20)[-1]
     print(f"  in the endpoint (render, tokenize, record, answer; engine call excluded): "
-          f"{statistics.median(in_endpoint) * 1e3:.2f} ms/call median, "
-          f"{statistics.quantiles(in_endpoint, n=20)[-1] * 1e3:.2f} ms p95")
+          f"{inside * 1e3:.2f} ms/call median, {inside_p95 * 1e3:.2f} ms p95")
+    rows.append(row(f"OpenAI capture endpoint, its own time per call (render, tokenize, record, answer; "
+                    f"engine call excluded; {workload})", f"{inside * 1e3:.2f} ms median, {inside_p95 * 1e3:.2f} ms p95",
+                    "—", None, NO_GOAL, command))
+    write_rows(args.json, rows)
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_bench("capture_latency", main)

@@ -1,7 +1,7 @@
 """Checkpoint conversion benchmark on a ~100M-parameter model (make_tiny_model preset base100m),
 re-saved as HF shards of --input-shard-size so that "one shard" means something:
 
-    python bench/convert.py [--arch qwen2] [--input-shard-size 100MB] [--workdir DIR]
+    python bench/convert.py [--arch qwen2] [--input-shard-size 100MB] [--workdir DIR] [--repeat 3]
 
 For each direction it prints, beside floors measured in the same run:
 - time ratio: conversion seconds / seconds to read the same weight files and write the same bytes
@@ -24,7 +24,11 @@ import sys
 import time
 from pathlib import Path
 
+from bench_common import NO_GOAL, at_least, bench_parser, command_line, parse_bench_args, row, run_bench, write_rows
+from lean_rl.options import ConfigError
+
 BLOCK = 16 * 2**20
+QUICK = {"repeat": 1}
 
 
 def _peak_rss_bytes() -> int:
@@ -110,21 +114,29 @@ def _files(directory: Path, suffix: str) -> list[Path]:
     return [p for p in directory.rglob(f"*{suffix}") if p.is_file()]
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def main(argv: list[str]) -> int:
+    parser = bench_parser("convert", __doc__, QUICK)
     parser.add_argument("--arch", default="qwen2", choices=("qwen2", "llama", "qwen3", "qwen3_moe"))
     parser.add_argument("--input-shard-size", default="100MB")
     parser.add_argument("--workdir", default="/tmp/lean_rl_bench_convert")
-    parser.add_argument("--repeat", type=int, default=3, help="runs per measurement (median time, max RSS)")
+    parser.add_argument("--repeat", type=at_least(1), default=3, help="runs per measurement (median time, max RSS)")
     parser.add_argument("--worker", nargs=4, metavar=("KIND", "SRC", "DST", "SHARD"), help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    args = parse_bench_args(parser, argv)
     if args.worker:
         print(json.dumps(worker(*args.worker)))
-        return
+        return 0
 
     from safetensors import safe_open
 
+    from lean_rl.convert.safetensors_io import parse_size
+
+    try:
+        parse_size(args.input_shard_size)
+    except ValueError as err:
+        raise ConfigError(f"--input-shard-size {args.input_shard_size}: {err}") from None
     workdir = Path(args.workdir)
+    if workdir.exists() and not workdir.is_dir():
+        raise ConfigError(f"--workdir {workdir}: exists and is not a directory")
     workdir.mkdir(parents=True, exist_ok=True)
     hf = prepare_input(workdir, args.arch, args.input_shard_size)
     shards = _files(hf, ".safetensors")
@@ -158,16 +170,29 @@ def main() -> None:
               f"{'imports MiB':>13}{'input shard MiB':>17}{'peak/shard':>12}{'(peak-imports)/shard':>22}")
     print(header)
     print("-" * len(header))
+    command = command_line("convert", argv)
+    model = f"base100m {args.arch}, {params / 1e6:.0f}M parameters, largest tensor {largest_tensor / mib:.0f} MiB"
+    rows = []
     for name, conv, raw, shard in (("hf->megatron", to_megatron, raw_hf, largest_shard),
                                    ("megatron->hf", to_hf, raw_dist, largest_dist)):
         added = conv["peak_rss"] - conv["rss_after_imports"]
+        rows.append(row(f"conversion {name} time / a raw read + write of the same weight files ({model}, "
+                        f"median of {args.repeat})", f"{conv['seconds']:.2f} s",
+                        f"{raw['seconds']:.2f} s raw read + write", conv["seconds"] / raw["seconds"], NO_GOAL, command))
+        # the streaming claim: what the converter adds above its imports is about one input shard plus one tensor
+        rows.append(row(f"conversion {name} peak RSS above the interpreter's imports ({conv['rss_after_imports'] / mib:.0f}"
+                        f" MiB) / the largest input shard ({model})", f"{added / mib:.0f} MiB",
+                        f"{shard / mib:.0f} MiB shard", added / shard,
+                        f"<= {(shard + largest_tensor) / shard:.2f} (one shard + the largest tensor)", command))
         print(f"{name:<16}{conv['seconds']:>8.2f}{raw['seconds']:>11.2f}{conv['seconds'] / raw['seconds']:>12.2f}"
               f"{conv['peak_rss'] / mib:>14.0f}{conv['rss_after_imports'] / mib:>13.0f}{shard / mib:>17.0f}"
               f"{conv['peak_rss'] / shard:>12.2f}{added / shard:>22.2f}")
     model_bytes = sum(p.stat().st_size for p in shards)
     print(f"(model {model_bytes / mib:.0f} MiB; raw r+w floor process: peak RSS {raw_hf['peak_rss'] / mib:.0f} MiB; "
           f"median of {args.repeat} runs each)")
+    write_rows(args.json, rows)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    run_bench("convert", main)

@@ -1,7 +1,7 @@
 """Multi-turn rollout overhead: lean_rl's multi-turn generate vs bare /generate calls, same servers, one run.
 
     .venv/bin/python bench/multi_turn_overhead.py [--num-engines 2] [--trajectories 32] [--turns 4]
-                                                  [--tokens-per-turn 32] [--rounds 3]
+                                                  [--tokens-per-turn 32] [--rounds 3] [--hf-checkpoint DIR]
 
 Ours: a rollout of --trajectories samples, each --turns model turns of exactly --tokens-per-turn tokens
 (ignore_eos) with an instant environment whose observation is a fixed chat message: the whole
@@ -16,7 +16,6 @@ machine hits all three; ratios are of the median rounds.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import dataclasses
 import json
@@ -28,14 +27,17 @@ from pathlib import Path
 
 import httpx
 
+from bench_common import NO_GOAL, at_least, bench_parser, command_line, parse_bench_args, row, run_bench, write_rows
 from lean_rl.backends.sglang.client import EngineClient
 from lean_rl.backends.sglang.engines import EngineGroup
 from lean_rl.buffer.data_buffer import create_data_buffer
 from lean_rl.config import parse_config
+from lean_rl.preflight import check_model_dir
 from lean_rl.rollout.default import generate_rollout
 from lean_rl.testing.sglang_engines import engine_config_for_tests
 from lean_rl.testing.tiny_model import make_tiny_model
 
+QUICK = {"trajectories": 32, "turns": 3, "tokens_per_turn": 32, "rounds": 3}
 ENV_MODULE = '''
 from lean_rl.rollout.environment import Observation
 
@@ -91,18 +93,22 @@ async def flush_caches(engines_cfg) -> None:
             await client.flush_cache()
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--num-engines", type=int, default=2)
-    parser.add_argument("--trajectories", type=int, default=32)
-    parser.add_argument("--turns", type=int, default=4)
-    parser.add_argument("--tokens-per-turn", type=int, default=32)
-    parser.add_argument("--concurrency", type=int, default=64)
-    parser.add_argument("--rounds", type=int, default=3)
-    args = parser.parse_args(argv)
+def main(argv: list[str]) -> int:
+    parser = bench_parser("multi_turn_overhead", __doc__, QUICK)
+    parser.add_argument("--num-engines", type=at_least(1), default=2)
+    parser.add_argument("--trajectories", type=at_least(1), default=32)
+    parser.add_argument("--turns", type=at_least(1), default=4)
+    parser.add_argument("--tokens-per-turn", type=at_least(1), default=32)
+    parser.add_argument("--concurrency", type=at_least(1), default=64)
+    parser.add_argument("--rounds", type=at_least(1), default=3)
+    parser.add_argument("--hf-checkpoint", metavar="DIR", help="serve this HF model (with a chat template) "
+                        "instead of the tiny one")
+    args = parse_bench_args(parser, argv)
+    if args.hf_checkpoint:
+        check_model_dir(args.hf_checkpoint, "--hf-checkpoint")
 
     work = Path(tempfile.mkdtemp(prefix="lean_rl_bench_multi_turn_"))
-    model = make_tiny_model(work / "model")
+    model = Path(args.hf_checkpoint) if args.hf_checkpoint else make_tiny_model(work / "model")
     (work / "bench_env.py").write_text(ENV_MODULE.format(turns=args.turns))
     sys.path.insert(0, str(work))
     prompts = work / "prompts.jsonl"
@@ -142,8 +148,17 @@ def main(argv: list[str] | None = None) -> int:
     print(f"  ours    {ours:8.1f} tok/s\n  replay  {replay:8.1f} tok/s   ours/replay {ours / replay:6.3f}"
           f"  (our machinery's overhead)\n  single  {single:8.1f} tok/s   ours/single {ours / single:6.3f}"
           f"  (vs as many independent single-turn calls)")
+    workload = (f"{model.name if args.hf_checkpoint else 'tiny'}, {args.trajectories} trajectories × {args.turns} "
+                f"turns × {args.tokens_per_turn} tokens, {args.num_engines} engines, caches flushed per round, "
+                f"median of {args.rounds}")
+    command = command_line("multi_turn_overhead", argv)
+    write_rows(args.json, [
+        row(f"multi-turn rollout, ours / the same turns as bare `/generate` posts ({workload})", f"{ours:.0f} tok/s",
+            f"{replay:.0f} tok/s replayed turns", ours / replay, NO_GOAL, command),
+        row(f"multi-turn rollout, ours / as many independent single-turn calls ({workload})", f"{ours:.0f} tok/s",
+            f"{single:.0f} tok/s single-turn calls", ours / single, NO_GOAL, command)])
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_bench("multi_turn_overhead", main)

@@ -13,7 +13,6 @@ median step time, train time, sync time (incl. probe), generate time; ratio = th
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
@@ -22,12 +21,15 @@ import sys
 import tempfile
 from pathlib import Path
 
+from bench_common import at_least, bench_parser, command_line, parse_bench_args, row, run_bench, write_rows
 from lean_rl.testing.ray_cluster import SimulatedCluster, actor_table
 from lean_rl.testing.tiny_model import make_tiny_model
 from lean_rl.testing.toy_task import write_dataset
 
 REPO = Path(__file__).resolve().parents[1]
 KEYS = ("time/step", "time/train", "time/sync", "time/generate")
+QUICK = {"steps": 4}
+GOAL = "≈ 1"  # three nodes / one node: nothing serialises through the driver or waits on a node
 
 
 def run(name: str, cluster: SimulatedCluster, work: Path, model: Path, data: Path, args, extra: list[str]):
@@ -48,11 +50,11 @@ def run(name: str, cluster: SimulatedCluster, work: Path, model: Path, data: Pat
     return {key: statistics.median(r.get(key, 0.0) for r in rows) for key in KEYS}, placement
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--steps", type=int, default=8)
-    parser.add_argument("--timeout", type=float, default=900)
-    args = parser.parse_args(argv)
+def main(argv: list[str]) -> int:
+    parser = bench_parser("multinode", __doc__, QUICK)
+    parser.add_argument("--steps", type=at_least(2), default=8, help="steps per run (the first is excluded)")
+    parser.add_argument("--timeout", type=at_least(1), default=900, help="seconds per run")
+    args = parse_bench_args(parser, argv)
     work = Path(tempfile.mkdtemp(prefix="lean_rl_bench_multinode_"))
     model = make_tiny_model(work / "model", preset="tiny")
     data = write_dataset(work / "train.jsonl", 512, seed=0)
@@ -65,8 +67,13 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'figure':16s} {'1 node s':>9s} {'3 nodes s':>10s} {'ratio':>7s}")
     for key in KEYS:
         print(f"{key:16s} {single[key]:9.3f} {multi[key]:10.3f} {multi[key] / single[key]:6.2f}x")
+    command = command_line("multinode", argv)
+    write_rows(args.json, [
+        row(f"{key} of the same tiny run (TP2 + 1 engine) on 3 / 1 simulated Ray nodes, median of steps 2..{args.steps}",
+            f"{multi[key]:.3f} s", f"{single[key]:.3f} s on one node", multi[key] / single[key] if single[key] else None, GOAL, command)
+        for key in KEYS])
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_bench("multinode", main)

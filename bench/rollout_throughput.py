@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/rollout_throughput.py [--num-engines 2] [--prompts 64] [--samples 4]
                                                  [--max-new-tokens 128] [--concurrency 64] [--rounds 5]
+                                                 [--preset tiny | --hf-checkpoint DIR]
 
 Both sides send the same prompts with the same sampling parameters (ignore_eos, so every request makes
 exactly --max-new-tokens tokens) through the same sglang-router at the same concurrency. Ours is the
@@ -12,26 +13,28 @@ floor, ours, ...) so that drift of a shared machine hits both; the ratio is of t
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import dataclasses
 import json
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import httpx
 
+from bench_common import at_least, bench_parser, command_line, parse_bench_args, row, run_bench, write_rows
 from lean_rl.backends.sglang.engines import EngineGroup
 from lean_rl.buffer.data_buffer import create_data_buffer
 from lean_rl.config import parse_config
 from lean_rl.buffer.prompt_source import load_tokenizer
+from lean_rl.preflight import check_model_dir
 from lean_rl.rollout.default import generate_rollout
 from lean_rl.testing.sglang_engines import engine_config_for_tests
-from lean_rl.testing.tiny_model import make_tiny_model
+from lean_rl.testing.tiny_model import PRESETS, make_tiny_model
 
+GOAL = 0.95  # ours / floor
+QUICK = {"prompts": 32, "max_new_tokens": 64, "rounds": 3}
 WORDS = "the cat dog sat on mat ran fast big small red blue green hello world one two three".split()
 
 
@@ -69,19 +72,22 @@ async def ours_round(cfg) -> tuple[float, int]:
     return seconds, sum(s.response_length for g in buffer.get_train_groups(10**6) for s in g)
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--num-engines", type=int, default=2)
-    parser.add_argument("--prompts", type=int, default=64)
-    parser.add_argument("--samples", type=int, default=4)
-    parser.add_argument("--max-new-tokens", type=int, default=128)
-    parser.add_argument("--concurrency", type=int, default=64)
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--preset", default="tiny", help="tiny-model preset (tiny, small, base100m)")
-    args = parser.parse_args(argv)
+def main(argv: list[str]) -> int:
+    parser = bench_parser("rollout_throughput", __doc__, QUICK)
+    parser.add_argument("--num-engines", type=at_least(1), default=2)
+    parser.add_argument("--prompts", type=at_least(1), default=64)
+    parser.add_argument("--samples", type=at_least(1), default=4)
+    parser.add_argument("--max-new-tokens", type=at_least(1), default=128)
+    parser.add_argument("--concurrency", type=at_least(1), default=64)
+    parser.add_argument("--rounds", type=at_least(1), default=5)
+    parser.add_argument("--preset", default="tiny", choices=sorted(PRESETS), help="tiny-model preset")
+    parser.add_argument("--hf-checkpoint", metavar="DIR", help="serve this HF model instead of a tiny one")
+    args = parse_bench_args(parser, argv)
+    if args.hf_checkpoint:
+        check_model_dir(args.hf_checkpoint, "--hf-checkpoint")
 
     work = Path(tempfile.mkdtemp(prefix="lean_rl_bench_rollout_"))
-    model = make_tiny_model(work / "model", preset=args.preset)
+    model = Path(args.hf_checkpoint) if args.hf_checkpoint else make_tiny_model(work / "model", preset=args.preset)
     prompts_path = write_prompts(work / "prompts.jsonl", args.prompts)
     engines_cfg = engine_config_for_tests(model, "--rollout-num-engines", str(args.num_engines))
     cfg = parse_config(["--hf-checkpoint", str(model), "--prompt-data", str(prompts_path),
@@ -113,9 +119,16 @@ def main(argv: list[str] | None = None) -> int:
     ours, floor = statistics.median(results["ours"]), statistics.median(results["floor"])
     print(f"\nrollout throughput ({args.num_engines} engines, {args.prompts}x{args.samples} requests x "
           f"{args.max_new_tokens} tokens, concurrency {args.concurrency}, median of {args.rounds}):")
-    print(f"  ours  {ours:8.1f} tok/s\n  floor {floor:8.1f} tok/s\n  ratio {ours / floor:8.3f}  (goal >= 0.95)")
+    print(f"  ours  {ours:8.1f} tok/s\n  floor {floor:8.1f} tok/s\n  ratio {ours / floor:8.3f}  (goal >= {GOAL})")
+    model_name = model.name if args.hf_checkpoint else args.preset
+    write_rows(args.json, [row(
+        f"rollout throughput, ours / bare `/generate` ({model_name}, {args.num_engines} engines, "
+        f"{args.prompts}×{args.samples} requests × {args.max_new_tokens} tokens, concurrency {args.concurrency}, "
+        f"median of {args.rounds})",
+        f"{ours:.0f} tok/s", f"{floor:.0f} tok/s bare `/generate`", ours / floor, f">= {GOAL}",
+        command_line("rollout_throughput", argv))])
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_bench("rollout_throughput", main)

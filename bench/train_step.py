@@ -17,13 +17,14 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench_common import NO_GOAL, at_least, bench_parser, command_line, parse_bench_args, row, run_bench, write_rows
 from lean_rl.algorithms.config import AlgorithmConfig
 from lean_rl.backends.megatron.config import ParallelConfig
 from lean_rl.backends.megatron.group import MegatronGroup
 from lean_rl.backends.megatron.train_driver import initialize_for_training, train_on_rollout
 from lean_rl.backends.megatron.train_config import BatchConfig, CheckpointConfig, OptimizerConfig, TrainConfig
 from lean_rl.testing.sample_groups import make_groups, set_rollout_log_probs
-from lean_rl.testing.tiny_model import make_tiny_model
+from lean_rl.testing.tiny_model import PRESETS, make_tiny_model
 from lean_rl.utils.ray_utils import init_ray
 
 LAYOUTS = {  # name: (arch, parallel config, world size, distributed optimizer)
@@ -60,25 +61,43 @@ def run_layout(name: str, models: Path, args) -> dict:
             "rank_ms": statistics.median(rank[warm]) * 1000, "losses": losses}
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--layouts", default="tp1,dp2,dp2-distopt,tp2,pp2,ep2")
-    parser.add_argument("--steps", type=int, default=10)
-    parser.add_argument("--groups", type=int, default=4)
-    parser.add_argument("--group-size", type=int, default=4)
-    parser.add_argument("--preset", default="tiny")
-    args = parser.parse_args()
+QUICK = {"layouts": "tp1,pp2", "steps": 4}
+
+
+def layout_list(text: str) -> list[str]:
+    names = [name for name in text.split(",") if name]
+    unknown = [name for name in names if name not in LAYOUTS]
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(f"{','.join(unknown) or text!r}: choose from {','.join(LAYOUTS)}")
+    return names
+
+
+def main(argv: list[str]) -> int:
+    parser = bench_parser("train_step", __doc__, QUICK)
+    parser.add_argument("--layouts", type=layout_list, default="tp1,dp2,dp2-distopt,tp2,pp2,ep2")
+    parser.add_argument("--steps", type=at_least(2), default=10, help="train() calls per layout (the first is excluded)")
+    parser.add_argument("--groups", type=at_least(1), default=4)
+    parser.add_argument("--group-size", type=at_least(1), default=4)
+    parser.add_argument("--preset", default="tiny", choices=sorted(PRESETS))
+    args = parse_bench_args(parser, argv)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     init_ray(num_cpus=os.cpu_count())
-    rows = []
+    rows, table = [], []
+    command = command_line("train_step", argv)
     with tempfile.TemporaryDirectory() as tmp:
-        for name in args.layouts.split(","):
-            rows.append(run_layout(name, Path(tmp), args))
-            row = rows[-1]
-            print(f"{name:12s} train() {row['driver_ms']:7.1f} ms   rank step (floor) {row['rank_ms']:7.1f} ms   "
-                  f"ratio {row['driver_ms'] / row['rank_ms']:.2f}   pg_loss "
-                  + " ".join(f"{x:.4f}" for x in row["losses"]), flush=True)
+        for name in args.layouts:
+            table.append(run_layout(name, Path(tmp), args))
+            result = table[-1]
+            ratio = result["driver_ms"] / result["rank_ms"]
+            print(f"{name:12s} train() {result['driver_ms']:7.1f} ms   rank step (floor) {result['rank_ms']:7.1f} ms   "
+                  f"ratio {ratio:.2f}   pg_loss " + " ".join(f"{x:.4f}" for x in result["losses"]), flush=True)
+            rows.append(row(f"`train()` as the driver sees it / the rank's own Megatron step, {name} "
+                            f"({args.groups}×{args.group_size} samples, {args.preset}, median of {args.steps - 1})",
+                            f"{result['driver_ms']:.0f} ms", f"{result['rank_ms']:.0f} ms rank step", ratio, NO_GOAL,
+                            command))
+    write_rows(args.json, rows)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    run_bench("train_step", main)

@@ -19,23 +19,26 @@ Rounds alternate ours and floor so that drift of a shared machine hits both; med
 
 from __future__ import annotations
 
-import argparse
 import base64
 import datetime
 import multiprocessing
 import os
 import pickle
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import torch
 
+from bench_common import at_least, bench_parser, command_line, parse_bench_args, row, run_bench, write_rows
+from lean_rl.options import ConfigError
 from lean_rl.weight_sync.buckets import iter_buckets
 
 ENGINES = {"tiny": 2, "small": 2, "base100m": 1}
+TRANSPORTS = ("distributed", "tensor", "disk")
+QUICK = {"presets": ["base100m"], "rounds": 2}
+GOAL = 1.5  # ours / floor
 
 
 # ------------------------------------------------------------------ floors
@@ -162,14 +165,16 @@ def run_preset(preset: str, args, work: Path) -> list[dict]:
 FLOOR_NAMES = {"distributed": "gloo broadcast", "tensor": "pickle+b64 round trip", "disk": "safetensors write+read"}
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--presets", nargs="+", default=["tiny", "base100m"])
-    parser.add_argument("--transports", nargs="+", default=["distributed", "tensor", "disk"])
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--buffer-size", type=int, default=512 * 1024**2, help="--update-weight-buffer-size")
+def main(argv: list[str]) -> int:
+    parser = bench_parser("weight_sync", __doc__, QUICK)
+    parser.add_argument("--presets", nargs="+", default=["tiny", "base100m"], choices=sorted(ENGINES))
+    parser.add_argument("--transports", nargs="+", default=list(TRANSPORTS), choices=TRANSPORTS)
+    parser.add_argument("--rounds", type=at_least(1), default=3)
+    parser.add_argument("--buffer-size", type=at_least(1), default=512 * 1024**2, help="--update-weight-buffer-size")
     parser.add_argument("--work-dir", default=None, help="checkpoints and logs (default: a temporary directory)")
-    args = parser.parse_args(argv)
+    args = parse_bench_args(parser, argv)
+    if args.work_dir and Path(args.work_dir).exists() and not Path(args.work_dir).is_dir():
+        raise ConfigError(f"--work-dir {args.work_dir}: exists and is not a directory")
     os.environ.setdefault("OMP_NUM_THREADS", "1")
 
     from lean_rl.utils.ray_utils import init_ray
@@ -188,8 +193,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{r['preset']:9} {r['transport']:11} {r['engines']:>3} {r['mbytes']:7.1f} {r['buckets']:>4} "
               f"{r['ours']:8.3f} {r['export']:7.3f} {r['floor']:8.3f} {r['ours'] / r['floor']:5.1f}x  {r['probe']:7.3f}  "
               f"{FLOOR_NAMES[r['transport']]}")
+    command = command_line("weight_sync", argv)
+    write_rows(args.json, [
+        row(f"weight sync, {r['preset']} ({r['mbytes']:.0f} MB) → {r['engines']} engine(s), {r['transport']}, "
+            f"median of {args.rounds}", f"{r['ours']:.3f} s (export {r['export']:.3f} s)",
+            f"{r['floor']:.3f} s {FLOOR_NAMES[r['transport']]}", r["ours"] / r["floor"], f"<= {GOAL}", command)
+        for r in rows])
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_bench("weight_sync", main)

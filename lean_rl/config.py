@@ -7,9 +7,10 @@ Each part declares its flags once, as `option(...)` fields of its own dataclass 
 run: run_config.py; engines: backends/sglang/config.py; prompt data: buffer/config.py; rollout,
 reward, eval: rollout/config.py; model + parallelism: backends/megatron/config.py; optimizer,
 batches, checkpoints, placement: backends/megatron/train_config.py; algorithm: algorithms/config.py;
-weight sync: weight_sync/config.py. This module assembles them, derives once what several parts
-need (the trainer layout: device, world and data-parallel size; the batch plan; ports; eval
-sampling) and checks what only the whole can check (flags that contradict each other).
+weight sync: weight_sync/config.py; on-policy distillation: rollout/distillation.py. This module
+assembles them, derives once what several parts need (the trainer layout: device, world and
+data-parallel size; the batch plan; ports; eval sampling) and checks what only the whole can check
+(flags that contradict each other).
 `--sglang-<flag>` and `--router-<flag>` pass through to the servers; any other unknown flag is an
 error naming it. The model architecture comes from the --hf-checkpoint's config.json; Megatron model
 flags, when given (e.g. from scripts/models/*.sh), must agree with it.
@@ -19,7 +20,7 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -30,8 +31,10 @@ from lean_rl.backends.megatron.train_config import (BatchPlan, CheckpointConfig,
 from lean_rl.backends.sglang.config import EngineConfig, resolve_api_key, resolve_ports, split_passthrough
 from lean_rl.buffer.config import DataConfig
 from lean_rl.buffer.prompt_source import check_prompt_file_type
+from lean_rl.cli import DEBUG_HELP, ArgumentParser
 from lean_rl.options import ConfigError, add_options, read_options
 from lean_rl.rollout.config import EvalConfig, RewardConfig, RolloutConfig
+from lean_rl.rollout.distillation import DistillationConfig
 from lean_rl.run_config import RunConfig
 from lean_rl.utils.custom_config import ReadOnlyMapping, load_custom_config
 from lean_rl.utils.device import detect_device
@@ -56,6 +59,8 @@ class Config:
     batch_plan: BatchPlan
     # --custom-config-path, read once: extra settings for the user's functions (read-only; cfg.custom["key"])
     custom: Mapping[str, Any] = field(default_factory=ReadOnlyMapping)
+    # --use-opd: the teacher and its engines (rollout/distillation.py)
+    distillation: DistillationConfig = field(default_factory=DistillationConfig)
 
 
 def _check_run_against_rollout(run: RunConfig, rollout: RolloutConfig) -> None:
@@ -70,7 +75,7 @@ def _check_run_against_rollout(run: RunConfig, rollout: RolloutConfig) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     # allow_abbrev=False: an abbreviation would swallow a passthrough flag (--sglang-... / --router-...)
-    parser = argparse.ArgumentParser(prog="lean_rl", allow_abbrev=False)
+    parser = ArgumentParser(prog="lean_rl", allow_abbrev=False, epilog=DEBUG_HELP)
     add_options(parser, RunConfig, "run")
     add_options(parser, EngineConfig, "rollout engines (SGLang + sglang-router)")  # --hf-checkpoint: here only
     add_options(parser, DataConfig, "prompt data")
@@ -82,6 +87,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_options(parser, TrainConfig, "optimizer")  # with "train batches", "checkpoints", "trainer placement"
     add_options(parser, AlgorithmConfig, "rl algorithm")
     add_options(parser, WeightSyncConfig, "weight sync (trainer -> SGLang engines)")
+    add_options(parser, DistillationConfig, "on-policy distillation (a teacher scores the student's samples)")
     return parser
 
 
@@ -97,7 +103,7 @@ def _megatron_config(argv: list[str], args: argparse.Namespace, parallel: Parall
     given, _ = given_model_flags_parser().parse_known_args(argv)
     given = {k: v for k, v in vars(given).items() if k not in ParallelConfig.__dataclass_fields__}
     arch = check_given_flags(given, hf_arch, args.hf_checkpoint) if given else hf_arch
-    return MegatronConfig(arch=arch, parallel=parallel)
+    return MegatronConfig(arch=arch, parallel=parallel, use_rollout_routing_replay=model.use_rollout_routing_replay)
 
 
 def parse_config(argv: list[str]) -> Config:
@@ -130,11 +136,17 @@ def parse_config(argv: list[str]) -> Config:
     checkpoint = read_options(CheckpointConfig, args, hf_checkpoint=args.hf_checkpoint)
     train = read_options(TrainConfig, args, checkpoint=checkpoint, seed=data.seed,
                          temperature=training_temperature(rollout.sampling.temperature))
+    train.lora.check_parallel(megatron.parallel)
     layout = train.placement.layout(megatron.parallel, detect_device(), on_cluster=run.ray_address is not None)
     # the ports and the services' API key (--sglang-api-key, else $LEAN_RL_API_KEY, else random), chosen once
+    distillation = read_options(DistillationConfig, args)
     engines = resolve_api_key(resolve_ports(read_options(
         EngineConfig, args, device=layout.device, server_passthrough=passthrough.server,
-        router_passthrough=passthrough.router, on_cluster=bool(run.ray_address))))
+        router_passthrough=passthrough.router, on_cluster=bool(run.ray_address),
+        other_cpu_engines=distillation.teacher_engine_count)))
+    distillation = distillation.with_teacher_engines(engines)  # the teacher's tokenizer must be the student's
+    if megatron.use_rollout_routing_replay:  # the policy's engines only (not the teacher's, derived above)
+        engines = replace(engines, return_routed_experts=True)
     if run.colocate and not (run.debug_rollout_only or run.debug_train_only):
         layout.colocated_engine_nodes(engines.num_engines, engines.gpus_per_engine)  # fails now if they do not fit
     batch_plan = BatchPlan(train.batch, layout.data_parallel_size,
@@ -159,4 +171,5 @@ def parse_config(argv: list[str]) -> Config:
         layout=layout,
         batch_plan=batch_plan,
         custom=custom,
+        distillation=distillation,
     )

@@ -22,6 +22,8 @@ from pathlib import Path
 
 import torch
 
+from lean_rl.cli import DEBUG_HELP, ArgumentParser, run_command
+from lean_rl.preflight import check_model_dir
 from lean_rl.backends.sglang.client import EngineClient
 
 LAYOUTS = {  # name -> (tensor, pipeline, expert) parallel sizes
@@ -158,7 +160,7 @@ def print_report(report: dict, max_tol: float, mean_tol: float) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m lean_rl.parity", description=__doc__.split("\n")[0])
+    parser = ArgumentParser(prog="python -m lean_rl.parity", description=__doc__.split("\n")[0], epilog=DEBUG_HELP)
     parser.add_argument("--hf-checkpoint", required=True, help="HF checkpoint directory (float32 recommended)")
     parser.add_argument("--layouts", nargs="+", default=["tp1", "tp2", "pp2"], choices=sorted(LAYOUTS))
     parser.add_argument("--num-prompts", type=int, default=16)
@@ -169,8 +171,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--run-dir", default=None, help="where engine logs go (default: a temporary directory)")
     parser.add_argument("--json", default=None, help="also write the report here")
     args = parser.parse_args(argv)
-    if not (Path(args.hf_checkpoint) / "config.json").is_file():
-        parser.error(f"--hf-checkpoint {args.hf_checkpoint}: no config.json there")
+    check_model_dir(args.hf_checkpoint, "--hf-checkpoint")  # config, tokenizer, weights: a ConfigError
     report = run(args)
     print_report(report, args.max_tol, args.mean_tol)
     if args.json:
@@ -179,4 +180,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_command("lean_rl.parity", main, sys.argv[1:]))  # a user error: one line, exit 2

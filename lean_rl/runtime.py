@@ -2,10 +2,11 @@
 
 Both loops (train.py, train_async.py) use the same Runtime; they differ only in the order in which
 they call generate / train / sync. Start-up order: config errors and user extensions were already
-checked by parse_config / load_extensions; then Ray (an unreachable --ray-address fails here), the
-buffer (a bad dataset fails here), the trainer (weights, optimizer, resume), the engines (plus their
-health monitor), and weight sync, whose first update puts the trainer's weights on the engines and
-proves it with the probe before any rollout.
+checked by parse_config / load_extensions; then, before any process starts, what preflight.py checks
+(model dir, checkpoints, ports, --save, --ray-address) and the buffer (every dataset row read and
+rendered); then Ray, the trainer (weights, optimizer, resume), the engines (plus their health
+monitor), and weight sync, whose first update puts the trainer's weights on the engines and proves it
+with the probe before any rollout.
 
 The trainer starts before the engines also because --colocate places the engines into the trainer's
 placement group, on one node as on a cluster (engine i into the bundle of the trainer node it shares
@@ -15,6 +16,7 @@ devices with: _engine_placement).
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import dataclasses
 import inspect
@@ -29,6 +31,7 @@ from lean_rl.ci_test import check_step
 from lean_rl.config import Config
 from lean_rl.debug_rollout import load_debug_rollout
 from lean_rl.plot import write_run_curves
+from lean_rl.preflight import check_before_start, dataset_errors_as_config_errors
 from lean_rl.rollout.base import RolloutOutput, load_extensions, rollout_function_path, rollout_output
 from lean_rl.rollout.evaluation import load_eval_datasets
 from lean_rl.rollout.default import rollout_metrics
@@ -51,6 +54,7 @@ class Runtime:
         self.trainer = None
         self.critic = None  # PPO's value model: a second MegatronGroup of the same layout
         self.engines = None
+        self.teacher_engines = None  # --use-opd --opd-teacher-hf-checkpoint: the teacher's own EngineGroup
         self.monitor = None
         self.weight_sync = None
         self.logger: MetricsLogger | None = None
@@ -78,10 +82,14 @@ class Runtime:
         from lean_rl.utils.ray_utils import init_ray
 
         cfg = self.cfg
+        # before any process starts: the model dir, checkpoints, ports, --save (preflight.py), the datasets
+        check_before_start(cfg)
+        with dataset_errors_as_config_errors():
+            self.buffer = create_data_buffer(cfg) if cfg.data.prompt_data or cfg.data.data_source_path else None
+            if cfg.eval.datasets and not cfg.run.debug_train_only:
+                load_eval_datasets(cfg)  # a bad eval set fails now, not at the first evaluation (cached for it)
+        logger.info("start-up checks passed (flags, model, data, hooks, checkpoints, ports); starting Ray")
         self._ray_started = init_ray(cfg.run.ray_address)
-        self.buffer = create_data_buffer(cfg) if cfg.data.prompt_data or cfg.data.data_source_path else None
-        if cfg.eval.datasets and not cfg.run.debug_train_only:
-            load_eval_datasets(cfg)  # a bad eval set fails now, not at the first evaluation (cached for it)
         if not cfg.run.debug_rollout_only:
             self.trainer = self._start_megatron_group("actor")
             if self.finished:  # rerun of a completed run: nothing to generate for, say so and stop here
@@ -132,6 +140,11 @@ class Runtime:
             raise
         if role == "actor":
             self.start_step, self.resume_state = step, state
+        if role == "actor" and cfg.train.lora.enabled:
+            trainable = group.call_all("trainer.trainable_parameters")[0]
+            logger.info("LoRA rank %d, alpha / rank %g: %d adapter tensors, %d trainable parameters (rank 0's "
+                        "pipeline stage)", cfg.train.lora.lora_rank, cfg.train.lora.scaling, len(trainable),
+                        sum(trainable.values()))
         if step:
             load_dir = cfg.train.checkpoint.load if role == "actor" else cfg.train.checkpoint.critic_load_dir
             logger.info("%sresumed from %s at step %d", "critic " if role == "critic" else "", load_dir, step)
@@ -141,8 +154,23 @@ class Runtime:
         from lean_rl.backends.sglang.engines import EngineGroup
         from lean_rl.backends.sglang.health import EngineMonitor
 
-        self.engines = EngineGroup(self.cfg.engines, self.output_dir / "engines",
-                                   placement=self._engine_placement()).start()
+        opd = self.cfg.distillation
+        if opd.teacher_engines is not None:  # never synced nor probed: the teacher's weights stay as loaded
+            self.teacher_engines = EngineGroup(opd.teacher_engines, self.output_dir / "teacher_engines",
+                                               name="teacher_engines")
+        # the teacher's group starts beside the student's (each spends ~30 s importing SGLang)
+        with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="lean_rl-teacher") as pool:
+            teacher = pool.submit(self.teacher_engines.start) if self.teacher_engines is not None else None
+            try:
+                self.engines = EngineGroup(self.cfg.engines, self.output_dir / "engines",
+                                           placement=self._engine_placement()).start()
+            finally:
+                teacher_error = teacher.exception() if teacher is not None else None  # waits for it
+        if teacher_error is not None:
+            raise teacher_error
+        if self.teacher_engines is not None:  # the rollout reaches the teacher by its group's reported URLs
+            self.cfg = dataclasses.replace(self.cfg, distillation=dataclasses.replace(
+                opd, teacher_engines=self.teacher_engines.config))
         if self.cfg.engines.on_cluster:
             from urllib.parse import urlparse
 
@@ -155,6 +183,12 @@ class Runtime:
         # group's config, which carries the reported URLs.
         self.cfg = dataclasses.replace(self.cfg, engines=self.engines.config)
         self.monitor = EngineMonitor(self.engines).start()
+
+    @property
+    def _opd_kl_coef(self) -> float | None:
+        """--use-opd: the weight of the teacher's reverse KL in the advantage (None: no distillation)."""
+        opd = self.cfg.distillation
+        return opd.opd_kl_coef if opd.use_opd else None
 
     @property
     def _colocated(self) -> bool:
@@ -183,6 +217,7 @@ class Runtime:
             lambda: self.weight_sync and self.weight_sync.close(),
             lambda: self.monitor and self.monitor.stop(),
             lambda: self.engines and self.engines.stop(),
+            lambda: self.teacher_engines and self.teacher_engines.stop(),
             lambda: self.trainer and self.trainer.shutdown(),
             lambda: self.critic and self.critic.shutdown(),
             lambda: self.logger and self.logger.close(),
@@ -249,7 +284,7 @@ class Runtime:
         hook_metrics = before_training(self.cfg, self.extensions, groups)
         with changing, released:  # no engine is given the trainer's weights halfway through a step
             metrics = train_on_rollout(self.trainer, groups, policy_version=step, critic=self.critic,
-                                       recompute_old=self.cfg.run.ci_test)
+                                       recompute_old=self.cfg.run.ci_test, opd_kl_coef=self._opd_kl_coef)
         if self.cfg.run.ci_test:
             check_step(self.cfg, step, metrics)  # lean_rl/ci_test.py: raises CITestFailed
         return {**metrics, **hook_metrics}

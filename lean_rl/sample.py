@@ -6,8 +6,13 @@ from dataclasses import asdict, dataclass, field
 from enum import Enum
 from typing import Any
 
+from lean_rl import routed_experts as routes
+
 # weight_versions entry for tokens the policy did not generate (tool output, environment text).
 NOT_GENERATED = -1
+# metadata key: the reward of the prompt's greedy response, set on every sample of a group by the
+# default rollout under --advantage-estimator remax (its baseline)
+REMAX_BASELINE_REWARD = "remax_baseline_reward"
 
 
 class Status(str, Enum):
@@ -24,7 +29,8 @@ class Sample:
 
     `tokens` holds prompt and response ids. The per-token lists (`loss_mask`, `rollout_log_probs`,
     `weight_versions`) cover the response part only, so each has length `response_length`; change them
-    through `append_response` to keep that true.
+    through `append_response` to keep that true. `teacher_log_probs` (on-policy distillation, --use-opd)
+    is empty until the teacher scored the whole response, then `response_length` long too.
     """
 
     index: int
@@ -40,6 +46,13 @@ class Sample:
     weight_versions: list[int] = field(default_factory=list)
     status: Status = Status.PENDING
     metadata: dict[str, Any] = field(default_factory=dict)
+    # --use-opd: the teacher's log p(response token | everything before it), set by
+    # rollout/distillation.py once the response is final ([] before, and after any change of it)
+    teacher_log_probs: list[float] = field(default_factory=list)
+    # --use-rollout-routing-replay: the engine's experts for tokens[:-1], base64 int32 [len(tokens) - 1,
+    # layers, topk] (lean_rl/routed_experts.py; NO_ROUTE rows: tokens the engine never took as input).
+    # None: not recorded. The newest engine call's routes replace the old (its input was every token).
+    routed_experts: str | None = None
 
     @property
     def prompt_length(self) -> int:
@@ -62,10 +75,14 @@ class Sample:
         log_probs: list[float] | None = None,
         weight_versions: list[int] | int | None = None,
         trainable: bool = True,
+        routed_experts: str | None = None,
     ) -> None:
         """Extend the response. Policy tokens come with their log-probs and versions; tool or
-        environment tokens (trainable=False) get loss-mask 0, log-prob 0 and NOT_GENERATED."""
+        environment tokens (trainable=False) get loss-mask 0, log-prob 0 and NOT_GENERATED.
+        `routed_experts`: the engine's routes of the whole new sequence (the call's input was `tokens`);
+        without them, routes already held grow by NO_ROUTE rows."""
         n = len(token_ids)
+        rows_before = len(self.tokens) - 1
         if trainable:
             if log_probs is None or weight_versions is None:
                 raise ValueError("append_response: policy tokens need log_probs and weight_versions")
@@ -79,28 +96,42 @@ class Sample:
         else:
             log_probs, weight_versions = [0.0] * n, [NOT_GENERATED] * n
         self.tokens.extend(token_ids)
+        self.teacher_log_probs = []  # they scored the shorter response: the teacher scores again
         self.response += text
         self.response_length += n
         self.loss_mask.extend([1 if trainable else 0] * n)
         self.rollout_log_probs.extend(float(x) for x in log_probs)
         self.weight_versions.extend(int(v) for v in weight_versions)
+        if routed_experts:
+            self.routed_experts = routed_experts
+        elif self.routed_experts is not None:
+            self.routed_experts = routes.extend(self.routed_experts, rows_before, n)
 
     def reset_response(self) -> None:
         """Drop the response (e.g. a sample whose partial tokens are too stale to keep)."""
         del self.tokens[self.prompt_length:]
         self.response, self.response_length = "", 0
         self.loss_mask, self.rollout_log_probs, self.weight_versions = [], [], []
+        self.teacher_log_probs = []
+        self.routed_experts = None
         self.reward, self.status = None, Status.PENDING
 
     def check(self) -> None:
         """Raise if the per-token lists disagree with response_length (cheap; call at boundaries)."""
         lengths = {len(self.loss_mask), len(self.rollout_log_probs), len(self.weight_versions)}
-        if lengths != {self.response_length} or self.response_length > len(self.tokens):
+        if (lengths != {self.response_length} or self.response_length > len(self.tokens)
+                or len(self.teacher_log_probs) not in (0, self.response_length)):
             raise ValueError(
                 f"sample {self.index}: response_length {self.response_length}, tokens {len(self.tokens)}, "
                 f"loss_mask {len(self.loss_mask)}, rollout_log_probs {len(self.rollout_log_probs)}, "
-                f"weight_versions {len(self.weight_versions)}"
+                f"weight_versions {len(self.weight_versions)}, teacher_log_probs {len(self.teacher_log_probs)} "
+                "(0 or response_length)"
             )
+        if self.routed_experts is not None:
+            try:
+                routes.width(self.routed_experts, len(self.tokens) - 1)  # one row per token but the last
+            except ValueError as err:
+                raise ValueError(f"sample {self.index}: {err}") from None
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
@@ -121,7 +152,7 @@ class Sample:
         data = dict(data)
         for name, (types, element) in _FIELD_TYPES.items():
             value = data.get(name)
-            if name not in data or name == "label" or (value is None and name == "reward"):
+            if name not in data or name == "label" or (value is None and name in ("reward", "routed_experts")):
                 continue
             ok = isinstance(value, types) and not (isinstance(value, bool) and bool not in types)
             if ok and element is not None:
@@ -146,10 +177,11 @@ _FIELD_TYPES: dict[str, tuple[tuple[type, ...], Any]] = {
     "tokens": ((list,), int), "response": ((str,), None), "response_length": ((int,), None),
     "label": ((object,), None), "reward": ((int, float), None), "loss_mask": ((list,), int),
     "rollout_log_probs": ((list,), (int, float)), "weight_versions": ((list,), int), "status": ((str,), None),
-    "metadata": ((dict,), None),
+    "metadata": ((dict,), None), "teacher_log_probs": ((list,), (int, float)), "routed_experts": ((str,), None),
 }
 _TYPE_NAMES = {"index": "an integer", "group_index": "an integer", "prompt": "text or a list of messages",
                "tokens": "a list of token ids", "response": "text", "response_length": "an integer",
                "label": "anything", "reward": "a number or null", "loss_mask": "a list of 0/1",
                "rollout_log_probs": "a list of numbers", "weight_versions": "a list of integers",
-               "status": "a status string", "metadata": "an object"}
+               "status": "a status string", "metadata": "an object", "teacher_log_probs": "a list of numbers",
+               "routed_experts": "base64 text or null"}

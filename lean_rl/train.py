@@ -13,7 +13,9 @@ import asyncio
 import sys
 import time
 
+from lean_rl.cli import run_command
 from lean_rl.config import parse_config
+from lean_rl.options import ConfigError
 from lean_rl.runtime import Runtime, step_metrics
 from lean_rl.utils.metrics import setup_logging
 
@@ -58,13 +60,13 @@ async def train(rt: Runtime) -> None:
         rt.stop.check(step + 1)  # after a signal: stop here, this step saved (lean_rl/stop.py)
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str]) -> None:
     setup_logging()
-    cfg = parse_config(sys.argv[1:] if argv is None else argv)
+    cfg = parse_config(argv)
     if cfg.run.async_mode != "off":
-        raise SystemExit(f"--async-mode {cfg.run.async_mode}: run python -m lean_rl.train_async")
+        raise ConfigError(f"--async-mode {cfg.run.async_mode}: run python -m lean_rl.train_async")
     Runtime.run(cfg, train)  # SIGTERM / SIGINT: saved at a step boundary, exit 128 + signal
 
 
 if __name__ == "__main__":  # the guard matters: checkpointing spawns processes that re-import __main__
-    main()
+    sys.exit(run_command("lean_rl", main, sys.argv[1:]))  # a user error: one line, exit 2 (lean_rl/cli.py)

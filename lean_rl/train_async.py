@@ -19,7 +19,9 @@ import asyncio
 import sys
 import time
 
+from lean_rl.cli import run_command
 from lean_rl.config import parse_config
+from lean_rl.options import ConfigError
 from lean_rl.rollout.base import RolloutOutput
 from lean_rl.rollout.continuous import ContinuousGenerator
 from lean_rl.rollout.default import rollout_metrics
@@ -117,13 +119,13 @@ async def train_fully_async(rt: Runtime) -> None:
         await generator.stop()
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str]) -> None:
     setup_logging()
-    cfg = parse_config(sys.argv[1:] if argv is None else argv)
+    cfg = parse_config(argv)
     if cfg.run.async_mode == "off":
-        raise SystemExit("--async-mode off: run python -m lean_rl.train (or pass --async-mode one-step|full)")
+        raise ConfigError("--async-mode off: run python -m lean_rl.train (or pass --async-mode one-step|full)")
     Runtime.run(cfg, train_fully_async if cfg.run.async_mode == "full" else train_one_step_off)
 
 
 if __name__ == "__main__":  # the guard matters: checkpointing spawns processes that re-import __main__
-    main()
+    sys.exit(run_command("lean_rl", main, sys.argv[1:]))  # a user error: one line, exit 2 (lean_rl/cli.py)

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # One-command install: creates .venv (Python 3.11) and installs the pinned environment.
 #   bash scripts/setup.sh            # CPU set, or the GPU set when `nvidia-smi -L` lists a GPU
-# Idempotent: a second run with unchanged requirement files returns in about a second.
+# Idempotent: a second run with unchanged requirement files returns in about a second
+# (LEAN_RL_FORCE_SETUP=1 runs every step again, e.g. to repair a venv). Each step prints a line with
+# the time since the start.
 # PYTHON=/path/to/python3.11 picks the interpreter; LEAN_RL_VENV=DIR puts the venv elsewhere.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -28,24 +30,54 @@ fi
 
 stamp="$venv/.lean_rl-setup-stamp"
 want=$(cat "${req_files[@]}" pyproject.toml scripts/setup.sh | sha256sum | cut -d' ' -f1)-$flavour
-if [[ -x "$venv/bin/python" && -f "$stamp" && "$(cat "$stamp")" == "$want" ]]; then
-  echo "setup.sh: $venv is up to date ($flavour)"
+next_steps="main job: bash scripts/quickstart.sh   tests: bash scripts/test.sh"
+if [[ -x "$venv/bin/python" && -f "$stamp" && "$(cat "$stamp")" == "$want" && -z "${LEAN_RL_FORCE_SETUP:-}" ]]; then
+  echo "setup.sh: $venv is up to date ($flavour); $next_steps"
   exit 0
 fi
 
+start=$(date +%s)
+step() {  # one line per step, with the time since setup started
+  echo "setup.sh [+$(( $(date +%s) - start ))s] $*"
+}
 quiet_pip() {  # the machine's pip config lists local mirrors that lack most packages: hide that noise
   "$venv/bin/python" -m pip "$@" 2> >(grep -v "^WARNING: Location 'file://" >&2)
 }
+pip_with_progress() {  # pip -q prints nothing for minutes: say every 20 s that it is still at work
+  local what=$1; shift
+  quiet_pip "$@" &
+  local pip_pid=$! waited=0
+  while kill -0 "$pip_pid" 2>/dev/null; do
+    sleep 1
+    waited=$(( waited + 1 ))
+    if (( waited % 20 == 0 )); then
+      local site count
+      site=$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])' 2>/dev/null || true)
+      count=$(find "$site" -maxdepth 1 -name '*.dist-info' 2>/dev/null | wc -l)
+      step "  ... still installing $what ($count packages in the venv so far)"
+    fi
+  done
+  wait "$pip_pid" || { echo "setup.sh: pip could not install $what (its error is above); nothing else was changed" >&2
+                       exit 1; }
+}
 
-start=$(date +%s)
-[[ -x "$venv/bin/python" ]] || "$python_bin" -m venv "$venv"
-if [[ $flavour == gpu ]]; then
-  quiet_pip install -q -r requirements-gpu.txt
+if [[ -x "$venv/bin/python" ]]; then
+  step "updating $venv ($flavour set; the requirement files changed or LEAN_RL_FORCE_SETUP is set)"
 else
-  quiet_pip install -q -r requirements.txt
-  quiet_pip install -q --no-deps -r requirements-nodeps.txt
+  step "creating $venv with $python_bin"
+  "$python_bin" -m venv "$venv"
 fi
-quiet_pip install -q --no-deps --no-build-isolation -e .
+if [[ $flavour == gpu ]]; then
+  step "installing the pinned GPU set (requirements-gpu.txt: full SGLang, TransformerEngine; several minutes)"
+  pip_with_progress requirements-gpu.txt install -q -r requirements-gpu.txt
+else
+  step "installing the pinned CPU set (requirements.txt: torch CPU, Megatron-core, Ray, ...; 2-4 min on a fresh machine)"
+  pip_with_progress requirements.txt install -q -r requirements.txt
+  step "installing SGLang and torchvision without their CUDA dependencies (requirements-nodeps.txt)"
+  pip_with_progress requirements-nodeps.txt install -q --no-deps -r requirements-nodeps.txt
+fi
+step "installing lean_rl itself (editable)"
+pip_with_progress "lean_rl (-e .)" install -q --no-deps --no-build-isolation -e .
 if [[ $flavour == cpu ]]; then
   # CUDA-linked torchvision beside CPU torch: see lean_rl/backends/sglang/torchvision_fix.py.
   # The one patch loaded implicitly (a .pth runs in every interpreter of this venv); every other fix
@@ -56,7 +88,8 @@ if [[ $flavour == cpu ]]; then
   site=$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
   echo "import lean_rl.backends.sglang.torchvision_fix" > "$site/lean_rl_torchvision_fix.pth"
 fi
+step "checking that lean_rl, torch, Megatron-core, SGLang, Ray and transformers import (~15 s)"
 PYTHONWARNINGS=ignore "$venv/bin/python" -c "import lean_rl, torch, megatron.core, sglang, ray, transformers" \
   || { echo "setup.sh: the installed environment does not import; see the error above" >&2; exit 1; }
 echo "$want" > "$stamp"
-echo "setup.sh: $flavour environment ready in $venv ($(( $(date +%s) - start )) s)"
+step "$flavour environment ready in $venv; $next_steps"

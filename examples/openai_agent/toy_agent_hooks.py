@@ -7,7 +7,6 @@
 from __future__ import annotations
 
 import asyncio
-import functools
 
 import openai
 from toy_agent import solve
@@ -28,14 +27,9 @@ async def generate(cfg, sample, sampling_params):
     return session.samples()
 
 
-@functools.lru_cache(maxsize=4)
-def _tokenizer(path: str):
-    return load_tokenizer(path)
-
-
 async def model_tokens_kind_fraction(cfg, sample) -> float:
     """The toy task's reward over what the model wrote (loss-mask 1 tokens), not the turns between."""
-    tokenizer = _tokenizer(cfg.engines.model_path)
+    tokenizer = load_tokenizer(cfg.engines.model_path)  # cached per path
     special = set(tokenizer.all_special_ids)
     tokens = [t for t, m in zip(sample.response_tokens, sample.loss_mask) if m and t not in special]
     return kind_fraction([tokenizer.decode([t]) for t in tokens], sample.label)

@@ -10,6 +10,9 @@ reward failed for infrastructure reasons; its reward means nothing).
     cispo                  same as grpo (the loss differs: CISPO, slime's name)
     opo                    A_i = r_i - sum_g(l_j r_j) / sum_g(l_j), l_j the number of trained tokens of
                            response j (OPO, Hao et al. 2025: the length-weighted optimal baseline)
+    remax                  A_i = r_i - r_greedy(g), the reward of the prompt's greedy (temperature 0)
+                           response, generated and scored by the rollout but not trained (ReMax,
+                           Li et al. 2023; verl's remax); no whitening unless --normalize-advantages
     pass_at_k              rewards 0/1; a group of n with c correct, pass@k estimate R = 1 - C(n-c, k) / C(n, k),
                            std = sqrt(R (1 - R)):  correct  A = (1 - R) / (std + eps)
                            incorrect  A = (1 - R - C(n-c-1, k-1) / C(n-1, k-1)) / (std + eps)
@@ -37,7 +40,9 @@ import math
 
 import torch
 
-ESTIMATORS = ("grpo", "dr_grpo", "gspo", "cispo", "rloo", "opo", "pass_at_k", "reinforce_plus_plus",
+from lean_rl.sample import REMAX_BASELINE_REWARD
+
+ESTIMATORS = ("grpo", "dr_grpo", "gspo", "cispo", "rloo", "opo", "remax", "pass_at_k", "reinforce_plus_plus",
               "reinforce_plus_plus_baseline", "ppo")
 KL_IN_REWARD_ESTIMATORS = ("reinforce_plus_plus", "reinforce_plus_plus_baseline", "ppo")
 GROUP_EPS = 1e-6
@@ -107,6 +112,22 @@ def length_weighted_baseline(rewards: torch.Tensor, group_ids: torch.Tensor, len
     baseline = per_group(lengths * rewards) / per_group(lengths).clamp(min=1e-12)
     baseline = torch.where(per_group(valid.double()) <= 1, torch.zeros_like(baseline), baseline)
     return torch.where(valid, rewards - baseline, 0.0).float()
+
+
+def greedy_baseline(rewards: torch.Tensor, baselines: torch.Tensor | None,
+                    valid: torch.Tensor | None = None) -> torch.Tensor:
+    """ReMax: r_i minus its prompt's greedy-response reward b_i ([B], NaN where the rollout gave none);
+    0 for invalid (FAILED) sequences. A valid sequence without a baseline is an error: it cannot be
+    trained correctly."""
+    valid = _all_valid(rewards, valid)
+    missing = valid if baselines is None else valid & torch.isnan(baselines.double())
+    if bool(missing.any()):
+        rows = torch.nonzero(missing).squeeze(-1).tolist()
+        raise ValueError(f"--advantage-estimator remax needs the reward of each prompt's greedy response in "
+                         f"sample.metadata[{REMAX_BASELINE_REWARD!r}]; {len(rows)} sample(s) of the batch (rows "
+                         f"{rows[:8]}) have none. The default rollout sets it; a custom --rollout-function-path "
+                         "must set it on every sample of a group")
+    return torch.where(valid, rewards.double() - torch.where(valid, baselines.double(), 0.0), 0.0).float()
 
 
 def pass_at_k_advantages(rewards: torch.Tensor, group_ids: torch.Tensor, k: int,
@@ -206,14 +227,15 @@ def reinforce_plus_plus_baseline(rewards: torch.Tensor, group_ids: torch.Tensor,
 def compute_advantages(estimator: str, rewards: torch.Tensor, group_ids: torch.Tensor, mask: torch.Tensor, *,
                        valid: torch.Tensor | None = None, kl: torch.Tensor | None = None, kl_coef: float = 0.0,
                        values: torch.Tensor | None = None, gamma: float = 1.0, lam: float = 1.0,
-                       normalize: bool = False,
-                       pass_k: int | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+                       normalize: bool = False, pass_k: int | None = None,
+                       baselines: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(advantages [B, T], returns [B, T] for the critic or None). `valid` ([B] bool, default all)
     marks the sequences that are data: the others (FAILED samples) are left out of every group and
     batch statistic and get advantage 0 (see the module docstring). `kl` ([B, T], old policy vs
     reference) is the KL-in-reward term of the token-level estimators (REINFORCE++ variants, PPO);
     the group estimators take KL as a loss term instead. `normalize` whitens the result over the batch
-    (--normalize-advantages; REINFORCE++ variants are always whitened). `pass_k`: the k of pass_at_k."""
+    (--normalize-advantages; REINFORCE++ variants are always whitened). `pass_k`: the k of pass_at_k.
+    `baselines` ([B], NaN where absent): remax's greedy-response reward of each sequence's prompt."""
     if kl_coef != 0 and kl is None:
         raise ValueError("kl_coef != 0 needs per-token kl")
     if kl_coef != 0 and estimator not in KL_IN_REWARD_ESTIMATORS:
@@ -231,6 +253,8 @@ def compute_advantages(estimator: str, rewards: torch.Tensor, group_ids: torch.T
         advantages = broadcast(leave_one_out(rewards, group_ids, valid), mask)
     elif estimator == "opo":
         advantages = broadcast(length_weighted_baseline(rewards, group_ids, mask.sum(-1), valid), mask)
+    elif estimator == "remax":
+        advantages = broadcast(greedy_baseline(rewards, baselines, valid), mask)
     elif estimator == "pass_at_k":
         if pass_k is None:
             raise ValueError("--advantage-estimator pass_at_k needs --pass-k")

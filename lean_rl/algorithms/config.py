@@ -33,7 +33,9 @@ def _require(condition: bool, message: str) -> None:
 class AlgorithmConfig:
     advantage_estimator: str = option("grpo", choices=ESTIMATORS, help=(
         "cispo: grpo's advantages with --policy-loss cispo (slime's name); opo: r minus the group's "
-        "length-weighted mean reward; pass_at_k: Pass@k Training's analytical advantages (0/1 rewards, --pass-k)"))
+        "length-weighted mean reward; remax: r minus the reward of the prompt's greedy (temperature 0) response, "
+        "which the rollout generates and scores beside the group, untrained (ReMax; one extra request per prompt); "
+        "pass_at_k: Pass@k Training's analytical advantages (0/1 rewards, --pass-k)"))
     pass_k: int | None = option(None, positive=True, help=(
         "k of --advantage-estimator pass_at_k (a group with fewer valid samples uses their number)"))
     policy_loss: str | None = option(None, choices=POLICY_LOSSES, help=(

@@ -42,6 +42,9 @@ class AdvantageInputs:
     ref_log_probs: torch.Tensor | None = None  # [B, T]: the reference model's, when a KL term needs them
     values: torch.Tensor | None = None  # [B, T]: the critic's (--advantage-estimator ppo)
     kl: torch.Tensor | None = None  # [B, T]: k1 KL(old || ref) per token, when --kl-coef != 0
+    # [B] float32: the reward of each sequence's prompt's greedy response (--advantage-estimator remax;
+    # sample.metadata["remax_baseline_reward"]), NaN where the rollout gave none
+    baseline_rewards: torch.Tensor | None = None
 
 
 def builtin_advantages(algo: AlgorithmConfig, inputs: AdvantageInputs) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -50,7 +53,7 @@ def builtin_advantages(algo: AlgorithmConfig, inputs: AdvantageInputs) -> tuple[
     return compute_advantages(
         algo.advantage_estimator, inputs.rewards, inputs.group_ids, inputs.mask, valid=inputs.valid, kl=inputs.kl,
         kl_coef=algo.kl_coef, values=inputs.values, gamma=algo.gamma, lam=algo.lambd,
-        normalize=algo.normalize_advantages, pass_k=algo.pass_k)
+        normalize=algo.normalize_advantages, pass_k=algo.pass_k, baselines=inputs.baseline_rewards)
 
 
 def load_advantage_function(path: str) -> Callable:

@@ -24,6 +24,7 @@ from lean_rl.backends.megatron.config import ParallelConfig
 from lean_rl.backends.megatron.hf_config import arch_from_hf_config
 from lean_rl.convert.output_dir import OutputExistsError
 from lean_rl.convert.safetensors_io import CheckpointError, parse_size
+from lean_rl.cli import run_command
 from lean_rl.options import ConfigError
 
 _PARALLEL_DESTS = ("tensor_model_parallel_size", "pipeline_model_parallel_size", "expert_model_parallel_size",
@@ -109,12 +110,9 @@ COMMANDS = {"hf-to-megatron": hf_to_megatron_main, "megatron-to-hf": megatron_to
 
 
 def run(command: str, argv: list[str]) -> int:
-    """Run one command; bad input -> one line on stderr and exit status 2."""
-    try:
-        return COMMANDS[command](argv)
-    except (ConfigError, CheckpointError, OutputExistsError, FileNotFoundError, ValueError) as error:
-        print(f"{command}: error: {error}", file=sys.stderr)
-        return 2
+    """Run one command; bad input -> one line on stderr and exit status 2 (--debug: the traceback too)."""
+    return run_command(command, COMMANDS[command], argv,
+                       user_errors=(ConfigError, CheckpointError, OutputExistsError, FileNotFoundError, ValueError))
 
 
 def main(argv: list[str] | None = None) -> int:

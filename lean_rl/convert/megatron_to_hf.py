@@ -4,7 +4,9 @@ Reads any torch_dist checkpoint of a supported family: one written by hf_to_mega
 trainer at any TP / PP / EP layout (with or without optimizer state, which is ignored). The HF side
 (config.json, tokenizer files) comes from --hf-config, else from the checkpoint's hf_config/ folder.
 Each HF tensor is read (one layer / expert of one stored tensor at a time), converted through the
-weight tables, and streamed into safetensors shards of at most --max-shard-size, with an index."""
+weight tables, and streamed into safetensors shards of at most --max-shard-size, with an index. A
+checkpoint of a LoRA run (--lora-rank) converts to the merged model: W + alpha / rank * B A per
+adapted layer."""
 
 from __future__ import annotations
 
@@ -16,7 +18,7 @@ import torch
 from lean_rl.backends.megatron.checkpoint_paths import HF_CONFIG_DIR, CheckpointError, copy_side_files, find_checkpoint
 from lean_rl.backends.megatron.config import MegatronConfig, ModelArch, ParallelConfig
 from lean_rl.backends.megatron.hf_config import arch_from_hf_config, hf_family, load_hf_config
-from lean_rl.backends.megatron.hf_weights.dist_keys import EXTRA_STATE, DistEntry, dist_entries, is_model_key
+from lean_rl.backends.megatron.hf_weights.dist_keys import EXTRA_STATE, DistEntry, dist_entries, is_model_key, lora_keys
 from lean_rl.backends.megatron.hf_weights.families import geometry, weight_rules
 from lean_rl.backends.megatron.hf_weights.layouts import Layout, hf_shapes, to_hf_tensors
 from lean_rl.convert.dcp_io import DistCheckpointReader
@@ -45,9 +47,10 @@ def _find_hf_config(checkpoint: Path, hf_config: str | Path | None) -> Path:
 
 
 def _check_stored(reader: DistCheckpointReader, entries: list[DistEntry], arch: ModelArch,
-                  family: str) -> tuple[dict[DistEntry, str], torch.dtype]:
+                  family: str) -> tuple[dict[DistEntry, str], torch.dtype, dict[DistEntry, tuple[str, ...]]]:
     """Which stored key holds each entry; every model tensor of the checkpoint must be mapped and
-    every entry present with the right shape. Returns (entry -> key, the checkpoint dtype)."""
+    every entry present with the right shape. Returns (entry -> key, the checkpoint dtype, entry -> the
+    keys of its LoRA adapter, for the entries of a LoRA-trained checkpoint that have one)."""
     stored = reader.tensors()
     chosen: dict[DistEntry, str] = {}
     for entry in entries:
@@ -64,7 +67,8 @@ def _check_stored(reader: DistCheckpointReader, entries: list[DistEntry], arch: 
             raise CheckpointError(f"{key} is {list(shape)} in {reader.directory}; the HF config implies "
                                   f"{list(expected)}")
         chosen[entry] = key
-    known = {key for entry in entries for key in entry.keys}
+    adapters = {entry: lora_keys(key) for entry, key in chosen.items() if lora_keys(key)[0] in stored}
+    known = {key for entry in entries for key in entry.keys} | {key for keys in adapters.values() for key in keys}
     unmapped = [k for k in stored if is_model_key(k) and k not in known]
     unmapped += [k for k in reader.objects() if is_model_key(k) and f".{EXTRA_STATE}/" not in k]
     if unmapped:
@@ -73,7 +77,19 @@ def _check_stored(reader: DistCheckpointReader, entries: list[DistEntry], arch: 
     dtypes = {stored[key].properties.dtype for key in chosen.values()}
     if len(dtypes) != 1:
         raise CheckpointError(f"{reader.directory}: model tensors have mixed dtypes {sorted(map(str, dtypes))}")
-    return chosen, dtypes.pop()
+    return chosen, dtypes.pop(), adapters
+
+
+def _merge_lora(reader: DistCheckpointReader, keys: tuple[str, ...], index: tuple[int, ...],
+                weight: torch.Tensor) -> torch.Tensor:
+    """W + scaling * B A of one layer (`index`: its stacked offsets), as lora.LoraAdapter.merged computes
+    it for the engines: in float32, in W's dtype."""
+    def one(key: str) -> torch.Tensor:
+        size = tuple(reader.tensors()[key].size)[len(index):]
+        return reader.read(key, index + (0,) * len(size), (1,) * len(index) + size).reshape(size)
+
+    a, b, scaling = (one(key).float() for key in keys)
+    return (weight.float() + scaling * (b @ a)).to(weight.dtype)
 
 
 def convert_megatron_to_hf(load: str | Path, save: str | Path, *, hf_config: str | Path | None = None,
@@ -93,7 +109,7 @@ def convert_megatron_to_hf(load: str | Path, save: str | Path, *, hf_config: str
     stored = reader.tensors()
     padded_rows = max([stored[k].size[0] for k in vocab_keys if k in stored], default=arch.vocab_size)
     entries = dist_entries(rules, arch, padded_rows)
-    keys, stored_dtype = _check_stored(reader, entries, arch, family)
+    keys, stored_dtype, adapters = _check_stored(reader, entries, arch, family)
     out_dtype = dtype or config_dtype(config_json) or stored_dtype
     geo = geometry(MegatronConfig(arch, ParallelConfig()))
 
@@ -115,6 +131,9 @@ def convert_megatron_to_hf(load: str | Path, save: str | Path, *, hf_config: str
                     region = _read_shape(inst.entry, arch)
                     sizes = (1,) * len(inst.entry.stacked) + region
                     tensor = reader.read(keys[inst.entry], inst.entry.chunk_offsets(inst.index), sizes).reshape(region)
+                    if inst.entry in adapters:  # LoRA-trained: HF gets the merged weight
+                        stacked = inst.entry.chunk_offsets(inst.index)[:len(inst.entry.stacked)]
+                        tensor = _merge_lora(reader, adapters[inst.entry], stacked, tensor)
                     for name, hf_tensor in zip(inst.hf_names, to_hf_tensors(inst.entry.rule.layout, [tensor], geo)):
                         writer.write(name, hf_tensor.to(out_dtype))
                 writer.close()

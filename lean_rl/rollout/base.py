@@ -7,11 +7,12 @@ import asyncio
 import contextvars
 import functools
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
-from lean_rl.backends.sglang.client import EngineClient, EngineConnectionError
+from lean_rl.backends.sglang.client import EngineClient, EngineConnectionError, EngineError
 from lean_rl.rollout import rewards
 from lean_rl.rollout.config import MULTI_TURN_GENERATE
 from lean_rl.sample import Sample
@@ -270,6 +271,25 @@ def engine_client(url: str, timeout_s: float, api_key: str | None) -> EngineClie
 
 def router_client(cfg: Config) -> EngineClient:
     return engine_client(cfg.engines.router_url, cfg.engines.request_timeout_s, cfg.engines.api_key)
+
+
+_ROUTER_WORKERS_TTL_S = 2.0
+_router_workers: dict[str, tuple[float, tuple[str, ...]]] = {}  # router url -> (monotonic time, engine urls)
+
+
+async def serving_engine_urls(cfg: Config) -> tuple[str, ...]:
+    """The engines the router serves now (its healthy workers: a restarted engine is listed only once
+    it has the trainer's weights), sorted, asked at most every 2 s; () when the router cannot say."""
+    url = cfg.engines.router_url
+    fetched_at, workers = _router_workers.get(url, (-1e9, ()))
+    if time.monotonic() - fetched_at > _ROUTER_WORKERS_TTL_S:
+        try:
+            body = (await router_client(cfg).request("GET", "/workers", timeout_s=5.0)).json()
+            workers = tuple(sorted(w["url"] for w in body["workers"] if w.get("is_healthy")))
+        except (EngineError, ValueError, KeyError, TypeError):
+            workers = ()
+        _router_workers[url] = (time.monotonic(), workers)
+    return workers
 
 
 def engine_clients(cfg: Config) -> list[EngineClient]:

@@ -13,25 +13,39 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import copy
 import inspect
+import logging
 import statistics
 import time
+import zlib
 from typing import TYPE_CHECKING
 
 from lean_rl.backends.sglang.client import EngineClient, EngineConnectionError, EngineHTTPError, EngineTimeoutError
 from lean_rl.buffer.prompt_source import load_tokenizer
-from lean_rl.rollout.base import (Extensions, RolloutOutput, filter_verdict, generated_samples, load_extensions,
-                                  on_every_engine, parse_weight_version, router_client, set_stopping_event)
+from lean_rl.rollout.base import (Extensions, RolloutOutput, engine_client, filter_verdict, generated_samples,
+                                  load_extensions, on_every_engine, parse_weight_version, router_client,
+                                  serving_engine_urls, set_stopping_event)
+from lean_rl.rollout.distillation import score_group_with_teacher
 from lean_rl.rollout.evaluation import run_evaluation
 from lean_rl.rollout.rewards import reward_entry_means, score_group
-from lean_rl.sample import Sample, Status
+from lean_rl.sample import REMAX_BASELINE_REWARD, Sample, Status
 
 if TYPE_CHECKING:  # not at run time: lean_rl.config imports every flag group (Megatron's included)
     from lean_rl.backends.sglang.responses import GenerateResult
     from lean_rl.buffer.data_buffer import DataBuffer
     from lean_rl.config import Config
 
+logger = logging.getLogger(__name__)
+
 FINISH_TO_STATUS = {"stop": Status.COMPLETED, "length": Status.TRUNCATED, "abort": Status.ABORTED}
+# A group's greedy baseline (--advantage-estimator remax) is a Sample that never enters the buffer; its
+# index (seen by generate functions: request ids, sessions) counts down from here while the buffer's
+# count up from 0, below 2**40 as openai_capture's fan-out indices need
+GREEDY_BASELINE_TOP_INDEX = 2**40 - 1
+# what an earlier attempt of the prompt's first sample left in its metadata: not the greedy baseline's
+_ATTEMPT_METADATA = ("generate_retries", "last_generate_error", "generate_error", "reward_error", "rewards",
+                     REMAX_BASELINE_REWARD)
 
 
 async def generate(cfg: Config, sample: Sample, sampling_params: dict, evaluation: bool = False) -> Sample:
@@ -44,9 +58,12 @@ async def generate(cfg: Config, sample: Sample, sampling_params: dict, evaluatio
         return sample
     result = await generate_with_retries(cfg, sample.tokens, {**sampling_params, "max_new_tokens": budget},
                                          rid=f"lean_rl-{sample.index}-{sample.response_length}",
-                                         on_retry=lambda err: count_retry(sample, err))
+                                         on_retry=lambda err: count_retry(sample, err),
+                                         # replay's direct engine calls: a prompt's samples share an engine
+                                         routing_key=(f"lean_rl-group-{sample.group_index}"
+                                                      if cfg.engines.return_routed_experts else None))
     sample.append_response(result.output_ids, log_probs=result.output_log_probs,
-                           weight_versions=token_versions(result))
+                           weight_versions=token_versions(result), routed_experts=result.routed_experts)
     sample.response = load_tokenizer(cfg.engines.model_path).decode(sample.response_tokens)
     sample.status = FINISH_TO_STATUS[result.finish_reason]
     return sample
@@ -58,13 +75,21 @@ async def generate_with_retries(cfg: Config, input_ids: list[int], sampling_para
     """/generate through the router, retried when an engine dies under the request (the router answers
     5xx or drops the connection; the engine monitor restarts the engine meanwhile and the router sends
     the retry elsewhere). A failed request returned no tokens, so a retry duplicates nothing.
-    `engine`: the first attempt goes to that engine directly (a session's own), retries to the router."""
+    `engine`: the first attempt goes to that engine directly (a session's own), retries to the router.
+    Under --use-rollout-routing-replay every request asks for the experts of all its tokens, and goes to
+    an engine directly (routes_engine)."""
     attempts = cfg.rollout.request_retries + 1
     for attempt in range(attempts):
-        client = engine if engine is not None and attempt == 0 else router_client(cfg)
+        if engine is not None and attempt == 0:
+            client = engine
+        elif cfg.engines.return_routed_experts:
+            client = await routes_engine(cfg, routing_key or rid, attempt)
+        else:
+            client = router_client(cfg)
         try:
             return await client.generate(input_ids, sampling_params, return_logprob=True, rid=rid,
-                                         routing_key=routing_key)
+                                         routing_key=routing_key,
+                                         return_routed_experts=cfg.engines.return_routed_experts)
         except (EngineConnectionError, EngineTimeoutError, EngineHTTPError) as err:
             retryable = not isinstance(err, EngineHTTPError) or err.status_code >= 500
             if not retryable or attempt == attempts - 1:
@@ -73,6 +98,19 @@ async def generate_with_retries(cfg: Config, input_ids: list[int], sampling_para
                 on_retry(err)
             await asyncio.sleep(min(2.0**attempt, 30.0))
     raise AssertionError("unreachable")
+
+
+async def routes_engine(cfg: Config, key: str, attempt: int) -> EngineClient:
+    """sglang-router 0.3.2 rebuilds a /generate body from the fields it knows, and return_routed_experts is
+    not one of them (its GenerateRequest), so the engine would never be asked for routes. Requests that
+    need them go straight to one of the engines the router serves now (rollout/base.py
+    serving_engine_urls), picked by `key` (a session's routing key, else the request id: spread like the
+    router's round robin), the next one on each retry; to the router only when it cannot name them."""
+    workers = await serving_engine_urls(cfg)
+    if not workers:
+        return router_client(cfg)
+    url = workers[(zlib.crc32(key.encode()) + attempt) % len(workers)]
+    return engine_client(url, cfg.engines.request_timeout_s, cfg.engines.api_key)
 
 
 def count_retry(sample: Sample, err: Exception) -> None:
@@ -102,6 +140,10 @@ class GroupRunner:
         self.generate_call = extensions.generate_call or generate
         self.semaphore = asyncio.Semaphore(cfg.rollout.max_concurrency)
         self.sampling_params = cfg.rollout.sampling.to_sglang()
+        # --advantage-estimator remax: each group also generates and scores its prompt's greedy response
+        self.greedy_baseline = getattr(getattr(cfg, "algorithm", None), "advantage_estimator", None) == "remax"
+        # --use-opd: the teacher scores every generated sample (rollout/distillation.py)
+        self.distill = getattr(getattr(cfg, "distillation", None), "use_opd", False)
         self.counters: collections.Counter = collections.Counter()
         self._stopping = asyncio.Event()  # set while what still runs is surplus: nothing new starts
         # every group that finished generating and was scored, kept or dropped by the filter, when
@@ -121,19 +163,35 @@ class GroupRunner:
         `is_wanted()` is asked once the group is scored and passed the filter; it claims a place in the
         batch (False: no place left, the group goes back to the buffer as surplus)."""
         set_stopping_event(self._stopping)  # this group's task: its generate calls see `rollout_stopping()`
-        results = await asyncio.gather(*(self._run_sample(s) for s in group))
+        runs = [self._run_sample(s) for s in group]
+        if self.greedy_baseline:  # beside the group's samples, so it adds no latency
+            runs.append(self._run_greedy_baseline(greedy_baseline_sample(group[0])))  # copied before any generate
+        results = await asyncio.gather(*runs)
+        baseline = results.pop() if self.greedy_baseline else None
         # a generate that fans out returns several samples: all stay in the prompt's group (one baseline)
         samples = [s for r in results for s in generated_samples(self.cfg, self.generate_fn, r, group[0].group_index)]
         if len(samples) != len(group):
             self.counters["fanout_samples"] += len(samples) - len(group)
-        if any(s.status in (Status.ABORTED, Status.PENDING) for s in samples):
-            self._return_partial(group, samples)
+        if any(s.status in (Status.ABORTED, Status.PENDING) for s in samples) or baseline is Status.ABORTED:
+            self._return_partial(group, samples)  # an interrupted baseline is generated again next time
             return None
+        if baseline is Status.FAILED:  # advantages without their baseline would be wrong: no training data
+            self.buffer.drop_groups([samples], "remax_baseline_failed")
+            self.counters["remax_baseline_failed"] += 1
+            return None
+        if baseline is not None:
+            for s in samples:
+                s.metadata[REMAX_BASELINE_REWARD] = baseline
+        if self.distill:  # before the rewards: a reward function may read sample.teacher_log_probs
+            await score_group_with_teacher(self.cfg, samples, self.counters)
         started = time.monotonic()
         # rewards the generate function set are kept; the reward function scores the others
         await score_group(self.cfg, samples, self.ext.reward, self.ext.group_reward, self.counters)
         if self.ext.reward is not None:
             self.counters["reward_seconds"] += time.monotonic() - started  # summed over groups, not wall
+        elif self.distill:  # pure distillation: the teacher's log-probs are the only signal, every reward 0
+            for s in samples:
+                s.reward = 0.0 if s.reward is None else s.reward
         elif not self.cfg.run.debug_rollout_only:  # training needs a reward on every sample: say so now
             unscored = [s.index for s in samples if s.reward is None and s.status != Status.FAILED]
             if unscored:
@@ -168,6 +226,35 @@ class GroupRunner:
                 self.counters["generate_failed"] += 1
                 return sample
 
+    async def _run_greedy_baseline(self, baseline: Sample) -> float | Status | None:
+        """ReMax's baseline: the prompt's greedy (temperature 0) response, through the same generate
+        function and reward as the group, never trained. Returns its reward (the mean when the generate
+        fans out; None when nothing scores it: no reward function, and the generate set none),
+        Status.ABORTED when it was interrupted or never started (surplus), or Status.FAILED when its
+        generation or reward failed (a --group-rm reward scores it as a group of one)."""
+        async with self.semaphore:
+            if self.stopping:
+                return Status.ABORTED
+            try:
+                result = await self.generate_call(self.cfg, baseline, {**self.sampling_params, "temperature": 0.0},
+                                                  False)
+            except Exception as err:  # noqa: BLE001 - one bad request must not end the rollout
+                logger.warning("group %d: its greedy baseline failed (%s: %s); the group is dropped",
+                               baseline.group_index, type(err).__name__, err)
+                return Status.FAILED
+        greedy = generated_samples(self.cfg, self.generate_fn, result, baseline.group_index)
+        if any(s.status in (Status.ABORTED, Status.PENDING) for s in greedy):
+            return Status.ABORTED
+        await score_group(self.cfg, greedy, self.ext.reward, self.ext.group_reward, collections.Counter())
+        if failed := [s for s in greedy if s.status == Status.FAILED]:
+            logger.warning("group %d: its greedy baseline failed (%s); the group is dropped", baseline.group_index,
+                           failure_note(failed[0]))
+            return Status.FAILED
+        if any(s.reward is None for s in greedy):
+            # pure distillation (--use-opd, no reward function): every reward is 0, the baseline's too
+            return 0.0 if self.distill and self.ext.reward is None else None
+        return sum(s.reward for s in greedy) / len(greedy)
+
     def _return_partial(self, group: list[Sample], samples: list[Sample]) -> None:
         """Back to the buffer, to be handed out again first. With keep_partial_tokens samples keep what
         they generated (finished ones stay finished); otherwise, or when a custom generate turned one
@@ -185,6 +272,22 @@ class GroupRunner:
     async def abort_all(self) -> None:
         # The router does not forward /abort_request: abort on every engine directly.
         await on_every_engine(self.cfg, lambda c: c.abort_request(abort_all=True))
+
+
+def failure_note(sample: Sample) -> str:
+    """The first `*error` entry of a FAILED sample's metadata."""
+    return next((f"{k}: {str(v)[:300]}" for k, v in sample.metadata.items() if k.endswith("error")), "no *error in metadata")
+
+
+def greedy_baseline_sample(first: Sample) -> Sample:
+    """A fresh sample of the prompt of `first` (same tokens, label, metadata; no response) under an index
+    no buffer sample has: the greedy baseline of its group (--advantage-estimator remax)."""
+    baseline = copy.deepcopy(first)
+    baseline.reset_response()
+    baseline.index = GREEDY_BASELINE_TOP_INDEX - first.group_index
+    for key in _ATTEMPT_METADATA:
+        baseline.metadata.pop(key, None)
+    return baseline
 
 
 def rollout_metrics(groups: list[list[Sample]], seconds: float | None = None,
@@ -213,6 +316,10 @@ def rollout_metrics(groups: list[list[Sample]], seconds: float | None = None,
         metrics["rollout/reward_mean"] = sum(rewards) / len(rewards)
         metrics["rollout/reward_std"] = float(statistics.pstdev(rewards))
     metrics.update({f"rollout/reward/{name}_mean": mean for name, mean in entry_means.items()})
+    # --advantage-estimator remax: the greedy response's reward, once per prompt (the sampled ones' baseline)
+    greedy = [g[0].metadata[REMAX_BASELINE_REWARD] for g in groups if g and REMAX_BASELINE_REWARD in g[0].metadata]
+    if greedy:
+        metrics["rollout/remax_baseline_reward_mean"] = sum(greedy) / len(greedy)
     # multi-turn samples (rollout/multi_turn.py, or any generate that records metadata["turns"])
     turns = [len(s.metadata["turns"]) for s in samples if isinstance(s.metadata.get("turns"), list)]
     if turns:

@@ -23,12 +23,11 @@ from __future__ import annotations
 import asyncio
 import functools
 import inspect
-import time
 from typing import TYPE_CHECKING
 
-from lean_rl.backends.sglang.client import EngineClient, EngineError
+from lean_rl.backends.sglang.client import EngineClient
 from lean_rl.buffer.prompt_source import load_tokenizer
-from lean_rl.rollout.base import engine_client, rollout_stopping, router_client
+from lean_rl.rollout.base import engine_client, rollout_stopping, serving_engine_urls
 from lean_rl.rollout.default import count_retry, generate_with_retries, token_versions
 from lean_rl.rollout.environment import ObservationRenderer, as_observation, as_step_result
 from lean_rl.sample import Sample, Status
@@ -87,7 +86,7 @@ async def generate(cfg: Config, sample: Sample, sampling_params: dict, evaluatio
                 sample.status = Status.ABORTED
                 return sample
             sample.append_response(result.output_ids, log_probs=result.output_log_probs,
-                                   weight_versions=token_versions(result))
+                                   weight_versions=token_versions(result), routed_experts=result.routed_experts)
             if result.finish_reason == "length" and max_new == left:
                 return _end(cfg, sample, Status.TRUNCATED, "response_budget", rewards, tokenizer)
             action = tokenizer.decode(result.output_ids, skip_special_tokens=True)
@@ -180,21 +179,9 @@ async def _call(mt, what: str, fn, *args):
 # a group share it too (one prompt). The engine is picked among those the router serves now (its
 # healthy workers: a restarted engine is listed only once it has the trainer's weights), by group, and
 # asked directly; a failed call is retried through the router. Any router policy keeps this.
-_ROUTER_WORKERS_TTL_S = 2.0
-_router_workers: dict[str, tuple[float, tuple[str, ...]]] = {}  # router url -> (monotonic time, engine urls)
-
-
 async def session_engine(cfg: Config, group_index: int) -> EngineClient | None:
     """The engine of group `group_index`'s sessions; None (use the router) when it cannot say."""
-    url = cfg.engines.router_url
-    fetched_at, workers = _router_workers.get(url, (-1e9, ()))
-    if time.monotonic() - fetched_at > _ROUTER_WORKERS_TTL_S:
-        try:
-            body = (await router_client(cfg).request("GET", "/workers", timeout_s=5.0)).json()
-            workers = tuple(sorted(w["url"] for w in body["workers"] if w.get("is_healthy")))
-        except (EngineError, ValueError, KeyError, TypeError):
-            workers = ()
-        _router_workers[url] = (time.monotonic(), workers)
+    workers = await serving_engine_urls(cfg)
     if not workers:
         return None
     return engine_client(workers[group_index % len(workers)], cfg.engines.request_timeout_s, cfg.engines.api_key)

@@ -6,9 +6,11 @@ import importlib
 import inspect
 from typing import Any, Callable
 
+from lean_rl.options import ConfigError
 
-class PluginError(ValueError):
-    pass
+
+class PluginError(ConfigError):
+    """A dotted path that does not load, or a function of the wrong shape: the user's flag to fix."""
 
 
 def load_function(

@@ -57,6 +57,9 @@ def user_plugins(tmp_path_factory):
 
         async def length_rm(cfg, sample):
             return float(sample.response_length % 2)
+
+        async def token_checksum_rm(cfg, sample):  # tells responses apart by their tokens
+            return float(sum((i + 1) * t for i, t in enumerate(sample.response_tokens)))
     """))
     sys.path.insert(0, str(root))
     yield
@@ -130,6 +133,27 @@ def test_over_sampling_with_filter_returns_the_surplus_to_the_buffer(engine_grou
     assert buffer.num_in_flight() == 0
     assert 3 + counters.get("groups_dropped_filtered", 0) + buffer.num_pending() == handed_out
     assert out.metrics["rollout/groups"] == 3
+
+
+def test_remax_rollout_records_the_greedy_baseline_reward_on_every_sample(engine_group, prompts_file, user_plugins):
+    cfg = make_cfg(engine_group, prompts_file, "--rollout-batch-size", "2", "--n-samples-per-prompt", "3",
+                   "--rollout-max-response-len", "8", "--advantage-estimator", "remax",
+                   "--custom-rm-path", "rollout_plugins.token_checksum_rm")
+    buffer = create_data_buffer(cfg)
+    out = asyncio.run(asyncio.wait_for(generate_rollout(cfg, 0, buffer), 120))
+    groups = buffer.get_train_groups(100)
+    assert len(groups) == 2 and all(len(g) == 3 for g in groups)  # the greedy response is not in the batch
+    assert buffer.get_counters()["prompts_issued"] == 2 and buffer.num_in_flight() == 0
+    baselines = [g[0].metadata["remax_baseline_reward"] for g in groups]
+    assert all(s.metadata["remax_baseline_reward"] == b for g, b in zip(groups, baselines) for s in g)
+    assert out.metrics["rollout/remax_baseline_reward_mean"] == pytest.approx(sum(baselines) / 2)
+    # the baseline is the greedy response: the same tokens as a temperature-0 request of the prompt, on either engine
+    greedy_params = {**cfg.rollout.sampling.to_sglang(), "temperature": 0.0}
+    for url in engine_group.engine_urls:
+        with BlockingEngineClient(url, api_key=engine_group.config.api_key) as client:
+            for g, baseline in zip(groups, baselines):
+                ids = client.generate(g[0].tokens[:g[0].prompt_length], greedy_params).output_ids
+                assert ids and baseline == float(sum((i + 1) * t for i, t in enumerate(ids)))
 
 
 def test_partial_rollout_resumes_and_keeps_per_token_versions(engine_group, prompts_file):

@@ -99,7 +99,7 @@ def engine(monkeypatch, tiny_qwen2):
     requests = []
     reply_ids = load_tokenizer(str(tiny_qwen2)).encode(REPLY, add_special_tokens=False)
 
-    async def generate_with_retries(cfg, input_ids, sampling_params, rid, on_retry=None):
+    async def generate_with_retries(cfg, input_ids, sampling_params, rid, on_retry=None, routing_key=None):
         requests.append(dict(sampling_params))
         ids = reply_ids[:sampling_params["max_new_tokens"]]
         return GenerateResult(output_ids=ids, output_log_probs=[-0.5] * len(ids),

@@ -1,3 +1,5 @@
+import json
+
 import pytest
 
 from lean_rl.sample import NOT_GENERATED, Sample, Status
@@ -49,3 +51,24 @@ def test_reset_response_restores_the_prompt_only():
     s.reset_response()
     assert s.tokens == [5, 6, 7] and s.response == "" and s.status is Status.PENDING and s.reward is None
     assert s.oldest_version is None
+
+
+def test_teacher_log_probs_round_trip_are_checked_and_follow_the_response():
+    s = _sample()
+    s.append_response([9, 8], "xy", log_probs=[-1.0, -1.0], weight_versions=0)
+    s.teacher_log_probs = [-0.5, -2.25]
+    again = Sample.from_dict(json.loads(json.dumps(s.to_dict())))
+    assert again == s and again.teacher_log_probs == [-0.5, -2.25]
+    older = s.to_dict()
+    del older["teacher_log_probs"]  # saved before the field existed: none
+    assert Sample.from_dict(older).teacher_log_probs == []
+    for bad, message in (([-0.5], "teacher_log_probs 1 \\(0 or response_length\\)"),
+                         (["x", "y"], "field 'teacher_log_probs' must be a list of numbers")):
+        with pytest.raises(ValueError, match=message):
+            Sample.from_dict({**s.to_dict(), "teacher_log_probs": bad})
+    s.append_response([7], "z", log_probs=[-1.0], weight_versions=0)  # they scored a shorter response
+    assert s.teacher_log_probs == []
+    s.check()
+    s.teacher_log_probs = [-1.0, -1.0, -1.0]
+    s.reset_response()
+    assert s.teacher_log_probs == []

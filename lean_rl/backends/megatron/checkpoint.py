@@ -26,7 +26,7 @@ import torch.distributed as dist
 from megatron.core import dist_checkpointing, parallel_state, tensor_parallel
 from megatron.core.dist_checkpointing.mapping import ShardedObject
 
-from lean_rl.backends.megatron import checkpoint_paths
+from lean_rl.backends.megatron import checkpoint_paths, lora
 from lean_rl.backends.megatron.hf_weights.dist_keys import EXTRA_STATE
 from lean_rl.backends.megatron.model_checkpoint import adapt_model_request, read_checkpoint_metadata
 
@@ -120,7 +120,7 @@ def load_checkpoint(model: torch.nn.Module, optimizer, scheduler, root: str | Pa
         state["rng_state"] = _rng_object(device)
     loaded = dist_checkpointing.load(state, str(directory))
     missing, unexpected = model.load_state_dict(loaded["model"], strict=False)
-    wrong = [k for k in [*missing, *unexpected] if not k.endswith(EXTRA_STATE)]
+    wrong = [k for k in [*lora.after_load(model, missing), *unexpected] if not k.endswith(EXTRA_STATE)]
     if wrong:
         raise RuntimeError(f"{directory}: model state does not match the checkpoint: {', '.join(wrong[:6])}")
     if with_optimizer:

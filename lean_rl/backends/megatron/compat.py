@@ -348,3 +348,33 @@ def _apply_dist_opt_load_fixes() -> None:
 
     cls.sharded_state_dict = sharded_state_dict
     cls._set_main_param_and_optimizer_states = set_main_param_and_optimizer_states
+
+
+# ---------------------------------------------------------------------------------------------
+# Rollout routing replay (any device)
+# ---------------------------------------------------------------------------------------------
+
+
+def install_route_replay(model: torch.nn.Module) -> int:
+    """Give every TopKRouter of `model` a routing_replay.RouteReplay; returns how many.
+
+    Megatron's own hook: TopKRouter.routing passes `self.router_replay` (router.py:583) to
+    topk_routing_with_score_function, which asks it for the top-k (moe_utils.py:705
+    `router_replay.get_replay_topk(scores, topk, num_groups, group_topk, _compute_topk)`). Megatron
+    fills the attribute itself with moe_enable_routing_replay (router.py:205-207), but its REPLAY_FORWARD
+    (router_replay.py:146-152) gathers the target indices as given: a token the engine has no route for
+    (NO_ROUTE, -1) would index out of range, and it cannot report where its own choice would differ.
+    So the config flag stays off and the attribute is set here, once, after the model is built. The
+    fused router (moe_utils.py:652, TE) would ignore the hook: model.py leaves moe_router_fusion off."""
+    from megatron.core.transformer.moe.router import TopKRouter
+
+    from lean_rl.backends.megatron.routing_replay import RouteReplay
+
+    count = 0
+    for module in model.modules():
+        if isinstance(module, TopKRouter):
+            if module.layer_number is None:
+                raise RuntimeError("a MoE router without its layer number: cannot tell which routes are its own")
+            module.router_replay = RouteReplay(module.layer_number, bool(module.config.sequence_parallel))
+            count += 1
+    return count

@@ -130,6 +130,13 @@ class ModelFlags:
     moe_router_load_balancing_type: str = option(_ARCH_DEFAULT["moe_router_load_balancing_type"],
                                                  choices=LOAD_BALANCING)
     moe_aux_loss_coeff: float = option(_ARCH_DEFAULT["moe_aux_loss_coeff"])
+    # Not architecture (ModelArch has no such field, arch() ignores it): MegatronConfig takes it.
+    use_rollout_routing_replay: bool = option(
+        False, help="MoE: rollout routing replay (R3): the engines return the experts they routed every token "
+                    "to, and the trainer's routers use those in every forward and backward (log-probs and "
+                    "training), so the policy trained is the one that sampled; tokens the engine never took as "
+                    "input are routed by the trainer. Logs train/routing_mismatch_frac (routes the trainer "
+                    "would have chosen otherwise)")
 
     def arch(self) -> ModelArch:
         """Megatron's derivations: --num-query-groups only with --group-query-attention (else one
@@ -217,6 +224,7 @@ class MegatronConfig:
 
     arch: ModelArch
     parallel: ParallelConfig
+    use_rollout_routing_replay: bool = False  # --use-rollout-routing-replay (routing_replay.py)
     padded_vocab_size: int = field(init=False)
 
     def __post_init__(self) -> None:
@@ -240,6 +248,9 @@ class MegatronConfig:
                      "--sequence-parallel is required for MoE with --tensor-model-parallel-size > 1")
         else:
             _require(ep == 1, "--expert-model-parallel-size > 1 needs --num-experts")
+            _require(not self.use_rollout_routing_replay,
+                     "--use-rollout-routing-replay needs an MoE model (--num-experts): this one has no MoE layer, "
+                     "so there are no routes to replay")
         object.__setattr__(self, "padded_vocab_size",
                            padded_vocab_size(arch.vocab_size, arch.make_vocab_size_divisible_by, tp))
 

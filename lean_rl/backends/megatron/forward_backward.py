@@ -25,6 +25,8 @@ from lean_rl.algorithms.config import AlgorithmConfig
 from lean_rl.algorithms.losses import policy_loss, value_loss
 from lean_rl.backends.megatron.logprobs import _vocab_parallel_entropy, vocab_parallel_log_probs
 from lean_rl.backends.megatron.optimizer_setup import grads_are_finite
+from lean_rl.backends.megatron.routing_replay import (clear_routes, mismatch_counts, reset_mismatch,
+                                                      set_micro_batch_routes)
 
 @dataclass(frozen=True)
 class StepContext:
@@ -35,6 +37,7 @@ class StepContext:
     device: torch.device
     # the actor's loss: losses.policy_loss, or --custom-loss-function-path (algorithms/hooks.loss_function)
     loss_fn: Callable = policy_loss
+    routing_replay: bool = False  # --use-rollout-routing-replay: micro-batches carry the engine's routes
 
 
 def _inputs(micro_batch: dict[str, torch.Tensor], device: torch.device):
@@ -93,6 +96,7 @@ def _critic_loss(ctx: StepContext, micro_batch, targets, scale: float, output: t
 def _micro_batch_train_forward(ctx: StepContext, scale: float, data_iterator, model):
     micro_batch = next(data_iterator)
     tokens, positions, targets = _inputs(micro_batch, ctx.device)
+    set_micro_batch_routes(model, micro_batch, ctx.device)  # --use-rollout-routing-replay: the engine's experts
     output = model(tokens, positions, attention_mask=None)  # causal mask built by Megatron
     loss_fn = _actor_loss if ctx.role == "actor" else _critic_loss
     return output, partial(loss_fn, ctx, micro_batch, targets, scale)
@@ -117,17 +121,22 @@ def forward_backward(ddp, micro_batches: list[dict[str, torch.Tensor]], ctx: Ste
     (the same answer on all ranks)."""
     ddp.train()
     scale = float(len(micro_batches) * parallel_state.get_data_parallel_world_size())
-    per_micro_batch = get_forward_backward_func()(
-        forward_step_func=partial(_micro_batch_train_forward, ctx, scale),
-        data_iterator=iter(micro_batches),
-        model=[ddp],
-        num_microbatches=len(micro_batches),
-        seq_length=seq_length_hint,
-        micro_batch_size=int(micro_batches[0]["tokens"].shape[0]),
-        forward_only=False,
-    )
+    reset_mismatch(ddp)
+    try:
+        per_micro_batch = get_forward_backward_func()(
+            forward_step_func=partial(_micro_batch_train_forward, ctx, scale),
+            data_iterator=iter(micro_batches),
+            model=[ddp],
+            num_microbatches=len(micro_batches),
+            seq_length=seq_length_hint,
+            micro_batch_size=int(micro_batches[0]["tokens"].shape[0]),
+            forward_only=False,
+        )
+    finally:
+        clear_routes(ddp)
     metrics: dict[str, torch.Tensor] = {}
     finite = grads_are_finite(ddp)
+    mismatch = _routing_mismatch_frac(ddp, ctx.device) if ctx.routing_replay else None
     if parallel_state.is_pipeline_last_stage():
         metrics = _sum_metrics(per_micro_batch)
         names = sorted(metrics)
@@ -135,7 +144,18 @@ def forward_backward(ddp, micro_batches: list[dict[str, torch.Tensor]], ctx: Ste
         dist.all_reduce(packed, group=parallel_state.get_data_parallel_group())
         metrics = dict(zip(names, packed.cpu()))
         finite = finite and bool(torch.isfinite(packed).all())
+    if mismatch is not None and metrics:
+        metrics["routing_mismatch_frac"] = mismatch
     return {name: float(value) for name, value in metrics.items()}, not _world_any(not finite, ctx.device)
+
+
+def _routing_mismatch_frac(model, device: torch.device) -> torch.Tensor:
+    """Under routing replay: of the (token, MoE layer) routes replayed this step, the fraction where the
+    router's own top-k differed from the engine's. Ranks count disjoint routes (DP and EP: other
+    sequences; TP under sequence parallelism: other positions; PP: other layers), so the world sums them."""
+    counts = mismatch_counts(model).to(device)
+    dist.all_reduce(counts)
+    return (counts[0].float() / counts[1].clamp(min=1).float()).cpu()
 
 
 def _collect_forward(ctx: StepContext, targets, output: torch.Tensor, non_loss_data: bool = True):
@@ -149,6 +169,7 @@ def _collect_forward(ctx: StepContext, targets, output: torch.Tensor, non_loss_d
 def _micro_batch_forward(ctx: StepContext, data_iterator, model):
     micro_batch = next(data_iterator)
     tokens, positions, targets = _inputs(micro_batch, ctx.device)
+    set_micro_batch_routes(model, micro_batch, ctx.device)
     output = model(tokens, positions, attention_mask=None)
     return output, partial(_collect_forward, ctx, targets)
 
@@ -172,6 +193,7 @@ def forward_only(model: torch.nn.Module, micro_batches: list[dict[str, torch.Ten
                 collect_non_loss_data=True,
             )
     finally:
+        clear_routes(model)
         model.train(was_training)
     if not parallel_state.is_pipeline_last_stage() or parallel_state.get_tensor_model_parallel_rank() != 0:
         return None

@@ -87,6 +87,8 @@ class MegatronGroup:
         try:
             # colocated: a fraction of a GPU (> 1/2, so that two ranks never share one) or of the CPUs
             share = COLOCATED_RANK_SHARE if colocated else 1
+            logger.info("starting %d Megatron-core rank(s) on %s (imports, model build, weights: ~10-30 s on CPU)",
+                        self.world_size, device)
             self._ranks.start(MegatronRank, lambda rank: (rank, self.world_size, config, device, seed, num_threads,
                                                           layout.on_cluster), layout,
                               num_cpus=num_cpus_per_actor if device == "cuda" else num_cpus_per_actor * share,

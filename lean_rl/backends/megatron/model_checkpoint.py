@@ -6,12 +6,13 @@ per iteration whose state dict is {"model": GPTModel.sharded_state_dict()} (defa
 checkpoints can reuse `adapt_model_request` for their "model" part, so that they load converted
 checkpoints too.
 
-`adapt_model_request` makes loading tolerant of three differences that carry no weights:
+`adapt_model_request` makes loading tolerant of four differences that carry no weights:
 - the MoE pre-MLP norm is keyed differently by the local and TE layer specs (dist_keys.py): read it
   from whichever name the checkpoint has;
 - the vocab rows of the embedding / output layer are padded for the TP a checkpoint was made at:
   read the rows that exist (Megatron's allow_shape_mismatch zero-fills the rest, which is padding
   as long as the real vocab is stored, checked when vocab_size is given);
+- LoRA adapters (lora.py) the checkpoint lacks, when it is one of the base model: they start afresh;
 - `_extra_state` objects the checkpoint lacks (TE-only ones, or a checkpoint from the other spec)
   are not requested: they hold no weights (None for the local spec, FP8 scaling state for TE)."""
 
@@ -26,6 +27,7 @@ from megatron.core.dist_checkpointing.mapping import ShardedObject, ShardedTenso
 from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint.metadata import Metadata
 
+from lean_rl.backends.megatron import lora
 from lean_rl.backends.megatron.checkpoint_paths import (
     HF_CONFIG_DIR,
     copy_side_files,
@@ -58,8 +60,11 @@ def adapt_model_request(sharded_state_dict: dict, metadata: Metadata, vocab_size
     """GPTModel.sharded_state_dict() adapted to what `metadata`'s checkpoint holds (see module doc).
     ArchitectureMismatch, before anything is read, when the checkpoint (`source`) is of another model."""
     stored = metadata.state_dict_metadata
+    lora.check_request([item.key for item in sharded_state_dict.values()], list(stored), source)
     adapted, mismatches = {}, {}  # key -> what differs (one entry per key: layers share theirs)
     for name, item in sharded_state_dict.items():
+        if lora.is_adapter_key(name) and item.key not in stored:
+            continue  # a checkpoint of the base model: lora.after_load starts these adapters afresh
         if isinstance(item, ShardedObject):
             if item.unique_key not in stored and item.key.endswith(EXTRA_STATE):
                 continue
@@ -114,7 +119,7 @@ def load_model_checkpoint(model: torch.nn.Module, path: str | Path, step: int | 
                                   source=directory)
     state = dist_checkpointing.load({MODEL_KEY: request}, str(directory))
     missing, unexpected = model.load_state_dict(state[MODEL_KEY], strict=False)
-    wrong = [k for k in [*missing, *unexpected] if not k.endswith(EXTRA_STATE)]
+    wrong = [k for k in [*lora.after_load(model, missing), *unexpected] if not k.endswith(EXTRA_STATE)]
     if wrong:
         raise RuntimeError(f"{directory}: model state does not match the checkpoint: {', '.join(wrong[:6])}")
     return directory

@@ -114,6 +114,10 @@ class MegatronRank:
         from lean_rl.backends.megatron.model import build_gpt_model
 
         self.model = build_gpt_model(self.config, self.device)
+        if self.config.use_rollout_routing_replay:  # every router takes the engine's routes when given
+            from lean_rl.backends.megatron.compat import install_route_replay
+
+            install_route_replay(self.model)
         return sum(p.numel() for p in self.model.parameters())
 
     def load_hf_checkpoint(self, checkpoint_dir: str, family: str) -> int:

@@ -13,7 +13,7 @@ from megatron.core import parallel_state
 
 from lean_rl.algorithms.config import AlgorithmConfig
 from lean_rl.algorithms.hooks import loss_function
-from lean_rl.backends.megatron import checkpoint
+from lean_rl.backends.megatron import checkpoint, lora
 from lean_rl.backends.megatron.config import MegatronConfig
 from lean_rl.backends.megatron.forward_backward import StepContext, forward_backward, forward_only
 from lean_rl.backends.megatron.model_checkpoint import load_model_checkpoint
@@ -45,13 +45,16 @@ class RankTrainer:
         lr = train.critic_lr if role == "critic" and train.critic_lr is not None else train.optimizer.lr
         self.model, self.role, self.device = model, role, device
         self.checkpoint_config = train.checkpoint
+        if role == "actor" and train.lora.enabled:  # before DDP: it makes buffers for what trains only
+            lora.add_adapters(model, train.lora, train.seed)
         self.bundle = build_optimizer(model, train.optimizer, lr,
                                       pipeline_parallel=config.parallel.pipeline_model_parallel_size > 1)
         # --custom-loss-function-path is imported here, on the rank: its module must be importable on
         # every trainer node (on one node the driver's PYTHONPATH and working directory reach the ranks)
         self.ctx = StepContext(role=role, algorithm=algorithm, vocab_size=config.arch.vocab_size,
                                temperature=train.temperature, device=device,
-                               loss_fn=loss_function(algorithm) if role == "actor" else None)
+                               loss_fn=loss_function(algorithm) if role == "actor" else None,
+                               routing_replay=config.use_rollout_routing_replay)
         self.reference: ReferenceWeights | None = None
         self.counters = {"optimizer_steps": 0, "skipped_steps": 0, "consecutive_skipped_steps": 0}
         self._offloader: StorageOffloader | None = None
@@ -101,6 +104,10 @@ class RankTrainer:
                                "(--ref-load, or the initial weights from --hf-checkpoint)")
         with self.reference.swapped_in(self.model):
             return forward_only(self.model, micro_batches, self.ctx, _width(micro_batches))
+
+    def trainable_parameters(self) -> dict[str, int]:
+        """{name: elements} of the parameters the optimizer steps (with LoRA: the adapters only)."""
+        return lora.trainable_parameters(self.model)
 
     # -- reference model --------------------------------------------------------------------------
 

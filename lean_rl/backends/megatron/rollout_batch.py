@@ -10,12 +10,14 @@ sample, `loss_mask` (0 on tool / environment tokens) decides which response toke
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
 
+from lean_rl import routed_experts
 from lean_rl.backends.megatron.train_batches import Sequence
-from lean_rl.sample import NOT_GENERATED, Sample, Status
+from lean_rl.sample import NOT_GENERATED, REMAX_BASELINE_REWARD, Sample, Status
 
 
 @dataclass(frozen=True)
@@ -28,6 +30,10 @@ class RolloutBatch:
     weight_versions: list[torch.Tensor]  # [R_i] int64 (NOT_GENERATED for tool tokens)
     valid: torch.Tensor  # [B] bool: False for a FAILED sample
     failures: tuple[str, ...]  # why each FAILED sample failed, in batch order ("sample 3 (group 0) reward_error: ...")
+    # [B] float32: metadata[REMAX_BASELINE_REWARD] (the prompt's greedy-response reward, remax), NaN where absent
+    baseline_rewards: torch.Tensor | None = None
+    # [B, T] float32: sample.teacher_log_probs (--use-opd), 0 where a sample has none
+    teacher_log_probs: torch.Tensor | None = None
 
     def __len__(self) -> int:
         return len(self.sequences)
@@ -54,6 +60,7 @@ def rollout_batch(groups: list[list[Sample]]) -> RolloutBatch:
     if not samples:
         raise ValueError("train() got no samples")
     sequences, rewards, group_ids, masks, log_probs, versions, valid, failures = [], [], [], [], [], [], [], []
+    baselines, teacher = [], []
     for group in groups:
         if not group:
             raise ValueError("train() got an empty group")
@@ -71,21 +78,35 @@ def rollout_batch(groups: list[list[Sample]]) -> RolloutBatch:
                 raise ValueError(f"sample {sample.index} ({sample.status.value}) has no reward; score it before training")
             reward = 0.0 if sample.reward is None else float(sample.reward)
             mask = torch.tensor(sample.loss_mask, dtype=torch.float32)
-            sequences.append(Sequence(tokens=tuple(sample.tokens), prompt_length=sample.prompt_length))
+            sequences.append(Sequence(tokens=tuple(sample.tokens), prompt_length=sample.prompt_length,
+                                      routed_experts=_routes(sample)))
             rewards.append(reward)
+            baseline = sample.metadata.get(REMAX_BASELINE_REWARD)
+            baselines.append(math.nan if baseline is None else float(baseline))
             group_ids.append(sample.group_index)
             masks.append(torch.zeros_like(mask) if is_failed else mask)
             valid.append(not is_failed)
             log_probs.append(torch.tensor(sample.rollout_log_probs, dtype=torch.float32))
+            teacher.append(torch.tensor(sample.teacher_log_probs, dtype=torch.float32))
             versions.append(torch.tensor(sample.weight_versions, dtype=torch.long))
     masks = pad(masks)
     return RolloutBatch(sequences=sequences, rewards=torch.tensor(rewards, dtype=torch.float32),
                         group_ids=torch.tensor(group_ids, dtype=torch.long), masks=masks,
                         rollout_log_probs=pad(log_probs, masks.shape[1]), weight_versions=versions,
-                        valid=torch.tensor(valid, dtype=torch.bool), failures=tuple(failures))
+                        valid=torch.tensor(valid, dtype=torch.bool), failures=tuple(failures),
+                        baseline_rewards=torch.tensor(baselines, dtype=torch.float32),
+                        teacher_log_probs=pad(teacher, masks.shape[1]))
 
 
-FAILURE_KEYS = ("generate_error", "reward_error")  # set by rollout/default.py and rollout/rewards.py
+def _routes(sample: Sample):
+    """The engine's routes of the sample's tokens[:-1] (--use-rollout-routing-replay), decoded; None if absent."""
+    if sample.routed_experts is None:
+        return None
+    return routed_experts.decode(sample.routed_experts, len(sample.tokens) - 1)
+
+
+# set by rollout/default.py, rollout/rewards.py and rollout/distillation.py (--use-opd)
+FAILURE_KEYS = ("generate_error", "reward_error", "teacher_error")
 SHOWN_FAILURES = 3
 REASON_CHARS = 300
 

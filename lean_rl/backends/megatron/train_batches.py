@@ -14,25 +14,35 @@ multiple of `length_multiple` (TP size under sequence parallel); a sequence is n
 Per-token fields arrive response-aligned, [B, T] over the whole batch (row i: sequence i's response
 tokens from column 0; rollout_batch.py) and are laid out at the position that predicts the token:
 response token j of a sequence with prompt length P sits at P-1+j.
+
+Routes (--use-rollout-routing-replay) are token-aligned instead: the engine's experts for token t sit
+at position t (the router of position t routes token t), "routed_experts" [n, L, layers, topk];
+NO_ROUTE where the engine had none (the last token, padding, tokens it never took as input), which the
+routers route themselves (routing_replay.py).
 """
 
 from __future__ import annotations
 
 import heapq
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from lean_rl.backends.megatron.train_config import BatchPlan
 from lean_rl.options import ConfigError
+from lean_rl.routed_experts import NO_ROUTE
 
 PAD_TOKEN_ID = 0  # any valid id: padded positions carry zero weight
+ROUTES = "routed_experts"  # the micro-batch key of the replayed routes (routing_replay.py)
 
 
 @dataclass(frozen=True)
 class Sequence:
     tokens: tuple[int, ...]
     prompt_length: int
+    # the engine's routes of tokens[:-1], [len(tokens) - 1, layers x topk] int32 (None: none recorded)
+    routed_experts: np.ndarray | None = field(default=None, compare=False, repr=False)
 
     @property
     def response_length(self) -> int:
@@ -114,15 +124,18 @@ def plan_micro_batches(lengths: list[int], plan: BatchPlan, length_multiple: int
 
 
 def build_micro_batch(rows: list[int], sequences: list[Sequence], fields: dict[str, torch.Tensor],
-                      length_multiple: int = 1) -> dict[str, torch.Tensor]:
+                      length_multiple: int = 1, route_shape: tuple[int, int] | None = None) -> dict[str, torch.Tensor]:
     """Tensors of one micro-batch, as the rank consumes them: "tokens" [n, L] int64, "sequence_index"
     [n] (-1: padding row), and every field ([B, T] response-aligned in, see above) as [n, L] float32
-    at prediction positions (0 elsewhere). An empty `rows` gives one all-padding row of weight 0."""
+    at prediction positions (0 elsewhere). An empty `rows` gives one all-padding row of weight 0.
+    With `route_shape` (layers, topk): also ROUTES [n, L, layers, topk] (token-aligned, see above)."""
     if not rows:
         length = _round_up(1, length_multiple)
         out = {"tokens": torch.full((1, length), PAD_TOKEN_ID, dtype=torch.long),
                "sequence_index": torch.tensor([-1])}
         out.update({name: torch.zeros(1, length) for name in fields})
+        if route_shape is not None:
+            out[ROUTES] = micro_batch_routes([], sequences, length, route_shape)
         return out
     length = _round_up(max(len(sequences[i].tokens) for i in rows), length_multiple)
     tokens = torch.full((len(rows), length), PAD_TOKEN_ID, dtype=torch.long)
@@ -138,6 +151,26 @@ def build_micro_batch(rows: list[int], sequences: list[Sequence], fields: dict[s
             out[name][r, start:start + response] = values[i, :response].float()
     out["tokens"] = tokens
     out["sequence_index"] = torch.tensor(rows)
+    if route_shape is not None:
+        out[ROUTES] = micro_batch_routes(rows, sequences, length, route_shape)
+    return out
+
+
+def micro_batch_routes(rows: list[int], sequences: list[Sequence], length: int,
+                       route_shape: tuple[int, int]) -> torch.Tensor:
+    """[max(1, n), length, layers, topk] int32: sequence rows[r]'s route of token t at [r, t], NO_ROUTE
+    where it has none."""
+    layers, topk = route_shape
+    out = torch.full((max(1, len(rows)), length, layers, topk), NO_ROUTE, dtype=torch.int32)
+    for r, i in enumerate(rows):
+        known = sequences[i].routed_experts
+        if known is None:
+            continue
+        if known.ndim != 2 or known.shape[0] != len(sequences[i].tokens) - 1 or known.shape[1] != layers * topk:
+            raise ValueError(f"sequence {i}: routes of shape {tuple(known.shape)} for {len(sequences[i].tokens)} tokens; "
+                             f"expected [{len(sequences[i].tokens) - 1}, {layers} layers x top-{topk}] (one row "
+                             "per token but the last): does the engine serve this model?")
+        out[r, :known.shape[0]] = torch.tensor(known).view(-1, layers, topk)
     return out
 
 
@@ -165,8 +198,8 @@ def pad_micro_batch(micro_batch: dict[str, torch.Tensor], rows: int, length: int
         if name == "sequence_index":
             out[name] = torch.cat([value, torch.full((rows - n,), -1, dtype=value.dtype)])
             continue
-        fill = PAD_TOKEN_ID if name == "tokens" else 0
-        grown = torch.full((rows, length), fill, dtype=value.dtype)
+        fill = PAD_TOKEN_ID if name == "tokens" else NO_ROUTE if name == ROUTES else 0
+        grown = torch.full((rows, length, *value.shape[2:]), fill, dtype=value.dtype)
         grown[:n, :current] = value
         out[name] = grown
     return out

@@ -258,6 +258,54 @@ class TrainerLayout:
         return [i * (n // num_engines) for i in range(num_engines)]
 
 
+# Megatron's names of the linear layers of a transformer layer (those Megatron-Bridge / NeMo adapt).
+LORA_TARGETS = ("linear_qkv", "linear_proj", "linear_fc1", "linear_fc2")
+
+
+@dataclass(frozen=True)
+class LoraConfig:
+    """LoRA on the actor (backends/megatron/lora.py): the base weights are frozen and each targeted
+    linear layer learns W + alpha / rank * B A; the engines are sent that merged weight."""
+
+    lora_rank: int = option(0, help="train LoRA adapters of this rank on the actor's linear layers instead of all "
+                                    "weights (the engines get the merged W + alpha/rank B A); 0: full fine-tuning")
+    lora_alpha: float | None = option(None, help="the adapters' update is alpha / rank * B A; default 2 x --lora-rank")
+    lora_dropout: float = option(0.0, help="dropout on the adapters' input while training")
+    lora_target_modules: tuple[str, ...] = option(
+        (), metavar="NAME", help=f"Megatron linear layers to adapt, space or comma separated: {' '.join(LORA_TARGETS)} "
+                                 "(default: all of them; MoE layers: their attention only)")
+
+    def __post_init__(self) -> None:
+        names = tuple(n for item in self.lora_target_modules for n in item.replace(",", " ").split())
+        object.__setattr__(self, "lora_target_modules", names)
+        _require(isinstance(self.lora_rank, int) and self.lora_rank >= 0,
+                 f"--lora-rank must be an integer >= 0, got {self.lora_rank!r}")
+        unknown = [n for n in names if n not in LORA_TARGETS]
+        _require(not unknown, f"--lora-target-modules {' '.join(unknown)}: choose from {' '.join(LORA_TARGETS)}")
+        _require(self.lora_alpha is None or self.lora_alpha > 0, f"--lora-alpha must be > 0, got {self.lora_alpha}")
+        _require(0 <= self.lora_dropout < 1, f"--lora-dropout must be in [0, 1), got {self.lora_dropout}")
+        if not self.enabled:
+            given = [flag_of(LoraConfig, name) for name in ("lora_alpha", "lora_dropout", "lora_target_modules")
+                     if getattr(self, name) != LoraConfig.__dataclass_fields__[name].default]
+            _require(not given, f"{' and '.join(given)} {'has' if len(given) == 1 else 'have'} no effect "
+                                    "without --lora-rank > 0")
+
+    @property
+    def enabled(self) -> bool:
+        return self.lora_rank > 0
+
+    @property
+    def scaling(self) -> float:
+        alpha = self.lora_alpha if self.lora_alpha is not None else 2.0 * self.lora_rank
+        return alpha / self.lora_rank
+
+    def check_parallel(self, parallel: ParallelConfig) -> None:
+        """The adapters are not tensor-parallel: A and B live whole on each rank (PP and DP are fine)."""
+        _require(not self.enabled or parallel.tensor_model_parallel_size == 1,
+                 f"--lora-rank needs --tensor-model-parallel-size 1, got {parallel.tensor_model_parallel_size} "
+                 "(the LoRA adapters are not tensor-parallel; use pipeline / data parallelism)")
+
+
 @dataclass(frozen=True)
 class TrainConfig:
     """The trainer's flags. Added with the title "optimizer": the optimizer's flags and the two
@@ -270,6 +318,7 @@ class TrainConfig:
     batch: BatchConfig = group(BatchConfig, "train batches")
     checkpoint: CheckpointConfig = group(CheckpointConfig, "checkpoints")
     placement: PlacementConfig = group(PlacementConfig, "trainer placement")
+    lora: LoraConfig = group(LoraConfig, "lora")
     # Derived by config.parse_config from the rollout side's flags: logits / T as the engine sampled
     # (training_temperature(--rollout-temperature)), and --seed.
     temperature: float = 1.0

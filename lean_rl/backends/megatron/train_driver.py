@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from lean_rl.algorithms.config import AlgorithmConfig
+from lean_rl.algorithms.distillation import reverse_kl_advantages
 from lean_rl.algorithms.hooks import AdvantageInputs, compute_custom_or_builtin_advantages
 from lean_rl.algorithms.kl import kl_estimate
 from lean_rl.algorithms.losses import aggregation_weights
@@ -29,7 +30,7 @@ from lean_rl.backends.megatron.train_batches import (build_micro_batch, plan_mic
                                                      uniform_shapes)
 from lean_rl.backends.megatron.train_config import BatchPlan, TrainConfig
 from lean_rl.options import ConfigError
-from lean_rl.sample import Sample
+from lean_rl.sample import Sample, Status
 
 if TYPE_CHECKING:
     from lean_rl.backends.megatron.group import MegatronGroup
@@ -57,8 +58,10 @@ def _per_rank_payloads(group: "MegatronGroup", batch: RolloutBatch, indices: lis
 
     lengths = [len(batch.sequences[i].tokens) for i in indices]
     plan = plan_micro_batches(lengths, group.batch_plan, _length_multiple(group))
-    by_dp = [[build_micro_batch([indices[k] for k in rows], batch.sequences, fields, _length_multiple(group))
-              for rows in micro_batches] for micro_batches in plan]
+    arch = group.config.arch  # --use-rollout-routing-replay: every micro-batch carries the engine's routes
+    route_shape = (arch.num_layers, arch.moe_router_topk) if group.config.use_rollout_routing_replay else None
+    by_dp = [[build_micro_batch([indices[k] for k in rows], batch.sequences, fields, _length_multiple(group),
+                                route_shape) for rows in micro_batches] for micro_batches in plan]
     if _needs_uniform_shapes(group):
         by_dp = uniform_shapes(by_dp)
     # numpy crosses Ray's object store without per-tensor pickling (torch tensors go through
@@ -123,10 +126,13 @@ def _mean_metrics(per_step: list[dict[str, float]], prefix: str) -> dict[str, fl
 
 
 def train_on_rollout(actor: "MegatronGroup", groups: list[list[Sample]], policy_version: int,
-                     critic: "MegatronGroup | None" = None, recompute_old: bool = False) -> dict[str, float]:
+                     critic: "MegatronGroup | None" = None, recompute_old: bool = False,
+                     opd_kl_coef: float | None = None) -> dict[str, float]:
     """Train on one rollout (groups of Samples): old / reference log-probs and critic values as the
     algorithm needs (`recompute_old`: the old ones in any case), advantages, then --num-steps-per-rollout
-    optimizer steps. Returns metrics
+    optimizer steps. `opd_kl_coef` (--use-opd): the advantages also take the teacher's per-token
+    penalty (lean_rl/algorithms/distillation.py) against the old log-probs, recomputed unless
+    --use-rollout-logprobs; train/opd_reverse_kl is its KL estimate. Returns metrics
     (train/loss, train/pg_clipfrac, train/kl_loss, train/entropy, train/grad_norm, train/lr,
     train/skipped_steps, train/reward_mean, rollout/trained_tokens, rollout/failed_frac ...,
     critic/... for PPO). Raises FailedSamplesError (nothing trained) when more than
@@ -139,10 +145,11 @@ def train_on_rollout(actor: "MegatronGroup", groups: list[list[Sample]], policy_
     started = time.perf_counter()
     batch = rollout_batch(groups)
     check_failed_fraction(batch, algo.max_failed_fraction)
+    teacher = _teacher_log_probs(groups, batch) if opd_kl_coef is not None else None
     num_steps = actor.batch_plan.steps_for(len(batch))
     masks = batch.masks
     need_old = not algo.use_rollout_logprobs and (recompute_old or num_steps > 1 or algo.decoupled_ppo
-                                                  or algo.kl_coef != 0)
+                                                  or algo.kl_coef != 0 or opd_kl_coef is not None)
     old = batch.rollout_log_probs if algo.use_rollout_logprobs else (
         forward_rollout(actor, batch) if need_old else None)
     ref = forward_rollout(actor, batch, reference=True) if algo.needs_reference else None
@@ -153,8 +160,11 @@ def train_on_rollout(actor: "MegatronGroup", groups: list[list[Sample]], policy_
     advantages, returns = compute_custom_or_builtin_advantages(algo, AdvantageInputs(
         rewards=batch.rewards, group_ids=batch.group_ids, mask=masks, valid=batch.valid,
         rollout_log_probs=batch.rollout_log_probs, old_log_probs=old, ref_log_probs=ref, values=values,
-        kl=kl_in_reward))
+        kl=kl_in_reward, baseline_rewards=batch.baseline_rewards))
     metrics = batch_metrics(batch, policy_version)
+    if opd_kl_coef is not None:  # on-policy distillation: after any estimator, as slime applies it
+        advantages, metrics["train/opd_reverse_kl"] = reverse_kl_advantages(advantages, old, teacher, masks,
+                                                                            opd_kl_coef)
     if old is not None and ref is not None:  # equal before the first update (--ci-test checks it)
         metrics["train/old_ref_max_abs_diff"] = float(((old - ref).abs() * masks).max())
     metrics["rollout/advantage_mean"] = float((advantages * masks).sum() / masks.sum().clamp(min=1))
@@ -183,7 +193,17 @@ def train_on_rollout(actor: "MegatronGroup", groups: list[list[Sample]], policy_
     return metrics
 
 
-def _latest_step(root, flag: str) -> int | None:
+def _teacher_log_probs(groups: list[list[Sample]], batch: RolloutBatch) -> torch.Tensor:
+    """[B, T] the teacher's log-probs (--use-opd); every sample that did not fail must have them."""
+    unscored = [s.index for g in groups for s in g
+                if s.status != Status.FAILED and s.response_length and not s.teacher_log_probs]
+    if unscored:
+        raise ValueError(f"--use-opd: samples {unscored[:4]} have no teacher_log_probs; a custom rollout function "
+                         "must score its samples with lean_rl.rollout.distillation.score_with_teacher")
+    return batch.teacher_log_probs
+
+
+def latest_resume_step(root, flag: str) -> int | None:
     """The step --load's tracker names (None: no checkpoint yet, a fresh start); a ConfigError naming the
     flag when --load is not a directory, or its tracker is garbage or names a step that is missing."""
     from pathlib import Path
@@ -216,7 +236,7 @@ def initialize_for_training(group: "MegatronGroup", train: TrainConfig, algo: Al
 
     ckpt = train.checkpoint
     load_root, load_flag = (ckpt.load, "--load") if role == "actor" else (ckpt.critic_load_dir, "--critic-load")
-    resume = load_root is not None and _latest_step(load_root, load_flag) is not None
+    resume = load_root is not None and latest_resume_step(load_root, load_flag) is not None
     if role == "critic" and actor_step:
         if load_root is None or not has_step(load_root, actor_step):
             raise ConfigError(f"the actor resumed at step {actor_step}, but the critic has no checkpoint of that step "

@@ -184,15 +184,20 @@ class EngineClient:
         rid: str | None = None,
         timeout_s: float | None = None,
         routing_key: str | None = None,
+        return_routed_experts: bool = False,
     ) -> GenerateResult:
         """Generate from token ids. `rid` names the request for abort_request; with return_logprob the
         result carries one log-prob per output token. `routing_key`: requests with the same key belong
-        to one session (the turns of one trajectory); sent to the router as its routing-key header."""
-        payload = build_generate_payload(input_ids, sampling_params, return_logprob=return_logprob, rid=rid)
+        to one session (the turns of one trajectory); sent to the router as its routing-key header.
+        `return_routed_experts` (a server started with --enable-return-routed-experts): the result
+        carries the experts every token of input + output but the last went through."""
+        payload = build_generate_payload(input_ids, sampling_params, return_logprob=return_logprob, rid=rid,
+                                         return_routed_experts=return_routed_experts)
         headers = {ROUTING_KEY_HEADER: routing_key} if routing_key else None
         response = await self.request("POST", "/generate", payload, timeout_s=timeout_s, headers=headers)
         try:
-            return parse_generate_response(_json_body(response), return_logprob=return_logprob)
+            return parse_generate_response(_json_body(response), return_logprob=return_logprob,
+                                           return_routed_experts=return_routed_experts)
         except ValueError as exc:
             raise EngineError(self.base_url, "/generate", f"unexpected response: {exc}") from exc
 

@@ -112,12 +112,30 @@ def load_torchvision_fix() -> None:
     torchvision_fix.install()
 
 
+def allocate_host_buffers_unpinned() -> None:
+    # --enable-return-routed-experts (rollout routing replay) keeps every token's routes in a host
+    # buffer: sglang/srt/state_capturer/base.py:67 allocates it with ALLOC_MEMORY_FUNCS[device] and
+    # pin_memory=True; for device "cpu" that is the default, alloc_with_host_register
+    # (sglang/srt/mem_cache/pool_host/common.py:330), which calls cudaHostRegister (common.py:147
+    # `torch.cuda.cudart()`) and on a CPU-only torch fails the server's start with
+    # "AssertionError: Torch not compiled with CUDA enabled". Pinning only speeds copies from a GPU,
+    # and a CPU engine has none: give "cpu" the same allocation, unpinned. `destroy` unregisters only
+    # on CUDA/HIP (base.py:85), so nothing else needs the pinning.
+    from sglang.srt.mem_cache.pool_host import common
+
+    def allocate_unpinned(dims, dtype, device, pin_memory, allocator, registration_granularity_bytes=None):
+        return allocator.allocate(dims, dtype=dtype, device=device)
+
+    common.ALLOC_MEMORY_FUNCS["cpu"] = allocate_unpinned
+
+
 def apply_cpu_patches() -> None:
     """All of the above, in the order they must happen (environment and sys.path before torch)."""
     enable_sglang_cpu_engine()
     put_cpu_kernels_first()
     load_torchvision_fix()
     keep_single_process_store_local()
+    allocate_host_buffers_unpinned()
 
 
 # -- client side: the trainer talking to SGLang ------------------------------------------------------

@@ -152,7 +152,7 @@ class EngineConfig:
                                       help="seconds for one HTTP call to an engine")
     cpu_threads: int | None = option(None, flag="--engine-cpu-threads",
                                      help="CPU: compute threads per engine (default: cores // (engines + 1), "
-                                          "at least 1)")
+                                          "at least 1; engines: the student's and the --use-opd teacher's)")
 
     # Derived, given by the caller (config.parse_config): the device ("cpu" or "cuda", the trainer's),
     # the --sglang-<flag> / --router-<flag> passthrough, and the ports from resolve_ports.
@@ -168,6 +168,11 @@ class EngineConfig:
     # (measured: 2 engines on 2 cores, ~900 -> ~10 tok/s). Default: an equal share of the cores with
     # one share left for the trainer and driver.
     threads_per_cpu_engine: int = field(init=False)
+    # servers of other engine groups on the same cores (the --use-opd teacher's): they share the split
+    other_cpu_engines: int = field(default=0, kw_only=True)
+    # --use-rollout-routing-replay (config.parse_config): the servers record every token's experts
+    # (--enable-return-routed-experts) and every /generate asks for them (rollout/default.py)
+    return_routed_experts: bool = field(default=False, kw_only=True)
     # Multi-node (--ray-address): every engine is a Ray actor (engine_actor.py) that binds its node's
     # Ray address on a port free there, and the router binds the driver's; the ports above are then
     # not used. engine_nodes pins engine i to the Ray node at that IP (tests) instead of a SPREAD
@@ -185,7 +190,7 @@ class EngineConfig:
         validate_engine_config(self)
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
         object.__setattr__(self, "threads_per_cpu_engine",
-                           self.cpu_threads or max(1, cores // (self.num_engines + 1)))
+                           self.cpu_threads or max(1, cores // (self.num_engines + self.other_cpu_engines + 1)))
 
     @property
     def ports_resolved(self) -> bool:
@@ -262,6 +267,8 @@ class EngineConfig:
                 flags["--max-total-tokens"] = [str(self.max_total_tokens)]
         if self.mem_fraction_static is not None:
             flags["--mem-fraction-static"] = [str(self.mem_fraction_static)]
+        if self.return_routed_experts:
+            flags["--enable-return-routed-experts"] = []
         return _merge_flags(flags, flags_to_dict(self.server_passthrough))
 
     def router_flags(self, port: int, prometheus_port: int) -> list[str]:

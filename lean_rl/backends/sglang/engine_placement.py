@@ -48,12 +48,13 @@ class EngineScheduler:
     """Creates (and removes) the engines' own placement group when they need one, and gives the Ray
     actor options of engine i."""
 
-    def __init__(self, config: EngineConfig, placement: EnginePlacement | None = None):
+    def __init__(self, config: EngineConfig, placement: EnginePlacement | None = None, name: str = "engines"):
         if placement is not None and (config.engine_nodes or len(placement.bundle_indices) != config.num_engines):
             raise ValueError(f"EngineGroup: a placement for {len(placement.bundle_indices)} engines needs a config "
                              f"of as many engines ({config.num_engines}) and no engine_nodes")
         self.config = config
         self.placement = placement
+        self.name = name  # of the engine group: names its placement group
         self._own_group = None
 
     def reserve(self) -> None:
@@ -73,7 +74,7 @@ class EngineScheduler:
                     f"{n} engine(s) x {bundle} do not fit in the Ray cluster ({name}: {total.get(name, 0):g} in "
                     f"all, the trainer's included); lower --rollout-num-gpus or use --colocate")
         self._own_group = placement_group([dict(bundle) for _ in range(n)], strategy="SPREAD",
-                                          name=f"lean_rl-engines-{os.getpid()}")
+                                          name=f"lean_rl-{self.name}-{os.getpid()}")
         if not self._own_group.wait(timeout_seconds=self.config.start_timeout_s):
             raise EnginePlacementError(
                 f"no room in the Ray cluster for {n} engines of {bundle} each (placement group not ready after "

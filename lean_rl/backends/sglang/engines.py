@@ -49,7 +49,9 @@ class EngineStartError(ChildStartError):
 
 class EngineGroup:
     def __init__(self, config: EngineConfig, run_dir: str | Path, *, stop_timeout_s: float = 15.0,
-                 placement: EnginePlacement | None = None):
+                 placement: EnginePlacement | None = None, name: str = "engines"):
+        # `name`: of this group in logs and of its Ray placement group (a run may hold two: the --use-opd teacher's)
+        self.name = name
         # Absolute paths: the servers run in their actors' working directory, not necessarily this one.
         self.config = dataclasses.replace(config, model_path=str(Path(config.model_path).resolve())) \
             if config.model_path else config
@@ -58,7 +60,7 @@ class EngineGroup:
         self.router_port: int | None = None
         self.model_info: ModelDirInfo | None = None
         self.timings: dict[str, float] = {}  # seconds: router_healthy, servers_healthy, total
-        self._scheduler = EngineScheduler(self.config, placement)
+        self._scheduler = EngineScheduler(self.config, placement, name=name)
         self._router: ChildProcess | None = None
         self._router_host = service_host(True) if config.on_cluster else config.host
         self._actors: list = []
@@ -138,6 +140,9 @@ class EngineGroup:
         self.router_port = self._check_ports()
         atexit.register(self.stop)
         t0 = time.monotonic()
+        # SGLang's import and model load take ~20-30 s per server on CPU: say so before the silence
+        logger.info("%s: starting %d SGLang server(s) and a router (waits up to %.0f s for them)", self.name,
+                    self.config.num_engines, self.config.start_timeout_s)
         try:
             self._router = self._spawn_router()
             self._scheduler.reserve()
@@ -157,7 +162,8 @@ class EngineGroup:
             self.stop()
             raise
         self.timings["total"] = time.monotonic() - t0
-        logger.info("engines %s and router %s ready in %.1f s", self._urls, self.router_url, self.timings["total"])
+        logger.info("%s %s and router %s ready in %.1f s", self.name, self._urls, self.router_url,
+                    self.timings["total"])
         return self
 
     def stop(self) -> None:
@@ -181,7 +187,7 @@ class EngineGroup:
                 self._ray_started = False
                 ray.shutdown()
         if had_any:
-            logger.info("engine group stopped in %.1f s", time.monotonic() - t0)
+            logger.info("engine group %s stopped in %.1f s", self.name, time.monotonic() - t0)
 
     def __enter__(self) -> EngineGroup:
         return self.start()

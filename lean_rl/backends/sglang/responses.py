@@ -8,6 +8,8 @@ from dataclasses import dataclass
 
 import httpx
 
+from lean_rl import routed_experts as routes
+
 FINISH_REASONS = ("stop", "length", "abort")
 
 
@@ -33,6 +35,10 @@ class GenerateResult:
     cached_tokens: int
     rid: str
     text: str | None
+    # with return_routed_experts: base64 int32 [prompt_tokens + completion_tokens - 1, layers, topk], the
+    # experts every token but the last went through (lean_rl/routed_experts.py); None when not asked
+    # (or an aborted request that sent none)
+    routed_experts: str | None = None
 
     @property
     def aborted(self) -> bool:
@@ -40,7 +46,8 @@ class GenerateResult:
 
 
 def build_generate_payload(
-    input_ids: list[int], sampling_params: dict | None = None, *, return_logprob: bool = False, rid: str | None = None
+    input_ids: list[int], sampling_params: dict | None = None, *, return_logprob: bool = False, rid: str | None = None,
+    return_routed_experts: bool = False,
 ) -> dict:
     if isinstance(input_ids, (str, bytes)) or not hasattr(input_ids, "__len__") or len(input_ids) == 0:
         raise ValueError("generate: input_ids must be a non-empty list of token ids")
@@ -53,6 +60,8 @@ def build_generate_payload(
     if return_logprob:
         # Output tokens only: logprob_start_len -1 (the default) skips prompt log-probs.
         payload["return_logprob"] = True
+    if return_routed_experts:  # from the first token (routed_experts_start_len 0): a sample keeps all
+        payload["return_routed_experts"] = True
     if rid is not None:
         payload["rid"] = rid
     return payload
@@ -65,7 +74,7 @@ def _span(raw) -> WeightVersionSpan:
     return WeightVersionSpan(str(version), int(start), int(end))
 
 
-def parse_generate_response(body: object, *, return_logprob: bool) -> GenerateResult:
+def parse_generate_response(body: object, *, return_logprob: bool, return_routed_experts: bool = False) -> GenerateResult:
     """Turn a /generate JSON body into a GenerateResult; ValueError when it is not one.
 
     Token ids come from `output_ids`, never from `meta_info.output_token_logprobs`: in 0.5.23 that list
@@ -111,6 +120,21 @@ def parse_generate_response(body: object, *, return_logprob: bool) -> GenerateRe
         except (TypeError, ValueError, IndexError) as exc:
             raise ValueError(f"output_token_logprobs entries must be [logprob, id, text] ({exc})") from exc
 
+    prompt_tokens = int(meta.get("prompt_tokens", 0))
+    routed = meta.get("routed_experts") if return_routed_experts else None
+    if return_routed_experts and not routed and reason != "abort":
+        raise ValueError("return_routed_experts was set but meta_info has no routed_experts "
+                         "(is the server started with --enable-return-routed-experts?)")
+    if routed:
+        if not isinstance(routed, str):
+            raise ValueError(f"meta_info.routed_experts must be base64 text, got {type(routed).__name__}")
+        try:
+            routes.width(routed, prompt_tokens + len(output_ids) - 1)  # one row per token but the last
+        except ValueError:
+            if reason != "abort":
+                raise
+            routed = None  # an interrupted request's may stop short: the call that continues it brings all
+
     return GenerateResult(
         output_ids=output_ids,
         output_log_probs=log_probs,
@@ -118,11 +142,12 @@ def parse_generate_response(body: object, *, return_logprob: bool) -> GenerateRe
         finish_detail=detail,
         weight_version=meta.get("weight_version"),
         weight_version_spans=tuple(_span(s) for s in meta.get("weight_versions") or ()),
-        prompt_tokens=int(meta.get("prompt_tokens", 0)),
+        prompt_tokens=prompt_tokens,
         completion_tokens=int(meta.get("completion_tokens", len(output_ids))),
         cached_tokens=int(meta.get("cached_tokens") or 0),
         rid=str(meta.get("id", "")),
         text=body.get("text"),
+        routed_experts=routed or None,
     )
 
 

@@ -41,7 +41,6 @@ samples() returns the sample FAILED with metadata["capture_error"].
 
 from __future__ import annotations
 
-import functools
 import hmac
 import itertools
 import math
@@ -73,11 +72,6 @@ _ABORTED_MESSAGE = ("generation was aborted by the trainer (a weight update or a
                     "this rollout sample will be generated again")
 
 
-@functools.lru_cache(maxsize=8)
-def session_tokenizer(model_path: str):
-    return load_tokenizer(model_path)
-
-
 class CaptureSession:
     def __init__(self, cfg: Config, sample: Sample, sampling_params: dict, *, session_id: str | None = None):
         if "max_new_tokens" not in sampling_params:
@@ -88,7 +82,7 @@ class CaptureSession:
         self.id = session_id or f"s{sample.index}-{secrets.token_hex(8)}"
         self.api_key = f"lean-rl-session-{secrets.token_urlsafe(24)}"
         self.model = str(cfg.engines.model_path)
-        self.tokenizer = session_tokenizer(str(cfg.engines.model_path))
+        self.tokenizer = load_tokenizer(str(cfg.engines.model_path))  # cached per path
         self.reward: float | None = None
         self.aborted = False
         self.closed = False
@@ -239,7 +233,8 @@ class CaptureSession:
                                   "max_new_tokens": params["max_new_tokens"],
                                   "tool_calls": len(completion.message.get("tool_calls") or ()),
                                   **({"tool_call_errors": list(completion.tool_call_errors)}
-                                     if completion.tool_call_errors else {})})
+                                     if completion.tool_call_errors else {})},
+                              routed_experts=result.routed_experts)
             self._assembler.add(call)
             full_ids = prompt_ids + result.output_ids
             self._tips.append((self._decode(full_ids), full_ids))

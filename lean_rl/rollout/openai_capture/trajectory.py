@@ -44,6 +44,7 @@ class CallRecord:
     weight_versions: list[int]  # per output token
     finish_reason: str  # the engine's: "stop", "length" or "abort"
     info: dict[str, Any] = field(default_factory=dict)  # what the call recorded besides tokens
+    routed_experts: str | None = None  # --use-rollout-routing-replay: the engine's, for prompt + output
 
     def __post_init__(self) -> None:
         n = len(self.output_ids)
@@ -123,7 +124,8 @@ class TrajectoryAssembler:
         if extension:
             sample.append_response(extension, trainable=False)
         sample.append_response(call.output_ids, log_probs=call.output_log_probs,
-                               weight_versions=call.weight_versions, trainable=True)
+                               weight_versions=call.weight_versions, trainable=True,
+                               routed_experts=call.routed_experts)
         sample.metadata.setdefault("capture_calls", []).append(
             {**call.info, "prompt_tokens": len(call.prompt_ids), "context_tokens": len(extension),
              "completion_tokens": len(call.output_ids), "finish_reason": call.finish_reason})

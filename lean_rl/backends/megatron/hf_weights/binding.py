@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import torch
 
 from lean_rl.backends.megatron.hf_weights.families import WeightRule, canonical_megatron_name
+from lean_rl.backends.megatron.lora import is_adapter_key
 
 
 @dataclass(frozen=True)
@@ -33,10 +34,13 @@ def unwrap_model(model: torch.nn.Module) -> torch.nn.Module:
 
 
 def bind_params(model: torch.nn.Module, rules: tuple[WeightRule, ...]) -> list[BoundParam]:
-    """Every parameter of `model` with its rule; any parameter without exactly one rule is an error."""
+    """Every parameter of `model` (LoRA adapters aside) with its rule; any parameter without exactly
+    one rule is an error."""
     model = unwrap_model(model)
     bound, unmatched = [], []
     for name, param in model.named_parameters():
+        if is_adapter_key(name):
+            continue  # a LoRA adapter is no HF tensor: export merges it into its layer's weight
         canonical = canonical_megatron_name(name)
         hits = [(rule, m) for rule in rules if (m := rule.pattern.match(canonical))]
         if len(hits) != 1:

@@ -32,6 +32,15 @@ _LOCAL_SPEC_KEYS_MAP = (("input_layernorm.", "self_attention.linear_qkv.layer_no
                         ("pre_mlp_layernorm.", "mlp.linear_fc1.layer_norm_"))
 _LINEAR_MODULES = ("linear_qkv", "linear_proj", "linear_fc1", "linear_fc2")
 EXTRA_STATE = "_extra_state"
+# A LoRA adapter (backends/megatron/lora.py) is a child module of its linear layer: A [r, in], B [out, r]
+# and scaling [1] (alpha / rank), stacked over layers like the layer's weight.
+LORA_ADAPTER = "lora"
+
+
+def lora_keys(weight_key: str) -> tuple[str, str, str]:
+    """The keys (A, B, scaling) of the LoRA adapter of the linear layer whose weight is `weight_key`."""
+    module = weight_key.removesuffix(".weight")
+    return tuple(f"{module}.{LORA_ADAPTER}.{leaf}" for leaf in ("a", "b", "scaling"))
 
 
 @dataclass(frozen=True)

@@ -11,9 +11,10 @@ import torch.distributed as dist
 from megatron.core import parallel_state
 
 from lean_rl.backends.megatron.config import MegatronConfig
-from lean_rl.backends.megatron.hf_weights.binding import BoundParam, bind_params
+from lean_rl.backends.megatron.hf_weights.binding import BoundParam, bind_params, unwrap_model
 from lean_rl.backends.megatron.hf_weights.families import geometry, weight_rules
 from lean_rl.backends.megatron.hf_weights.layouts import Layout, to_hf_tensors
+from lean_rl.backends.megatron.lora import export_weight
 
 
 def _all_gather(tensor: torch.Tensor, group) -> list[torch.Tensor]:
@@ -39,7 +40,7 @@ def iter_stage_hf_tensors(model: torch.nn.Module, config: MegatronConfig,
         for item in bound:
             if not item.rule.exported:
                 continue
-            local = item.param.detach()
+            local = export_weight(unwrap_model(model), item.name, item.param)  # W + scaling B A under LoRA
             if item.rule.layout is Layout.REPLICATED:
                 shards = [local]
             else:

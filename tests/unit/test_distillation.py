@@ -1,0 +1,159 @@
+"""On-policy distillation (--use-opd): the advantage's reverse-KL term written out, the flags' checks,
+the teacher's engine config, the tokenizer check, a teacher fault, and the trainer's refusal of
+unscored samples. The whole loop (a teacher served by its own engines; the KL falls) is
+tests/e2e/test_distillation_run.py."""
+
+import asyncio
+import math
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from lean_rl.algorithms.config import AlgorithmConfig
+from lean_rl.algorithms.distillation import reverse_kl_advantages
+from lean_rl.backends.megatron.rollout_batch import failure_reason, rollout_batch
+from lean_rl.backends.megatron.train_driver import train_on_rollout
+from lean_rl.backends.sglang.config import EngineConfig, resolve_api_key, resolve_ports
+from lean_rl.config import parse_config
+from lean_rl.options import ConfigError
+from lean_rl.rollout.distillation import (DistillationConfig, check_same_vocabulary, score_with_teacher,
+                                          teacher_engine_config)
+from lean_rl.sample import Sample, Status
+from lean_rl.utils.net import find_free_port
+
+
+def test_the_advantage_loses_coef_times_student_minus_teacher_on_trained_tokens():
+    advantages = torch.tensor([[0.5, 0.5, 0.5], [-1.0, -1.0, 0.0]])
+    student = torch.tensor([[-1.0, -2.0, -0.5], [-3.0, -0.1, 0.0]])
+    teacher = torch.tensor([[-1.5, -1.0, -0.5], [-1.0, -0.1, 0.0]])
+    mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 0.0, 0.0]])  # row 1: one trained token, then padding
+    adjusted, kl = reverse_kl_advantages(advantages, student, teacher, mask, kl_coef=0.5)
+    # A - 0.5 * (s - t) where trained: row 0: 0.5 - 0.5*0.5, 0.5 - 0.5*(-1), 0.5 - 0; row 1: -1 - 0.5*(-2)
+    expected = torch.tensor([[0.25, 1.0, 0.5], [0.0, -1.0, 0.0]])
+    assert torch.allclose(adjusted, expected)
+    # k1 = s - t over the 4 trained tokens: (0.5 + -1 + 0 + -2) / 4
+    assert kl == pytest.approx(-0.625)
+    # pure distillation (A = 0, coef 1): the advantage is t - s, the teacher's log-ratio over the student
+    pure, _ = reverse_kl_advantages(torch.zeros(2, 3), student, teacher, mask, kl_coef=1.0)
+    assert torch.allclose(pure, (teacher - student) * mask)
+
+
+@pytest.mark.parametrize("kwargs, flag", [
+    (dict(opd_type="sglang"), "--opd-type is a setting of on-policy distillation: add --use-opd"),
+    (dict(teacher_url="http://127.0.0.1:1"), "--opd-teacher-url is a setting of on-policy distillation"),
+    (dict(use_opd=True, teacher_url="http://127.0.0.1:1"), "--use-opd needs --opd-type sglang"),
+    (dict(use_opd=True, opd_type="megatron", teacher_url="http://x:1"), "--opd-type 'megatron'"),
+    (dict(use_opd=True, opd_type="sglang"), "exactly one of --opd-teacher-hf-checkpoint DIR"),
+    (dict(use_opd=True, opd_type="sglang", teacher_url="http://x:1", teacher_hf_checkpoint="/t"),
+     "exactly one of --opd-teacher-hf-checkpoint"),
+    (dict(use_opd=True, opd_type="sglang", teacher_url="x:1"), "--opd-teacher-url 'x:1': give http://HOST:PORT"),
+    (dict(use_opd=True, opd_type="sglang", teacher_url="http://x:1", teacher_num_engines=2),
+     "--opd-teacher-num-engines sizes the teacher this run serves"),
+    (dict(use_opd=True, opd_type="sglang", teacher_url="http://x:1", opd_kl_coef=0.0), "--opd-kl-coef must be > 0"),
+    (dict(use_opd=True, opd_type="sglang", teacher_hf_checkpoint="/no/such/dir"),
+     "--opd-teacher-hf-checkpoint /no/such/dir: not an HF checkpoint directory"),
+])
+def test_config_errors_name_the_flag(kwargs, flag):
+    with pytest.raises(ConfigError, match=flag.replace("(", r"\(").replace(".", r"\.")):
+        DistillationConfig(**kwargs)
+
+
+def test_megatron_type_is_not_offered_on_the_command_line(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        parse_config(["--hf-checkpoint", str(tmp_path), "--use-opd", "--opd-type", "megatron"])
+    assert "invalid choice: 'megatron' (choose from 'sglang')" in capsys.readouterr().err
+
+
+def test_defaults_off_and_one_teacher_engine(tmp_path):
+    assert not DistillationConfig().use_opd and DistillationConfig().teacher_engine_count == 0
+    (tmp_path / "config.json").write_text("{}")
+    served = DistillationConfig(use_opd=True, opd_type="sglang", teacher_hf_checkpoint=str(tmp_path))
+    assert served.serves_teacher and served.teacher_num_engines == 1 and served.teacher_engine_count == 1
+    external = DistillationConfig(use_opd=True, opd_type="sglang", teacher_url="http://127.0.0.1:30000")
+    assert not external.serves_teacher and external.teacher_engine_count == 0
+
+
+def test_teacher_engines_take_the_students_settings_on_ports_of_their_own_and_share_the_cores():
+    student = resolve_api_key(resolve_ports(EngineConfig(model_path="/student", num_engines=2, device="cpu",
+                                                         other_cpu_engines=3, max_total_tokens=4096,
+                                                         server_passthrough=("--chunked-prefill-size", "64"))))
+    teacher = teacher_engine_config(student, "/teacher", 3)
+    assert teacher.model_path == "/teacher" and teacher.num_engines == 3 and teacher.other_cpu_engines == 2
+    assert teacher.api_key == student.api_key and teacher.max_total_tokens == 4096
+    assert teacher.server_passthrough == ("--chunked-prefill-size", "64")
+    student_ports = {*student.engine_ports, student.resolved_router_port}
+    teacher_ports = {*teacher.engine_ports, teacher.resolved_router_port}
+    assert len(teacher_ports) == 4 and not student_ports & teacher_ports
+    # cores // (2 student + 3 teacher engines + 1), at least 1: both groups get the same share
+    cores = len(__import__("os").sched_getaffinity(0))
+    assert student.threads_per_cpu_engine == teacher.threads_per_cpu_engine == max(1, cores // 6)
+
+
+def _tokenizer_dir(path, vocab_size):
+    from lean_rl.testing.tiny_model import build_tokenizer
+
+    build_tokenizer(vocab_size).save_pretrained(path)
+    return str(path)
+
+
+def test_a_teacher_of_another_tokenizer_is_refused_naming_both_dirs(tmp_path):
+    student = _tokenizer_dir(tmp_path / "student", 512)
+    check_same_vocabulary(student, _tokenizer_dir(tmp_path / "same", 512))  # the same tokenizer: fine
+    other = _tokenizer_dir(tmp_path / "other", 300)
+    with pytest.raises(ConfigError) as err:
+        check_same_vocabulary(student, other)
+    assert f"--opd-teacher-hf-checkpoint {other}" in str(err.value) and f"--hf-checkpoint {student}" in str(err.value)
+    with pytest.raises(ConfigError, match=f"--opd-teacher-hf-checkpoint {tmp_path}: cannot load its tokenizer"):
+        check_same_vocabulary(student, str(tmp_path))
+
+
+def _sample(index, response=(7, 8), status=Status.COMPLETED):
+    s = Sample(index=index, group_index=0, prompt="p", tokens=[5, 6])
+    s.append_response(list(response), log_probs=[-1.0] * len(response), weight_versions=0)
+    s.status, s.reward = status, 0.0
+    return s
+
+
+def test_a_teacher_that_cannot_be_reached_fails_the_sample_with_teacher_error():
+    port = find_free_port("127.0.0.1")  # nothing listens there: a real connection failure
+    opd = DistillationConfig(use_opd=True, opd_type="sglang", teacher_url=f"http://127.0.0.1:{port}")
+    cfg = SimpleNamespace(distillation=opd, engines=SimpleNamespace(request_timeout_s=5.0),
+                          rollout=SimpleNamespace(request_retries=0))
+    samples = [_sample(0), _sample(1, status=Status.FAILED), _sample(2, response=())]
+    assert asyncio.run(score_with_teacher(cfg, samples)) == 1
+    assert samples[0].status is Status.FAILED and samples[0].teacher_log_probs == []
+    assert "EngineConnectionError" in samples[0].metadata["teacher_error"]
+    assert failure_reason(samples[0]).startswith("teacher_error: EngineConnectionError")
+    assert "teacher_error" not in samples[1].metadata  # failed before: not sent to the teacher
+    assert samples[2].status is Status.COMPLETED  # nothing to score
+
+
+class _Actor:
+    """Stands in for a MegatronGroup: any use beyond reading its config means training went ahead."""
+
+    role = "actor"
+
+    def __init__(self, algo: AlgorithmConfig):
+        self.algorithm_config = algo
+
+    def require_training(self) -> None:
+        pass
+
+    def __getattr__(self, name):
+        raise AssertionError(f"train_on_rollout used actor.{name} on a rollout it should have refused")
+
+
+def test_the_trainer_refuses_unscored_samples_before_any_forward_pass():
+    scored, unscored = _sample(0), _sample(1)
+    scored.teacher_log_probs = [-0.5, -0.25]
+    with pytest.raises(ValueError, match=r"--use-opd: samples \[1\] have no teacher_log_probs"):
+        train_on_rollout(_Actor(AlgorithmConfig()), [[scored, unscored]], policy_version=0, opd_kl_coef=1.0)
+
+
+def test_rollout_batch_lays_out_teacher_log_probs_response_aligned():
+    long, short = _sample(0, response=(7, 8, 9)), _sample(1, response=(7,))
+    long.teacher_log_probs, short.teacher_log_probs = [-0.1, -0.2, -0.3], [-0.4]
+    batch = rollout_batch([[long, short]])
+    assert torch.equal(batch.teacher_log_probs, torch.tensor([[-0.1, -0.2, -0.3], [-0.4, 0.0, 0.0]]))
+    assert math.isclose(float(batch.masks.sum()), 4.0)
