@@ -185,8 +185,7 @@ def generated_samples(cfg: Config, generate_fn, result, group_index: int | None 
     """What a generate function returned (a Sample or a non-empty list of distinct Samples, all of the
     prompt's group `group_index` when given), as a list."""
     expected = "the Sample, or a non-empty list of Samples"
-    flag = f"--custom-generate-function-path {cfg.rollout.custom_generate_function_path}" \
-        if cfg.rollout.custom_generate_function_path else "the generate function"
+    flag = cfg.rollout.generate_function_flag
     samples = [result] if isinstance(result, Sample) else result
     if not (isinstance(samples, list) and samples and all(isinstance(s, Sample) for s in samples)):
         raise hook_return_error(flag, generate_fn, result, expected)

@@ -110,6 +110,17 @@ class RolloutConfig:
             raise ConfigError(f"--over-sampling-batch-size ({self.over_sampling_batch_size}) must be >= "
                               f"--rollout-batch-size ({self.rollout_batch_size})")
 
+    @property
+    def generate_function_flag(self) -> str:
+        """The flag that chose the generate function, as an error about it should name it: the one the
+        user typed (--environment-path derives the multi-turn generate)."""
+        path = self.custom_generate_function_path
+        if path is None:
+            return "the default generate function"
+        if path == MULTI_TURN_GENERATE and self.multi_turn.environment_path:
+            return f"--environment-path {self.multi_turn.environment_path} (its generate, {MULTI_TURN_GENERATE})"
+        return f"--custom-generate-function-path {path}"
+
 
 @dataclass(frozen=True)
 class RewardConfig:

@@ -244,8 +244,8 @@ def _reward_flag(cfg: Config) -> str:
 
 
 def _preset_flag(cfg: Config) -> str:
-    path = cfg.rollout.custom_generate_function_path if getattr(cfg, "rollout", None) is not None else None
-    return f"--custom-generate-function-path {path} (sample.reward)" if path else "the generate function (sample.reward)"
+    rollout = getattr(cfg, "rollout", None)
+    return f"{rollout.generate_function_flag if rollout is not None else 'the generate function'} (sample.reward)"
 
 
 def _expected(key: str | None, group: bool = False) -> str:

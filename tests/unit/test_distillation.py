@@ -20,6 +20,7 @@ from lean_rl.options import ConfigError
 from lean_rl.rollout.distillation import (DistillationConfig, check_same_vocabulary, score_with_teacher,
                                           teacher_engine_config)
 from lean_rl.sample import Sample, Status
+from tests.unit.refusing_actor import RefusingActor
 from lean_rl.utils.net import find_free_port
 
 
@@ -129,26 +130,11 @@ def test_a_teacher_that_cannot_be_reached_fails_the_sample_with_teacher_error():
     assert samples[2].status is Status.COMPLETED  # nothing to score
 
 
-class _Actor:
-    """Stands in for a MegatronGroup: any use beyond reading its config means training went ahead."""
-
-    role = "actor"
-
-    def __init__(self, algo: AlgorithmConfig):
-        self.algorithm_config = algo
-
-    def require_training(self) -> None:
-        pass
-
-    def __getattr__(self, name):
-        raise AssertionError(f"train_on_rollout used actor.{name} on a rollout it should have refused")
-
-
 def test_the_trainer_refuses_unscored_samples_before_any_forward_pass():
     scored, unscored = _sample(0), _sample(1)
     scored.teacher_log_probs = [-0.5, -0.25]
     with pytest.raises(ValueError, match=r"--use-opd: samples \[1\] have no teacher_log_probs"):
-        train_on_rollout(_Actor(AlgorithmConfig()), [[scored, unscored]], policy_version=0, opd_kl_coef=1.0)
+        train_on_rollout(RefusingActor(AlgorithmConfig()), [[scored, unscored]], policy_version=0, opd_kl_coef=1.0)
 
 
 def test_rollout_batch_lays_out_teacher_log_probs_response_aligned():

@@ -11,6 +11,7 @@ from lean_rl.backends.megatron.rollout_batch import FailedSamplesError, check_fa
 from lean_rl.backends.megatron.train_driver import train_on_rollout
 from lean_rl.options import ConfigError, add_options, read_options
 from lean_rl.sample import Sample, Status
+from tests.unit.refusing_actor import RefusingActor
 
 
 def _sample(index, group, failed=None):
@@ -64,24 +65,9 @@ def test_the_flag_defaults_to_half_and_is_checked():
             AlgorithmConfig(max_failed_fraction=bad)
 
 
-class _Actor:
-    """Stands in for a MegatronGroup: any use beyond reading its config means training went ahead."""
-
-    role = "actor"
-
-    def __init__(self, algo: AlgorithmConfig):
-        self.algorithm_config = algo
-
-    def require_training(self) -> None:
-        pass
-
-    def __getattr__(self, name):
-        raise AssertionError(f"train_on_rollout used actor.{name} on a rollout it should have refused")
-
-
 def test_train_on_rollout_refuses_the_rollout_before_any_forward_pass_or_optimizer_step():
     with pytest.raises(FailedSamplesError, match="--max-failed-fraction 0.25"):
-        train_on_rollout(_Actor(AlgorithmConfig(max_failed_fraction=0.25)), _groups(3), policy_version=0)
+        train_on_rollout(RefusingActor(AlgorithmConfig(max_failed_fraction=0.25)), _groups(3), policy_version=0)
     # every sample FAILED: the flag's message, not the optimizer step's "no trainable token"
     with pytest.raises(FailedSamplesError, match="8 of 8 samples"):
-        train_on_rollout(_Actor(AlgorithmConfig()), _groups(8), policy_version=0)
+        train_on_rollout(RefusingActor(AlgorithmConfig()), _groups(8), policy_version=0)

@@ -26,6 +26,7 @@ def _cfg(**rollout):
                                      rm_type=None, reward_key=None),
         rollout=types.SimpleNamespace(max_concurrency=4, sampling=types.SimpleNamespace(to_sglang=lambda: {"max_new_tokens": 4}),
                                       custom_generate_function_path="my_hooks.gen",
+                                      generate_function_flag="--custom-generate-function-path my_hooks.gen",
                                       dynamic_sampling_filter_path="my_hooks.keep",
                                       rollout_function_path="my_hooks.rollout", **rollout),
         run=types.SimpleNamespace(debug_rollout_only=False))

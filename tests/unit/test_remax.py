@@ -110,6 +110,7 @@ def _cfg(estimator):
         reward=types.SimpleNamespace(rm_timeout=5.0, rm_retries=0, rm_url=None, custom_rm_path="my.rm",
                                      rm_type=None, reward_key=None),
         rollout=types.SimpleNamespace(max_concurrency=8, custom_generate_function_path="my.gen",
+                                      generate_function_flag="--custom-generate-function-path my.gen",
                                       sampling=types.SimpleNamespace(
                                           to_sglang=lambda: {"temperature": 1.0, "top_p": 0.9, "max_new_tokens": 4})),
         algorithm=types.SimpleNamespace(advantage_estimator=estimator),

@@ -107,7 +107,8 @@ def _keyed_cfg(reward_key=None, eval_reward_key=None):
     cfg = _cfg()
     cfg.reward.reward_key, cfg.reward.custom_rm_path, cfg.reward.rm_type = reward_key, "my_hooks.rm", None
     cfg.eval = types.SimpleNamespace(reward_key=eval_reward_key)
-    cfg.rollout = types.SimpleNamespace(custom_generate_function_path="my_hooks.gen")
+    cfg.rollout = types.SimpleNamespace(custom_generate_function_path="my_hooks.gen",
+                                        generate_function_flag="--custom-generate-function-path my_hooks.gen")
     return cfg
 
 

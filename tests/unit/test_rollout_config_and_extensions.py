@@ -223,3 +223,26 @@ def test_a_bad_custom_config_names_the_file_and_line(tiny_qwen2, prompts, tmp_pa
         _cfg(tiny_qwen2, prompts, "--custom-config-path", str(path))
     with pytest.raises(ConfigError, match="--custom-config-path .*nope.yaml: cannot read the file"):
         _cfg(tiny_qwen2, prompts, "--custom-config-path", str(tmp_path / "nope.yaml"))
+
+
+@pytest.mark.parametrize("flags, named", [
+    ([], "the default generate function"),
+    (["--environment-path", "my_pkg.MyEnv"],
+     "--environment-path my_pkg.MyEnv (its generate, lean_rl.rollout.multi_turn.generate)"),
+    (["--custom-generate-function-path", "my_pkg.gen"], "--custom-generate-function-path my_pkg.gen"),
+    (["--environment-path", "my_pkg.MyEnv", "--custom-generate-function-path", "my_pkg.gen"],
+     "--custom-generate-function-path my_pkg.gen"),
+])
+def test_a_bad_generate_return_names_the_flag_the_user_typed(tiny_qwen2, prompts, flags, named):
+    from lean_rl.rollout.base import generated_samples
+    from lean_rl.utils.plugins import HookReturnError
+
+    cfg = _cfg(tiny_qwen2, prompts, *flags)
+    assert cfg.rollout.generate_function_flag == named
+
+    async def generate(cfg, sample, sampling_params):
+        return "not a sample"
+
+    with pytest.raises(HookReturnError) as err:
+        generated_samples(cfg, generate, "not a sample")
+    assert str(err.value).startswith(named)
