@@ -7,4 +7,4 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 bash scripts/setup.sh
 export OMP_NUM_THREADS=1
-exec .venv/bin/python -m pytest --timeout=900 "$@"
+exec .venv/bin/python -m pytest --timeout=900 --durations=25 "$@"

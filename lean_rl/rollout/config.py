@@ -80,7 +80,8 @@ class RolloutConfig:
         None, positive=True, help="prompts launched per rollout when a dynamic-sampling filter drops some")
     dynamic_sampling_filter_path: str | None = option(
         None, help="dotted path of `filter(cfg, samples) -> bool`; built-in: lean_rl.rollout.filters.reward_varies")
-    partial_rollout: bool = option(False, help="aborted samples keep their tokens and resume later")
+    partial_rollout: bool = option(False, help=(
+        "aborted samples keep their tokens and resume later (--async-mode full always does: implied there)"))
     rollout_function_path: str = option("lean_rl.rollout.default.generate_rollout")
     custom_generate_function_path: str | None = option(
         None, help="dotted path of `async generate(cfg, sample, sampling_params[, evaluation]) -> Sample | list[Sample]`")
