@@ -20,6 +20,7 @@ opened, keys checked, rendered with the chat template) and calls `check_before_s
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import shutil
 import tempfile
@@ -83,13 +84,7 @@ def check_model_dir(path: str | os.PathLike, flag: str) -> ModelDir:
         weights = HFSafetensors(root)
     except (CheckpointError, OSError) as err:
         raise ConfigError(f"{flag} {path}: {err}") from None
-    num_params = 0
-    for info in weights.tensors.values():
-        count = 1
-        for dim in info.shape:
-            count *= dim
-        num_params += count
-    return ModelDir(root, num_params)
+    return ModelDir(root, sum(math.prod(info.shape) for info in weights.tensors.values()))
 
 
 def check_resume_checkpoints(cfg: Config) -> None:

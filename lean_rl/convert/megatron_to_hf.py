@@ -18,7 +18,8 @@ import torch
 from lean_rl.backends.megatron.checkpoint_paths import HF_CONFIG_DIR, CheckpointError, copy_side_files, find_checkpoint
 from lean_rl.backends.megatron.config import MegatronConfig, ModelArch, ParallelConfig
 from lean_rl.backends.megatron.hf_config import arch_from_hf_config, hf_family, load_hf_config
-from lean_rl.backends.megatron.hf_weights.dist_keys import EXTRA_STATE, DistEntry, dist_entries, is_model_key, lora_keys
+from lean_rl.backends.megatron.hf_weights.dist_keys import (EXTRA_STATE, DistEntry, dist_entries, is_model_key,
+                                                         lora_keys, merge_lora)
 from lean_rl.backends.megatron.hf_weights.families import geometry, weight_rules
 from lean_rl.backends.megatron.hf_weights.layouts import Layout, hf_shapes, to_hf_tensors
 from lean_rl.convert.dcp_io import DistCheckpointReader
@@ -80,16 +81,15 @@ def _check_stored(reader: DistCheckpointReader, entries: list[DistEntry], arch: 
     return chosen, dtypes.pop(), adapters
 
 
-def _merge_lora(reader: DistCheckpointReader, keys: tuple[str, ...], index: tuple[int, ...],
+def _merge_lora(reader: DistCheckpointReader, stored: dict, keys: tuple[str, ...], index: tuple[int, ...],
                 weight: torch.Tensor) -> torch.Tensor:
-    """W + scaling * B A of one layer (`index`: its stacked offsets), as lora.LoraAdapter.merged computes
-    it for the engines: in float32, in W's dtype."""
+    """W + scaling * B A of one layer (`index`: its stacked offsets), merged as for the engines."""
     def one(key: str) -> torch.Tensor:
-        size = tuple(reader.tensors()[key].size)[len(index):]
+        size = tuple(stored[key].size)[len(index):]
         return reader.read(key, index + (0,) * len(size), (1,) * len(index) + size).reshape(size)
 
-    a, b, scaling = (one(key).float() for key in keys)
-    return (weight.float() + scaling * (b @ a)).to(weight.dtype)
+    a, b, scaling = (one(key) for key in keys)
+    return merge_lora(weight, a, b, scaling.float())
 
 
 def convert_megatron_to_hf(load: str | Path, save: str | Path, *, hf_config: str | Path | None = None,
@@ -133,7 +133,7 @@ def convert_megatron_to_hf(load: str | Path, save: str | Path, *, hf_config: str
                     tensor = reader.read(keys[inst.entry], inst.entry.chunk_offsets(inst.index), sizes).reshape(region)
                     if inst.entry in adapters:  # LoRA-trained: HF gets the merged weight
                         stacked = inst.entry.chunk_offsets(inst.index)[:len(inst.entry.stacked)]
-                        tensor = _merge_lora(reader, adapters[inst.entry], stacked, tensor)
+                        tensor = _merge_lora(reader, stored, adapters[inst.entry], stacked, tensor)
                     for name, hf_tensor in zip(inst.hf_names, to_hf_tensors(inst.entry.rule.layout, [tensor], geo)):
                         writer.write(name, hf_tensor.to(out_dtype))
                 writer.close()

@@ -10,9 +10,10 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
-from lean_rl.backends.sglang.client import EngineClient, EngineConnectionError, EngineError
+from lean_rl.backends.sglang.client import (EngineClient, EngineConnectionError, EngineError, EngineHTTPError,
+                                            EngineTimeoutError)
 from lean_rl.rollout import rewards
 from lean_rl.rollout.config import MULTI_TURN_GENERATE
 from lean_rl.sample import Sample
@@ -270,6 +271,27 @@ def engine_client(url: str, timeout_s: float, api_key: str | None) -> EngineClie
 
 def router_client(cfg: Config) -> EngineClient:
     return engine_client(cfg.engines.router_url, cfg.engines.request_timeout_s, cfg.engines.api_key)
+
+
+_T = TypeVar("_T")
+
+
+async def retry_engine_call(cfg: Config, call: Callable[[int], Awaitable[_T]], on_retry=None) -> _T:
+    """`await call(attempt)`, again (--rollout-request-retries times at most, waiting 1, 2, 4 ... 30 s)
+    when the engine or router cannot be reached, times out or answers 5xx; a 4xx raises at once.
+    `on_retry(err)` is told of each failure that is retried."""
+    attempts = cfg.rollout.request_retries + 1
+    for attempt in range(attempts):
+        try:
+            return await call(attempt)
+        except (EngineConnectionError, EngineTimeoutError, EngineHTTPError) as err:
+            retryable = not isinstance(err, EngineHTTPError) or err.status_code >= 500
+            if not retryable or attempt == attempts - 1:
+                raise
+            if on_retry is not None:
+                on_retry(err)
+            await asyncio.sleep(min(2.0**attempt, 30.0))
+    raise AssertionError("unreachable")
 
 
 _ROUTER_WORKERS_TTL_S = 2.0

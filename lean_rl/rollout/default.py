@@ -21,11 +21,11 @@ import time
 import zlib
 from typing import TYPE_CHECKING
 
-from lean_rl.backends.sglang.client import EngineClient, EngineConnectionError, EngineHTTPError, EngineTimeoutError
+from lean_rl.backends.sglang.client import EngineClient
 from lean_rl.buffer.prompt_source import load_tokenizer
 from lean_rl.rollout.base import (Extensions, RolloutOutput, engine_client, filter_verdict, generated_samples,
-                                  load_extensions, on_every_engine, parse_weight_version, router_client,
-                                  serving_engine_urls, set_stopping_event)
+                                  load_extensions, on_every_engine, parse_weight_version, retry_engine_call,
+                                  router_client, serving_engine_urls, set_stopping_event)
 from lean_rl.rollout.distillation import score_group_with_teacher
 from lean_rl.rollout.evaluation import run_evaluation
 from lean_rl.rollout.rewards import reward_entry_means, score_group
@@ -78,26 +78,17 @@ async def generate_with_retries(cfg: Config, input_ids: list[int], sampling_para
     `engine`: the first attempt goes to that engine directly (a session's own), retries to the router.
     Under --use-rollout-routing-replay every request asks for the experts of all its tokens, and goes to
     an engine directly (routes_engine)."""
-    attempts = cfg.rollout.request_retries + 1
-    for attempt in range(attempts):
-        if engine is not None and attempt == 0:
+    async def attempt(number: int) -> GenerateResult:
+        if engine is not None and number == 0:
             client = engine
         elif cfg.engines.return_routed_experts:
-            client = await routes_engine(cfg, routing_key or rid, attempt)
+            client = await routes_engine(cfg, routing_key or rid, number)
         else:
             client = router_client(cfg)
-        try:
-            return await client.generate(input_ids, sampling_params, return_logprob=True, rid=rid,
-                                         routing_key=routing_key,
-                                         return_routed_experts=cfg.engines.return_routed_experts)
-        except (EngineConnectionError, EngineTimeoutError, EngineHTTPError) as err:
-            retryable = not isinstance(err, EngineHTTPError) or err.status_code >= 500
-            if not retryable or attempt == attempts - 1:
-                raise
-            if on_retry is not None:
-                on_retry(err)
-            await asyncio.sleep(min(2.0**attempt, 30.0))
-    raise AssertionError("unreachable")
+        return await client.generate(input_ids, sampling_params, return_logprob=True, rid=rid,
+                                     routing_key=routing_key, return_routed_experts=cfg.engines.return_routed_experts)
+
+    return await retry_engine_call(cfg, attempt, on_retry)
 
 
 async def routes_engine(cfg: Config, key: str, attempt: int) -> EngineClient:

@@ -25,12 +25,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from lean_rl.backends.sglang.client import (EngineClient, EngineConnectionError, EngineError, EngineHTTPError,
-                                            EngineTimeoutError)
+from lean_rl.backends.sglang.client import EngineClient, EngineError
 from lean_rl.backends.sglang.config import EngineConfig, resolve_ports
 from lean_rl.buffer.prompt_source import load_tokenizer
 from lean_rl.options import ConfigError, option
-from lean_rl.rollout.base import engine_client
+from lean_rl.rollout.base import engine_client, retry_engine_call
 from lean_rl.sample import Sample, Status
 
 if TYPE_CHECKING:  # not at run time: lean_rl.config imports every flag group (Megatron's included)
@@ -160,16 +159,10 @@ def teacher_client(cfg: Config) -> EngineClient:
 async def teacher_log_probs(cfg: Config, input_ids: list[int]) -> list[float]:
     """log p_teacher(input_ids[j] | input_ids[:j]) for j >= 1, retried like generation
     (--rollout-request-retries) when the teacher cannot be reached, times out or answers 5xx."""
-    attempts = cfg.rollout.request_retries + 1
-    for attempt in range(attempts):
-        try:
-            return (await teacher_client(cfg).score(input_ids)).log_probs
-        except (EngineConnectionError, EngineTimeoutError, EngineHTTPError) as err:
-            retryable = not isinstance(err, EngineHTTPError) or err.status_code >= 500
-            if not retryable or attempt == attempts - 1:
-                raise
-            await asyncio.sleep(min(2.0**attempt, 30.0))
-    raise AssertionError("unreachable")
+    async def attempt(number: int) -> list[float]:
+        return (await teacher_client(cfg).score(input_ids)).log_probs
+
+    return await retry_engine_call(cfg, attempt)
 
 
 async def score_with_teacher(cfg: Config, samples: list[Sample]) -> int:

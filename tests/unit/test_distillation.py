@@ -20,7 +20,7 @@ from lean_rl.options import ConfigError
 from lean_rl.rollout.distillation import (DistillationConfig, check_same_vocabulary, score_with_teacher,
                                           teacher_engine_config)
 from lean_rl.sample import Sample, Status
-from tests.unit.refusing_actor import RefusingActor
+from tests.unit.stand_ins import RefusingActor
 from lean_rl.utils.net import find_free_port
 
 

@@ -11,7 +11,7 @@ from lean_rl.backends.megatron.rollout_batch import FailedSamplesError, check_fa
 from lean_rl.backends.megatron.train_driver import train_on_rollout
 from lean_rl.options import ConfigError, add_options, read_options
 from lean_rl.sample import Sample, Status
-from tests.unit.refusing_actor import RefusingActor
+from tests.unit.stand_ins import RefusingActor
 
 
 def _sample(index, group, failed=None):

@@ -18,6 +18,7 @@ from lean_rl.rollout.default import GroupRunner
 from lean_rl.rollout.rewards import score_group
 from lean_rl.sample import Sample, Status
 from lean_rl.utils.plugins import HookReturnError
+from tests.unit.stand_ins import RecordingBuffer
 
 
 def _cfg(**rollout):
@@ -99,20 +100,6 @@ def test_bad_hook_group_reward_nan_fails_that_sample_and_a_wrong_length_the_grou
     assert all(s.status is Status.FAILED for s in samples) and counters["reward_failed"] == 2
 
 
-class _Buffer:
-    def __init__(self):
-        self.finished, self.dropped, self.partial = [], [], []
-
-    def put_finished_groups(self, groups):
-        self.finished += groups
-
-    def drop_groups(self, groups, reason):
-        self.dropped += groups
-
-    def put_partial_groups(self, groups):
-        self.partial += groups
-
-
 def _run_group(generate=None, keep=None):
     async def default_generate(cfg, sample, params):
         sample.append_response([3], text="x", log_probs=[-0.1], weight_versions=0)
@@ -122,7 +109,7 @@ def _run_group(generate=None, keep=None):
     async def rm(cfg, sample):
         return 1.0
 
-    buffer = _Buffer()
+    buffer = RecordingBuffer()
     ext = Extensions(rollout=None, generate=generate or default_generate, reward=rm, group_reward=False,
                      dynamic_filter=keep)
     runner = GroupRunner(_cfg(), buffer, ext, keep_partial_tokens=False)

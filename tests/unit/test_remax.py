@@ -19,6 +19,7 @@ from lean_rl.options import add_options, read_options
 from lean_rl.rollout.base import Extensions
 from lean_rl.rollout.default import GREEDY_BASELINE_TOP_INDEX, GroupRunner, rollout_metrics
 from lean_rl.sample import REMAX_BASELINE_REWARD, Sample, Status
+from tests.unit.stand_ins import RecordingBuffer
 
 # group 7: rewards 1, 0, 1   greedy baseline 0.5  ->  A = 0.5, -0.5, 0.5
 # group 3: rewards 2, 5      greedy baseline 4    ->  A = -2, 1
@@ -91,18 +92,6 @@ def test_the_flag_parses_and_the_driver_path_passes_the_baseline_from_the_sample
 
 
 # ---------------------------------------------------------------- the rollout side
-class _Buffer:
-    def __init__(self):
-        self.finished, self.dropped, self.partial = [], [], []
-
-    def put_finished_groups(self, groups):
-        self.finished += groups
-
-    def drop_groups(self, groups, reason):
-        self.dropped += [(reason, g) for g in groups]
-
-    def put_partial_groups(self, groups):
-        self.partial += groups
 
 
 def _cfg(estimator):
@@ -142,7 +131,7 @@ def _run(estimator="remax", greedy="ok", sampled_token=lambda s: 3 + s.index % 2
             raise ValueError("reward service down")
         return sample.response_tokens[0] / 10
 
-    buffer = _Buffer()
+    buffer = RecordingBuffer()
     runner = GroupRunner(_cfg(estimator), buffer, Extensions(rollout=None, generate=gen, reward=rm,
                                                              group_reward=False, dynamic_filter=None),
                          keep_partial_tokens=True)

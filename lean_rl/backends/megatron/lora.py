@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from megatron.core import parallel_state
 from megatron.core.tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear
 
-from lean_rl.backends.megatron.hf_weights.dist_keys import LORA_ADAPTER
+from lean_rl.backends.megatron.hf_weights.dist_keys import LORA_ADAPTER, merge_lora
 from lean_rl.backends.megatron.train_config import LORA_TARGETS, LoraConfig
 from lean_rl.options import ConfigError
 
@@ -59,8 +59,7 @@ class LoraAdapter(torch.nn.Module):
 
     def merged(self, weight: torch.Tensor) -> torch.Tensor:
         """W + scaling * B A, computed in float32, in W's dtype."""
-        update = self.scaling * (self.b.detach().float() @ self.a.detach().float())
-        return (weight.detach().float() + update).to(weight.dtype)
+        return merge_lora(weight.detach(), self.a.detach(), self.b.detach(), self.scaling)
 
 
 def _add_delta(module: torch.nn.Module, args: tuple, kwargs: dict, output: tuple) -> tuple:

@@ -22,6 +22,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
+
 from lean_rl.backends.megatron.config import ModelArch
 from lean_rl.backends.megatron.hf_weights.families import WeightRule
 
@@ -35,6 +37,12 @@ EXTRA_STATE = "_extra_state"
 # A LoRA adapter (backends/megatron/lora.py) is a child module of its linear layer: A [r, in], B [out, r]
 # and scaling [1] (alpha / rank), stacked over layers like the layer's weight.
 LORA_ADAPTER = "lora"
+
+
+def merge_lora(weight: torch.Tensor, a: torch.Tensor, b: torch.Tensor, scaling) -> torch.Tensor:
+    """W + scaling * B A, computed in float32, in W's dtype: what the engines are sent (lora.py) and
+    what the converter writes of a LoRA-trained checkpoint (convert/megatron_to_hf.py)."""
+    return (weight.float() + scaling * (b.float() @ a.float())).to(weight.dtype)
 
 
 def lora_keys(weight_key: str) -> tuple[str, str, str]:
