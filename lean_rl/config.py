@@ -25,10 +25,12 @@ from pathlib import Path
 from typing import Any
 
 from lean_rl.algorithms.config import AlgorithmConfig
-from lean_rl.backends.megatron.config import MegatronConfig, ModelFlags, ParallelConfig
+from lean_rl.backends.megatron.config import MegatronConfig, ModelFlags, ParallelConfig, PrecisionFlags
+from lean_rl.backends.megatron.hf_config import checkpoint_dtype
 from lean_rl.backends.megatron.train_config import (BatchPlan, CheckpointConfig, TrainConfig, TrainerLayout,
                                                     training_temperature)
-from lean_rl.backends.sglang.config import EngineConfig, resolve_api_key, resolve_ports, split_passthrough
+from lean_rl.backends.sglang.config import (EngineConfig, engines_dtype, resolve_api_key, resolve_ports,
+                                           split_passthrough)
 from lean_rl.buffer.config import DataConfig
 from lean_rl.buffer.prompt_source import check_prompt_file_type
 from lean_rl.cli import DEBUG_HELP, ArgumentParser
@@ -84,6 +86,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_options(parser, EvalConfig, "evaluation")
     add_options(parser, ModelFlags, "megatron model")
     add_options(parser, ParallelConfig, "megatron parallelism")
+    add_options(parser, PrecisionFlags, "megatron mixed precision")
     add_options(parser, TrainConfig, "optimizer")  # with "train batches", "checkpoints", "trainer placement"
     add_options(parser, AlgorithmConfig, "rl algorithm")
     add_options(parser, WeightSyncConfig, "weight sync (trainer -> SGLang engines)")
@@ -91,8 +94,10 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _megatron_config(argv: list[str], args: argparse.Namespace, parallel: ParallelConfig) -> MegatronConfig:
-    """Architecture from the HF config; Megatron model flags the user typed must agree with it."""
+def _megatron_config(argv: list[str], args: argparse.Namespace, parallel: ParallelConfig,
+                     device: str) -> MegatronConfig:
+    """Architecture from the HF config; Megatron model flags the user typed must agree with it. The
+    trainer's dtype: --bf16 / --fp16, else float32 on CPU and the checkpoint's dtype on GPU."""
     from lean_rl.backends.megatron.arch_flags import check_given_flags, given_model_flags_parser
     from lean_rl.backends.megatron.hf_config import arch_from_hf_config
 
@@ -103,7 +108,23 @@ def _megatron_config(argv: list[str], args: argparse.Namespace, parallel: Parall
     given, _ = given_model_flags_parser().parse_known_args(argv)
     given = {k: v for k, v in vars(given).items() if k not in ParallelConfig.__dataclass_fields__}
     arch = check_given_flags(given, hf_arch, args.hf_checkpoint) if given else hf_arch
-    return MegatronConfig(arch=arch, parallel=parallel, use_rollout_routing_replay=model.use_rollout_routing_replay)
+    params_dtype = read_options(PrecisionFlags, args).params_dtype(device, checkpoint_dtype(args.hf_checkpoint))
+    return MegatronConfig(arch=arch, parallel=parallel, use_rollout_routing_replay=model.use_rollout_routing_replay,
+                          params_dtype=params_dtype, transformer_impl=model.transformer_impl)
+
+
+def _ipc_unserved(layout: TrainerLayout, parallel: ParallelConfig, engines: EngineConfig,
+                  engine_nodes: list[int]) -> str | None:
+    """Colocated on GPU: why CUDA IPC (the tensor transport) cannot reach every engine, or None."""
+    from lean_rl.weight_sync.ipc_map import IpcLayout, describe_unserved, unserved_by_ipc
+
+    if layout.device != "cuda":
+        return None
+    ipc = IpcLayout(parallel.tensor_model_parallel_size, layout.data_parallel_size,
+                    parallel.pipeline_model_parallel_size, layout.ranks_per_node, engines.num_engines,
+                    engines.gpus_per_engine, tuple(engine_nodes))
+    unserved = unserved_by_ipc(ipc)
+    return describe_unserved(unserved, ipc) if unserved else None
 
 
 def parse_config(argv: list[str]) -> Config:
@@ -132,27 +153,33 @@ def parse_config(argv: list[str]) -> Config:
     if data.prompt_data and data.data_source_path:
         raise ConfigError("give either --prompt-data or --data-source-path (a source of your own), not both")
     custom = load_custom_config(rollout.custom_config.custom_config_path)
-    megatron = _megatron_config(argv, args, read_options(ParallelConfig, args))
+    device = detect_device()
+    megatron = _megatron_config(argv, args, read_options(ParallelConfig, args), device)
     checkpoint = read_options(CheckpointConfig, args, hf_checkpoint=args.hf_checkpoint)
     train = read_options(TrainConfig, args, checkpoint=checkpoint, seed=data.seed,
                          temperature=training_temperature(rollout.sampling.temperature))
     train.lora.check_parallel(megatron.parallel)
-    layout = train.placement.layout(megatron.parallel, detect_device(), on_cluster=run.ray_address is not None)
+    train.lora.check_layer_spec(megatron.transformer_impl, device)
+    layout = train.placement.layout(megatron.parallel, device, on_cluster=run.ray_address is not None)
     # the ports and the services' API key (--sglang-api-key, else $LEAN_RL_API_KEY, else random), chosen once
     distillation = read_options(DistillationConfig, args)
     engines = resolve_api_key(resolve_ports(read_options(
         EngineConfig, args, device=layout.device, server_passthrough=passthrough.server,
         router_passthrough=passthrough.router, on_cluster=bool(run.ray_address),
-        other_cpu_engines=distillation.teacher_engine_count)))
+        other_cpu_engines=distillation.teacher_engine_count,
+        colocated=run.colocate and not (run.debug_rollout_only or run.debug_train_only),
+        dtype=engines_dtype(passthrough.server, megatron.params_dtype, checkpoint_dtype(args.hf_checkpoint)))))
     distillation = distillation.with_teacher_engines(engines)  # the teacher's tokenizer must be the student's
     if megatron.use_rollout_routing_replay:  # the policy's engines only (not the teacher's, derived above)
         engines = replace(engines, return_routed_experts=True)
+    ipc_unserved = None
     if run.colocate and not (run.debug_rollout_only or run.debug_train_only):
-        layout.colocated_engine_nodes(engines.num_engines, engines.gpus_per_engine)  # fails now if they do not fit
+        engine_nodes = layout.colocated_engine_nodes(engines.num_engines, engines.gpus_per_engine)  # fails now if they do not fit
+        ipc_unserved = _ipc_unserved(layout, megatron.parallel, engines, engine_nodes)
     batch_plan = BatchPlan(train.batch, layout.data_parallel_size,
                            samples_per_rollout=rollout.rollout_batch_size * rollout.n_samples_per_prompt)
     weight_sync = read_options(WeightSyncConfig, args, colocate=run.colocate, device=layout.device,
-                               trainer_nodes=layout.num_nodes, on_cluster=layout.on_cluster)
+                               on_cluster=layout.on_cluster, ipc_unserved=ipc_unserved)
     if run.async_mode == "full" and rollout.rollout_function_path != "lean_rl.rollout.default.generate_rollout":
         raise ConfigError("--async-mode full generates with the built-in continuous generator; "
                           "--rollout-function-path is not used there (use --custom-generate-function-path)")

@@ -62,6 +62,7 @@ class Runtime:
         self.resume_state: dict | None = None  # extra state of the checkpoint resumed from
         self.stop = StopSignals(cfg.run.stop_timeout_s)  # SIGTERM / SIGINT: see run_until_stopped
         self._saved_step: int | None = None
+        self._trainer_turn = False  # inside trainer_turn (colocated on GPU: the devices are the trainer's)
         self._ray_started = False
 
     @property
@@ -114,7 +115,9 @@ class Runtime:
             self.weight_sync = EngineWeights.start(
                 cfg.weight_sync, self.trainer, self.engines, self.monitor, version=self.start_step,
                 tokenizer_path=cfg.engines.model_path, api_key=cfg.engines.api_key,
-                defer_rejoin=cfg.run.colocate and cfg.layout.device == "cuda")
+                defer_rejoin=cfg.engines.releases_memory,
+                # colocated on GPU: the trainer leaves the devices before the engines' KV cache returns
+                after_send=self.offload_trainers if cfg.engines.releases_memory else None)
             report = self.sync_weights(self.start_step)
             logger.info("engines serve the trainer's weights (version %d): probe max |Δ log p| %.2e",
                         self.start_step, report.probe.max_abs_diff)
@@ -131,7 +134,9 @@ class Runtime:
         placement = cfg.train.placement
         group = MegatronGroup(cfg.megatron, layout=cfg.layout, seed=cfg.train.seed, colocated=colocated,
                               call_timeout_s=placement.call_timeout_s,
-                              dist_timeout_s=placement.distributed_timeout_minutes * 60)
+                              dist_timeout_s=placement.distributed_timeout_minutes * 60,
+                              # --colocate: PPO's critic takes turns on the actor's devices (review C4)
+                              colocate_with=self.trainer if role == "critic" and self._colocated else None)
         try:
             step, state = initialize_for_training(group, cfg.train, cfg.algorithm, role=role,
                                                   actor_step=self.start_step, batch_plan=cfg.batch_plan)
@@ -195,22 +200,19 @@ class Runtime:
         return self.cfg.run.colocate and not self.cfg.run.debug_rollout_only
 
     def _engine_placement(self):
-        """--colocate: engine i goes into the trainer's bundle of node layout.colocated_engine_nodes()[i],
-        with the share of it the ranks leave (None otherwise: the engines get a placement group of their own)."""
-        from lean_rl.backends.sglang.engines import EnginePlacement
+        """--colocate: the engines go into the trainer's bundles (engine_placement.colocated_placement);
+        None otherwise (the engines get a placement group of their own)."""
+        from lean_rl.backends.megatron.group import COLOCATED_RANK_SHARE
+        from lean_rl.backends.sglang.engine_placement import colocated_placement
 
         if not self._colocated or self.trainer is None:
             return None
-        engines = self.cfg.engines
-        nodes = self.cfg.layout.colocated_engine_nodes(engines.num_engines, engines.gpus_per_engine)
-        on_node = {node: nodes.count(node) for node in nodes}
-        slots = [nodes[:i].count(node) for i, node in enumerate(nodes)]
-        gpus = ()
-        if self.cfg.layout.device == "cuda":
-            gpus = tuple(tuple(self.trainer.colocated_engine_gpus(node, slot, engines.gpus_per_engine))
-                         for node, slot in zip(nodes, slots))
-        return EnginePlacement(self.trainer.placement_group, tuple(nodes),
-                               tuple(self.trainer.colocated_engine_resources(on_node[node]) for node in nodes), gpus)
+        engines, layout = self.cfg.engines, self.cfg.layout
+        return colocated_placement(
+            self.trainer.placement_group, layout.colocated_engine_nodes(engines.num_engines, engines.gpus_per_engine),
+            device=layout.device, ranks_per_node=layout.ranks_per_node, rank_gpu_ids=self.trainer.rank_gpu_ids,
+            rank_share=COLOCATED_RANK_SHARE, cpus_per_rank=self.trainer.cpus_per_rank,
+            gpus_per_engine=engines.gpus_per_engine)
 
     def close(self) -> None:
         for closer in (
@@ -305,6 +307,22 @@ class Runtime:
         self.timers.add("sync_probe", time.perf_counter() - started)
         return result
 
+    @contextlib.contextmanager
+    def trainer_turn(self):
+        """Colocated on GPU: train and sync inside this block, the devices the trainer's until the sync
+        gives the engines back their KV cache (EngineWeights.trainer_turn: health checks held, engines
+        released, trainer onloaded; the sync offloads it again). Elsewhere nothing changes hands."""
+        if (not self.cfg.engines.releases_memory or self.weight_sync is None or self.trainer is None
+                or self._trainer_turn):
+            yield
+            return
+        self._trainer_turn = True
+        try:
+            with self.weight_sync.trainer_turn(self.onload_trainers):
+                yield
+        finally:
+            self._trainer_turn = False
+
     def offload_trainers(self) -> None:
         """Colocated: free the trainers' device memory while the engines generate (no-op on CPU)."""
         for group in (self.trainer, self.critic):
@@ -363,7 +381,9 @@ class Runtime:
         if self.trainer is None or not ckpt.save or self._saved_step == step or step <= self.start_step:
             return
         self._saved_step = step
-        with self.timers("save"):
+        # a save after a signal comes outside a trainer turn: colocated on GPU the trainer is offloaded
+        # then, and takes the devices back for it (the run ends right after)
+        with self.trainer_turn(), self.timers("save"):
             if self.critic is not None:
                 self.critic.save_checkpoint(ckpt.critic_save_dir, step)
             state = {"buffer": self.buffer.state_dict()} if self.buffer is not None else {}
@@ -415,6 +435,12 @@ def step_metrics(step_seconds: float, timers: dict[str, float], rollout: Rollout
     if tokens and step_seconds:
         metrics["perf/tokens_per_s"] = tokens / step_seconds
     return metrics
+
+
+def probe_metrics(probe) -> dict[str, float]:
+    """The probe of a sync (ProbeResult): the worst engine's max and mean |Δ log p| (the mean is what
+    a 16-bit sync is judged by: weight_sync/config.py probe_statistic)."""
+    return {"sync/probe_max_abs_diff": probe.max_abs_diff, "sync/probe_mean_abs_diff": probe.mean_abs_diff}
 
 
 def staleness_metrics(groups: list[list[Sample]], step: int) -> dict[str, float]:

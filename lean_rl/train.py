@@ -16,7 +16,7 @@ import time
 from lean_rl.cli import run_command
 from lean_rl.config import parse_config
 from lean_rl.options import ConfigError
-from lean_rl.runtime import Runtime, step_metrics
+from lean_rl.runtime import Runtime, probe_metrics, step_metrics
 from lean_rl.utils.metrics import setup_logging
 
 
@@ -26,33 +26,27 @@ async def train(rt: Runtime) -> None:
         step_started = time.perf_counter()
 
         # 1. generate: the rollout function pulls prompts, generates, scores, and fills the buffer
-        if cfg.run.colocate:
-            rt.offload_trainers()  # no-op on CPU
         with rt.timers("generate"):  # --debug-train-only: replays the saved rollout
             rollout = await rt.stop.unless_stopped(rt.rollout(step))
         if rollout is None:  # SIGTERM / SIGINT came: nothing of this step is trained
             rt.stop.check(step)
         groups = rt.take_train_groups(step)
 
-        # 2. train on the groups (policy version `step` -> `step + 1`)
         train_metrics = {}
-        if rt.trainer is not None:
-            if cfg.run.colocate:  # both no-ops on CPU
-                if rt.weight_sync is not None:
-                    rt.weight_sync.release_engine_memory()
-                rt.onload_trainers()
-            with rt.timers("train"):
-                train_metrics = await asyncio.to_thread(rt.train, groups, step)
+        with rt.trainer_turn():  # colocated on GPU: engines released and trainer onloaded until the sync ends
+            # 2. train on the groups (policy version `step` -> `step + 1`), checkpoint
+            if rt.trainer is not None:
+                with rt.timers("train"):
+                    train_metrics = await asyncio.to_thread(rt.train, groups, step)
+            rt.maybe_save(step + 1)  # before the sync: colocated on GPU the trainer leaves the devices then
 
-        # 3. sync: the engines serve version step + 1, proven by the probe
-        if rt.weight_sync is not None:
-            with rt.timers("sync"):
-                report = await asyncio.to_thread(rt.sync_weights, step + 1)
-            train_metrics["sync/probe_max_abs_diff"] = report.probe.max_abs_diff
-            train_metrics["sync/bytes"] = report.bytes
+            # 3. sync: the engines serve version step + 1, proven by the probe (the trainer offloads first)
+            if rt.weight_sync is not None:
+                with rt.timers("sync"):
+                    report = await asyncio.to_thread(rt.sync_weights, step + 1)
+                train_metrics.update(probe_metrics(report.probe), **{"sync/bytes": report.bytes})
 
-        # 4. checkpoint, evaluate, log
-        rt.maybe_save(step + 1)
+        # 4. evaluate, log
         eval_metrics = await rt.maybe_evaluate(step + 1)
         timers = rt.timers.pop()
         rt.log(step, step_metrics(time.perf_counter() - step_started, timers, rollout,

@@ -25,7 +25,7 @@ from lean_rl.options import ConfigError
 from lean_rl.rollout.base import RolloutOutput
 from lean_rl.rollout.continuous import ContinuousGenerator
 from lean_rl.rollout.default import rollout_metrics
-from lean_rl.runtime import Runtime, staleness_metrics, step_metrics
+from lean_rl.runtime import Runtime, probe_metrics, staleness_metrics, step_metrics
 from lean_rl.utils.metrics import setup_logging
 
 
@@ -57,7 +57,7 @@ async def train_one_step_off(rt: Runtime) -> None:
         with rt.timers("sync"):
             report = await asyncio.to_thread(rt.sync_weights, step + 1)
         train_metrics.update(staleness_metrics(groups, step))
-        train_metrics["sync/probe_max_abs_diff"] = report.probe.max_abs_diff
+        train_metrics.update(probe_metrics(report.probe))
 
         # 4. checkpoint, evaluate, log
         rt.maybe_save(step + 1)
@@ -103,7 +103,7 @@ async def train_fully_async(rt: Runtime) -> None:
                 await generator.resume(step + 1)
                 probe = await asyncio.to_thread(rt.probe_weights, step + 1)
             train_metrics.update(staleness_metrics(groups, step))
-            train_metrics["sync/probe_max_abs_diff"] = probe.max_abs_diff
+            train_metrics.update(probe_metrics(probe))
 
             # 4. checkpoint, evaluate, log
             rt.maybe_save(step + 1)

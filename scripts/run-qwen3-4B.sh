@@ -27,7 +27,7 @@ OPTIMIZER_ARGS=(
    --lr 1e-6 --lr-decay-style constant --weight-decay 0.1 --adam-beta1 0.9 --adam-beta2 0.98 --clip-grad 1.0
 )
 PERF_ARGS=(
-   --tensor-model-parallel-size 2 --sequence-parallel --pipeline-model-parallel-size 1
+   --bf16 --tensor-model-parallel-size 2 --sequence-parallel --pipeline-model-parallel-size 1
    --actor-num-nodes 1 --actor-num-gpus-per-node 4
    --use-dynamic-batch-size --max-tokens-per-gpu 9216 --seq-length 10240
    --rollout-num-gpus 4 --rollout-num-gpus-per-engine 2 --sglang-mem-fraction-static 0.8

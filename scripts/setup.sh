@@ -22,7 +22,7 @@ fi
 
 if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L 2>/dev/null | grep -q '^GPU'; then
   flavour=gpu
-  req_files=(requirements-gpu.txt)
+  req_files=(requirements-gpu.txt requirements-gpu-te.txt)
 else
   flavour=cpu
   req_files=(requirements.txt requirements-nodeps.txt)
@@ -68,8 +68,10 @@ else
   "$python_bin" -m venv "$venv"
 fi
 if [[ $flavour == gpu ]]; then
-  step "installing the pinned GPU set (requirements-gpu.txt: full SGLang, TransformerEngine; several minutes)"
+  step "installing the pinned GPU set (requirements-gpu.txt: torch CUDA, full SGLang, Megatron-core; several minutes)"
   pip_with_progress requirements-gpu.txt install -q -r requirements-gpu.txt
+  step "building TransformerEngine against that torch (requirements-gpu-te.txt, --no-build-isolation; 10-30 min)"
+  pip_with_progress requirements-gpu-te.txt install -q --no-build-isolation -r requirements-gpu-te.txt
 else
   step "installing the pinned CPU set (requirements.txt: torch CPU, Megatron-core, Ray, ...; 2-4 min on a fresh machine)"
   pip_with_progress requirements.txt install -q -r requirements.txt
@@ -91,5 +93,12 @@ fi
 step "checking that lean_rl, torch, Megatron-core, SGLang, Ray and transformers import (~15 s)"
 PYTHONWARNINGS=ignore "$venv/bin/python" -c "import lean_rl, torch, megatron.core, sglang, ray, transformers" \
   || { echo "setup.sh: the installed environment does not import; see the error above" >&2; exit 1; }
+if [[ $flavour == gpu ]]; then
+  # a TE extension built against another torch does not load, and Megatron then falls back silently
+  "$venv/bin/python" -c "from megatron.core.transformer.moe import moe_utils; assert moe_utils.HAVE_TE" 2>/dev/null \
+    || { echo "setup.sh: TransformerEngine is installed but Megatron-core cannot load it (built against another" \
+              "torch?): rerun with LEAN_RL_FORCE_SETUP=1, or train with --transformer-impl local" >&2; exit 1; }
+  step "TransformerEngine loads in Megatron-core (the TE layer spec will be used)"
+fi
 echo "$want" > "$stamp"
 step "$flavour environment ready in $venv; $next_steps"

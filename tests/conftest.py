@@ -52,5 +52,7 @@ def simulated_cluster():
     runs its driver in a subprocess with `init_ray(cluster.address)` / `--ray-address`."""
     from lean_rl.testing.ray_cluster import SimulatedCluster
 
-    with SimulatedCluster(num_nodes=3, cpus_per_node=2) as cluster:
+    # each node also declares 4 GPUs (there are none): CPU runs ask Ray for none, and the placement
+    # tests of GPU runs read the ids Ray hands out (test_gpu_placement.py)
+    with SimulatedCluster(num_nodes=3, cpus_per_node=2, gpus_per_node=4) as cluster:
         yield cluster

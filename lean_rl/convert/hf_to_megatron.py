@@ -30,7 +30,7 @@ from lean_rl.backends.megatron.checkpoint_paths import (
     publish,
 )
 from lean_rl.backends.megatron.config import MegatronConfig, ModelArch, ParallelConfig
-from lean_rl.backends.megatron.hf_config import arch_from_hf_config, hf_family, load_hf_config
+from lean_rl.backends.megatron.hf_config import arch_from_hf_config, checkpoint_dtype, hf_family, load_hf_config
 from lean_rl.backends.megatron.hf_weights.dist_keys import DistEntry, dist_entries, extra_state_keys
 from lean_rl.backends.megatron.hf_weights.families import geometry, rule_instances, weight_rules
 from lean_rl.backends.megatron.hf_weights.layouts import Layout, hf_shapes, to_megatron_shard
@@ -52,8 +52,7 @@ def parse_dtype(name: str) -> torch.dtype:
 
 def config_dtype(config: Mapping[str, Any]) -> torch.dtype | None:
     """The dtype an HF config declares (`dtype`, or `torch_dtype` before transformers 5), if any."""
-    name = config.get("dtype") or config.get("torch_dtype")
-    return TORCH_DTYPES.get(name) if isinstance(name, str) else None
+    return TORCH_DTYPES.get(checkpoint_dtype(config))
 
 
 @dataclass(frozen=True)

@@ -141,7 +141,8 @@ def teacher_engine_config(student: EngineConfig, model_path: str, num_engines: i
         teacher = resolve_ports(dataclasses.replace(
             student, model_path=str(model_path), num_engines=num_engines, num_gpus=None, base_port=None,
             router_port=None, engine_ports=(), resolved_router_port=None, engine_nodes=(), reported_engine_urls=(),
-            reported_router_url=None, other_cpu_engines=student.num_engines))
+            reported_router_url=None, other_cpu_engines=student.num_engines,
+            colocated=False))  # never released: the teacher keeps its weights and its own devices
         if not taken & {*teacher.engine_ports, teacher.resolved_router_port}:
             return teacher
     raise RuntimeError("no free ports for the teacher's engines apart from the student's")

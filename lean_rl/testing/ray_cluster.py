@@ -58,6 +58,9 @@ class SimulatedNode:
 class SimulatedCluster:
     num_nodes: int = 2
     cpus_per_node: float = 1
+    # GPUs each node declares to Ray (`ray start --num-gpus`); none exist: placement tests read which
+    # ids Ray hands out (CUDA_VISIBLE_DEVICES of actors that ask for them), nothing touches a device
+    gpus_per_node: int = 0
     first_ip: str = "127.0.0.2"
     start_timeout_s: float = 120.0
     stop_timeout_s: float = 20.0
@@ -88,7 +91,7 @@ class SimulatedCluster:
 
     def _start_node(self, ip: str, head: bool) -> None:
         cmd = [_ray_executable(), "start", "--node-ip-address", ip, "--num-cpus", str(self.cpus_per_node),
-               "--num-gpus", "0", "--disable-usage-stats",
+               "--num-gpus", str(self.gpus_per_node), "--disable-usage-stats",
                # two nodes on one machine would both take the agent's default port (52365)
                "--dashboard-agent-listen-port", str(find_free_port(ip)),
                "--min-worker-port", "0", "--max-worker-port", "0"]

@@ -6,7 +6,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from lean_rl.backends.sglang.config import EngineConfig, resolve_api_key, resolve_ports, split_passthrough
+from lean_rl.backends.megatron.hf_config import checkpoint_dtype
+from lean_rl.backends.sglang.config import (EngineConfig, engines_dtype, resolve_api_key, resolve_ports,
+                                           split_passthrough)
 from lean_rl.utils.device import detect_device
 from lean_rl.options import add_options, read_options
 
@@ -32,4 +34,6 @@ def engine_config_for_tests(model_path: str | Path, *extra_flags: str) -> Engine
         raise ValueError(f"unrecognized engine flags: {' '.join(passthrough.rest)}")
     return resolve_api_key(resolve_ports(read_options(EngineConfig, args, device=detect_device(),
                                                       server_passthrough=passthrough.server,
-                                                      router_passthrough=passthrough.router)))
+                                                      router_passthrough=passthrough.router,
+                                                      dtype=engines_dtype(passthrough.server, "float32",
+                                                                          checkpoint_dtype(model_path)))))

@@ -4,11 +4,14 @@
     cfg = read_options(WeightSyncConfig, args, colocate=run.colocate, device=layout.device,
                        trainer_nodes=layout.num_nodes, on_cluster=layout.on_cluster)   # derived at start-up
 
-`--weight-sync-transport auto` resolves in __post_init__, once, the way slime chooses: colocated (train and
-generate share the devices) -> `tensor`, disaggregated -> `distributed`; `disk` is always available.
-Two rules of a cluster: CUDA IPC handles (tensor on GPU) are valid on their own node only, so colocated
-trainer nodes > 1 on GPU go through the process group (auto) or refuse an explicit tensor; and the disk
-transport needs a directory every node shares.
+`--weight-sync-transport auto` resolves in __post_init__, once: disaggregated -> `distributed` (as slime);
+colocated -> `tensor` where it can serve every engine, else `disk`. On CPU `tensor` is an inline payload
+that reaches any engine. On GPU it is CUDA IPC, which serves an engine only when the engine's server
+sees the GPU of every stage lead (ipc_map.py: one colocated engine holding the leads' GPUs); and a
+colocated engine must never share a NCCL group with the trainer rank on its own GPU ("Duplicate GPU
+detected" at the first broadcast, review C5), so on GPU `distributed` with --colocate is refused and
+`auto` falls back to `disk`, not to `distributed`. The disk transport on a cluster needs a directory
+every node shares.
 """
 
 from __future__ import annotations
@@ -20,10 +23,20 @@ from lean_rl.options import ConfigError, option
 TRANSPORTS = ("distributed", "tensor", "disk")
 TRANSPORT_CHOICES = ("auto", *TRANSPORTS)
 DEFAULT_BUFFER_SIZE_BYTES = 512 * 1024**2  # slime's default --update-weight-buffer-size
-# Probe tolerance on max |Δ log p| when --weight-sync-probe-tol is not given. float32: engine and
-# trainer agree to ~5e-6 on this machine (DESIGN.md §4), so 1e-3 only trips on a real difference.
-# 16-bit: kernels round differently; a wrong tensor still moves log-probs by O(1). Not calibrated on GPU.
-DEFAULT_PROBE_TOL = {"float32": 1e-3, "bfloat16": 0.1, "float16": 0.1}
+# The probe's default tolerance per dtype of a forward pass, on the statistic probe_statistic picks,
+# calibrated on this CPU with tools/probe_calibration.py (its docstring has the figures). Both sides
+# float32: engine and trainer agree to < 1e-5, so a max of 1e-3 trips only on a real difference.
+# Either side 16-bit: correct weights already reach a max of 0.74 (bfloat16, SmolLM2-135M) while one
+# zeroed late layer gives 0.79, so the max cannot tell them apart; the mean can: correct bfloat16
+# <= 0.059, float16 <= 0.006, the mildest broken layer tried >= 0.17. Not calibrated on GPU kernels:
+# --weight-sync-probe-tol overrides it.
+DEFAULT_PROBE_TOL = {"float32": 1e-3, "bfloat16": 0.1, "float16": 0.05}
+
+
+def probe_statistic(trainer_dtype: str, engine_dtype: str) -> str:
+    """What the probe's tolerance bounds: the max |Δ log p| over the probe's tokens when both sides
+    compute in float32, the mean |Δ log p| when either is 16-bit (see DEFAULT_PROBE_TOL)."""
+    return "max" if trainer_dtype == engine_dtype == "float32" else "mean"
 
 
 @dataclass(frozen=True)
@@ -31,14 +44,15 @@ class WeightSyncConfig:
     transport: str = option(  # resolved in __post_init__: distributed | tensor | disk
         "auto", flag="--weight-sync-transport", choices=TRANSPORT_CHOICES,
         help="tensor: colocated (CUDA IPC on GPU, an inline payload on CPU); distributed: a process group with "
-             "the engines (NCCL on GPU, gloo on CPU); disk: safetensors + /update_weights_from_disk. auto: tensor "
-             "with --colocate, else distributed")
+             "the engines (NCCL on GPU, gloo on CPU); disk: safetensors + /update_weights_from_disk. auto: "
+             "distributed; with --colocate tensor, on GPU only where CUDA IPC reaches every engine, else disk")
     buffer_size_bytes: int = option(DEFAULT_BUFFER_SIZE_BYTES, flag="--update-weight-buffer-size",
                                     help="bytes of HF tensors per bucket sent to the engines in one call")
     probe_tol: float | None = option(  # None: DEFAULT_PROBE_TOL for the dtype the trainer sends
         None, flag="--weight-sync-probe-tol",
-        help="largest max |Δ log p| allowed between trainer and engine on the probe sequence after a sync "
-             "(default: 1e-3 for float32 weights, 0.1 for 16-bit)")
+        help="largest |Δ log p| allowed between trainer and engine on the probe sequence after a sync: the max "
+             "over its tokens when both compute in float32 (default 1e-3), the mean when either is 16-bit "
+             "(default 0.1 for bfloat16, 0.05 for float16: 16-bit rounding alone moves single tokens by up to ~0.7)")
     disk_dir: str | None = option(  # disk transport; None: a temporary directory per WeightSync
         None, flag="--weight-sync-disk-dir",
         help="directory for the disk transport (reachable by every engine; default: a temporary directory)")
@@ -46,14 +60,15 @@ class WeightSyncConfig:
         600.0, flag="--weight-sync-timeout", help="seconds allowed for one bucket / one engine call during a sync")
     # derived (--colocate): engines share the trainer's devices (GPU: release memory while training)
     colocate: bool = False
-    # derived (the trainer's layout): its device, its number of nodes, and whether the run is on a Ray cluster
+    # derived (the trainer's layout): its device and whether the run is on a Ray cluster
     device: str = "cpu"
-    trainer_nodes: int = 1
     on_cluster: bool = False
+    # derived (ipc_map.unserved_by_ipc, colocated on GPU): why CUDA IPC cannot serve every engine, or None
+    ipc_unserved: str | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "transport", resolve_transport(
-            self.transport, self.colocate, ipc_across_nodes=self.device == "cuda" and self.trainer_nodes > 1))
+            self.transport, self.colocate, self.device, self.ipc_unserved))
         if self.on_cluster and self.transport == "disk" and not self.disk_dir:
             # the trainer's stage leads write the files on their nodes and each engine reads them on its own
             raise ConfigError("--weight-sync-transport disk on a Ray cluster (--ray-address) needs "
@@ -66,24 +81,40 @@ class WeightSyncConfig:
         if not self.timeout_s > 0:
             raise ConfigError(f"--weight-sync-timeout must be > 0 seconds, got {self.timeout_s}")
 
-    def probe_tolerance(self, dtype: str) -> float:
-        """The probe threshold for tensors sent as `dtype` ("float32", "bfloat16", ...)."""
+    def probe_tolerance(self, trainer_dtype: str, engine_dtype: str) -> float:
+        """The probe threshold when the trainer computes in `trainer_dtype` and the engines in
+        `engine_dtype` ("float32", "bfloat16", "float16"): --weight-sync-probe-tol, else the looser of
+        the two dtypes' calibrated defaults (DEFAULT_PROBE_TOL)."""
         if self.probe_tol is not None:
             return self.probe_tol
-        if dtype not in DEFAULT_PROBE_TOL:
-            raise ConfigError(f"--weight-sync-probe-tol: no default for weights in {dtype}; set it")
-        return DEFAULT_PROBE_TOL[dtype]
+        for dtype in (trainer_dtype, engine_dtype):
+            if dtype not in DEFAULT_PROBE_TOL:
+                raise ConfigError(f"--weight-sync-probe-tol: no default for a forward pass in {dtype}; set it")
+        return max(DEFAULT_PROBE_TOL[trainer_dtype], DEFAULT_PROBE_TOL[engine_dtype])
 
 
-def resolve_transport(requested: str, colocate: bool, ipc_across_nodes: bool = False) -> str:
-    """The transport for --weight-sync-transport `requested`. `ipc_across_nodes`: tensor would mean
-    CUDA IPC between nodes (colocated on GPU over several trainer nodes), which cannot work."""
+def resolve_transport(requested: str, colocate: bool, device: str = "cpu", ipc_unserved: str | None = None) -> str:
+    """The transport for --weight-sync-transport `requested` (see the module docstring).
+    `ipc_unserved`: on GPU, why CUDA IPC cannot reach every engine (None: it can)."""
     if requested not in TRANSPORT_CHOICES:
         raise ConfigError(f"--weight-sync-transport: expected one of {', '.join(TRANSPORT_CHOICES)}, "
                           f"got {requested!r}")
-    if requested == "tensor" and ipc_across_nodes:
-        raise ConfigError("--weight-sync-transport tensor (CUDA IPC) works within one node; with several "
-                          "trainer nodes (--actor-num-nodes) use distributed (the default) or disk")
+    if device != "cuda":
+        if requested == "auto":
+            return "tensor" if colocate else "distributed"
+        return requested
+    if requested == "tensor" and not colocate:
+        raise ConfigError("--weight-sync-transport tensor (CUDA IPC) needs --colocate: an engine on GPUs of its "
+                          "own cannot open memory of the trainer's GPUs; use distributed (the default) or disk")
+    if requested == "tensor" and ipc_unserved:
+        raise ConfigError(f"--weight-sync-transport tensor (CUDA IPC) cannot reach every engine: {ipc_unserved}; "
+                          "use disk (auto picks it), or one engine over the GPUs of every pipeline stage's lead")
+    if requested == "distributed" and colocate:
+        raise ConfigError("--weight-sync-transport distributed with --colocate on GPU would put an engine and the "
+                          "trainer rank on the same GPU into one NCCL group, which NCCL refuses; use tensor or disk "
+                          "(auto picks one)")
     if requested == "auto":
-        return "tensor" if colocate and not ipc_across_nodes else "distributed"
+        if not colocate:
+            return "distributed"
+        return "disk" if ipc_unserved else "tensor"
     return requested

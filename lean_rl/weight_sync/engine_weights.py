@@ -25,7 +25,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
-from typing import Iterator
+from typing import Callable, Iterator
 
 from lean_rl.weight_sync.config import WeightSyncConfig
 from lean_rl.weight_sync.errors import WeightSyncError
@@ -40,14 +40,20 @@ class RejoinDeferred(RuntimeError):
 
 class EngineWeights:
     def __init__(self, cfg: WeightSyncConfig, trainer, engines, monitor=None, *, version: int,
-                 tokenizer_path: str | None = None, api_key: str | None = None, defer_rejoin: bool = False):
+                 tokenizer_path: str | None = None, api_key: str | None = None, defer_rejoin: bool = False,
+                 after_send: Callable[[], object] | None = None, client_factory: Callable | None = None):
         """`trainer`: the actor MegatronGroup; `engines`: the EngineGroup; `monitor`: its EngineMonitor
         (None: no restarts to follow); `version`: the trainer's weight version now (the step resumed
-        at); `defer_rejoin`: restarted engines wait for the next full sync (colocated on GPU)."""
+        at); `defer_rejoin`: restarted engines wait for the next full sync (colocated on GPU);
+        `after_send`, `client_factory`: as WeightSync's (colocated on GPU: the trainer offloads)."""
         self.cfg, self.trainer, self.engines, self.monitor = cfg, trainer, engines, monitor
         self.trainer_version = version
         self.tokenizer_path, self.api_key = tokenizer_path, api_key
         self.defer_rejoin = defer_rejoin
+        self._after_send, self._client_factory = after_send, client_factory
+        # what each engine (by URL) has released, across the WeightSyncs of the run (memory.EngineMemory)
+        self._released: dict[str, set[str]] = {}
+        self._restart_counts: list[int] = []
         self.rejoins = 0  # engines given the current weights after a restart
         self.recoveries = 0  # syncs done again after an engine died during one
         self._lock = threading.RLock()
@@ -107,7 +113,7 @@ class EngineWeights:
                 return  # a full sync delivered them while this waited for the lock
             url = self.engines.engine_url(index)
             one = WeightSync.create(self.cfg, self.trainer, [url], tokenizer_path=self.tokenizer_path,
-                                    api_key=self.api_key)
+                                    api_key=self.api_key, client_factory=self._client_factory)
             try:
                 report = one.update(self.trainer_version)
             finally:
@@ -116,13 +122,23 @@ class EngineWeights:
             logger.info("engine %d (%s) serves the trainer's weights, version %d (probe max |Δ log p| %.2e)",
                         index, url, self.trainer_version, report.probe.max_abs_diff)
 
+    @contextlib.contextmanager
+    def trainer_turn(self, onload_trainer: Callable[[], object]) -> Iterator[None]:
+        """Colocated: the devices are the trainer's from here until the sync inside this block has
+        given the engines back their KV cache. In this order (review M3): the monitor's health checks
+        are held first (SGLang's /health generates, which on released memory kills the scheduler), the
+        engines release their memory (a no-op on CPU), and the trainer onloads. The sync offloads the
+        trainer before the engines' KV cache returns (`after_send`, M4)."""
+        hold = self.monitor.hold_health_checks() if self.monitor is not None else contextlib.nullcontext()
+        with hold:
+            self._sync.release_engine_memory()
+            onload_trainer()
+            yield
+
     # ------------------------------------------------------------------ the rest of WeightSync
     def probe(self, version: int):
         with self._lock:
             return self._sync.probe(version)
-
-    def release_engine_memory(self) -> bool:
-        return self._sync.release_engine_memory()
 
     def close(self) -> None:
         if self.monitor is not None:
@@ -141,8 +157,24 @@ class EngineWeights:
 
     def _connect(self) -> None:
         self._restarts_seen = self.monitor.total_restarts if self.monitor is not None else 0
+        self._forget_restarted()
         self._sync = WeightSync.create(self.cfg, self.trainer, self.engines.engine_urls,
-                                       tokenizer_path=self.tokenizer_path, api_key=self.api_key)
+                                       tokenizer_path=self.tokenizer_path, api_key=self.api_key,
+                                       released=self._released, after_send=self._after_send,
+                                       client_factory=self._client_factory)
+
+    def _forget_restarted(self) -> None:
+        """A restarted engine's new server holds all its memory: what the old one had released is
+        forgotten (resuming it would raise in SGLang); the engines that did not restart stay released
+        until the next sync resumes them (review M5)."""
+        counts = [state.restarts for state in self.monitor.health] if self.monitor is not None else []
+        urls = list(self.engines.engine_urls)
+        for index, count in enumerate(counts):
+            if index < len(self._restart_counts) and count != self._restart_counts[index]:
+                self._released.pop(urls[index], None)
+        for url in [u for u in self._released if u not in urls]:  # restarted at another address
+            del self._released[url]
+        self._restart_counts = counts
 
     def _reconnect(self, why: str) -> None:
         logger.info("weight sync: reconnecting to %s (%s)", self.engines.engine_urls, why)

@@ -2,8 +2,11 @@
 
 A fixed token sequence (a prompt and a fixed continuation, from the served model's tokenizer) is
 scored by the trainer (MegatronGroup.compute_log_probs) and by every engine (EngineClient.score:
-one forward pass, log-prob of every token after the first). An engine whose max |Δ log p| exceeds the
-tolerance, or whose weight_version is not the step, fails the sync with WeightSyncProbeError.
+one forward pass, log-prob of every token after the first). An engine whose |Δ log p| exceeds the
+tolerance, or whose weight_version is not the step, fails the sync with WeightSyncProbeError. The
+statistic judged follows the dtypes (config.probe_statistic): the max over the tokens when both sides
+compute in float32, the mean when either is 16-bit, whose rounding alone moves single tokens as much
+as a broken layer does.
 
 Naming the tensor: the probe only sees log-probs, so on a failure the engine's per-parameter hashes
 (/weights_checker, SGLang's names, e.g. the fused qkv_proj) are compared with the same hashes of the
@@ -48,6 +51,9 @@ class EngineProbe:
     mean_abs_diff: float
     weight_version: str | None
 
+    def diff(self, statistic: str) -> float:
+        return self.max_abs_diff if statistic == "max" else self.mean_abs_diff
+
 
 @dataclass(frozen=True)
 class ProbeResult:
@@ -55,21 +61,29 @@ class ProbeResult:
     tolerance: float
     num_tokens: int  # scored tokens per engine
     engines: tuple[EngineProbe, ...]
+    statistic: str = "max"  # what the tolerance bounds: "max" or "mean" |Δ log p| (config.probe_statistic)
 
     @property
     def max_abs_diff(self) -> float:
         return max(e.max_abs_diff for e in self.engines)
 
+    @property
+    def mean_abs_diff(self) -> float:
+        return max(e.mean_abs_diff for e in self.engines)
+
+    def within(self, engine: EngineProbe) -> bool:
+        return engine.diff(self.statistic) <= self.tolerance  # NaN is not
+
     def failures(self) -> list[EngineProbe]:
-        return [e for e in self.engines
-                if e.weight_version != self.version or not e.max_abs_diff <= self.tolerance]  # NaN fails
+        return [e for e in self.engines if e.weight_version != self.version or not self.within(e)]
 
 
-def run_probe(actor_group, clients: Sequence, token_ids: list[int], version: str, tolerance: float,
-              timeout_s: float) -> ProbeResult:
-    """Score the probe on the trainer and on every engine (concurrently); no judgement yet."""
+def run_probe(trainer_log_probs: torch.Tensor, clients: Sequence, token_ids: list[int], version: str,
+              tolerance: float, timeout_s: float, statistic: str = "max") -> ProbeResult:
+    """Score the probe on every engine (concurrently) and compare with the trainer's log-probs of the
+    same tokens (MegatronGroup.compute_log_probs); no judgement yet."""
     calls = submit_all(clients, "score", token_ids, timeout_s=timeout_s)
-    trainer = actor_group.compute_log_probs([token_ids]).log_probs[0].double()
+    trainer = trainer_log_probs.double()
     engines = []
     for (url, _), scored in zip(calls, wait_all(calls, timeout_s, "probe /generate")):
         engine = torch.tensor(scored.log_probs, dtype=torch.float64)
@@ -78,20 +92,23 @@ def run_probe(actor_group, clients: Sequence, token_ids: list[int], version: str
                                        engine_url=url, max_abs_diff=None, tensors=None)
         delta = (engine - trainer).abs()
         engines.append(EngineProbe(url, float(delta.max()), float(delta.mean()), scored.weight_version))
-    return ProbeResult(version=version, tolerance=tolerance, num_tokens=trainer.numel(), engines=tuple(engines))
+    return ProbeResult(version=version, tolerance=tolerance, num_tokens=trainer.numel(), engines=tuple(engines),
+                       statistic=statistic)
 
 
 def raise_on_failure(result: ProbeResult, clients: Sequence, engine_tp_sizes: Sequence[int],
                      trainer_checksums: Callable[[], tuple[dict[str, str], dict[str, list[str]]]],
-                     timeout_s: float) -> None:
-    """WeightSyncProbeError for the first failing engine, naming the tensors that differ."""
+                     timeout_s: float, dtypes: tuple[str, str] | None = None) -> None:
+    """WeightSyncProbeError for the first failing engine, naming the tensors that differ. `dtypes`:
+    (the trainer's, the engines') compute dtypes; the checksums hash the weights as sent, in the
+    engines' dtype, so a gap that only precision explains is named as such."""
     failures = result.failures()
     if not failures:
         return
-    failures.sort(key=lambda f: f.max_abs_diff <= result.tolerance)  # wrong weights before wrong versions
+    failures.sort(key=result.within)  # wrong weights before wrong versions
     failed = failures[0]
     others = f" (also failing: {', '.join(f.url for f in failures[1:])})" if len(failures) > 1 else ""
-    if failed.max_abs_diff <= result.tolerance:  # the weights are right, the version is not
+    if result.within(failed):  # the weights are right, the version is not
         raise WeightSyncProbeError(
             f"weight sync to version {result.version}: engine {failed.url} reports weight_version "
             f"{failed.weight_version!r}{others}", engine_url=failed.url, max_abs_diff=failed.max_abs_diff, tensors=None)
@@ -99,8 +116,9 @@ def raise_on_failure(result: ProbeResult, clients: Sequence, engine_tp_sizes: Se
     version_note = ("" if failed.weight_version == result.version
                     else f" (and it reports weight_version {failed.weight_version!r})")
     headline = (f"weight sync to version {result.version}: engine {failed.url} disagrees with the trainer on "
-                f"the probe sequence: max |Δ log p| {failed.max_abs_diff:.3g} > tolerance {result.tolerance:.3g} "
-                f"over {result.num_tokens} tokens{version_note}{others}")
+                f"the probe sequence: {result.statistic} |Δ log p| {failed.diff(result.statistic):.3g} > tolerance "
+                f"{result.tolerance:.3g} over {result.num_tokens} tokens (max {failed.max_abs_diff:.3g}, mean "
+                f"{failed.mean_abs_diff:.3g}){version_note}{others}")
     if engine_tp_sizes[index] != 1:
         raise WeightSyncProbeError(f"{headline}; the differing tensor cannot be named for an engine with TP "
                                    f"{engine_tp_sizes[index]} (hashes are per shard)",
@@ -117,6 +135,11 @@ def raise_on_failure(result: ProbeResult, clients: Sequence, engine_tp_sizes: Se
     elif diff.missing_on_engine:
         missing = ", ".join(diff.missing_on_engine[:MAX_LISTED_TENSORS])
         detail = f"the engine lacks parameters the trainer sends: {missing}"
+    elif dtypes is not None and dtypes[0] != dtypes[1]:
+        detail = (f"all {diff.compared} parameters arrived bit-exact (in the engine's {dtypes[1]}), but the dtype "
+                  f"differs: the trainer computes in {dtypes[0]}, the engine in {dtypes[1]}, and that precision gap "
+                  f"is the difference (serve and train in one dtype: --sglang-dtype {dtypes[0]}, or --bf16 / --fp16 "
+                  "for the trainer; or raise --weight-sync-probe-tol)")
     else:
         detail = (f"all {diff.compared} parameters match the trainer's bytes: the weights arrived and the gap "
                   "comes from the forward pass (raise --weight-sync-probe-tol if it is expected)")

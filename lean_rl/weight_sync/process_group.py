@@ -70,3 +70,18 @@ def broadcast_to_engines(pg: dist.ProcessGroup, tensors: Sequence[torch.Tensor],
         time.sleep(_POLL_S)
     for work in works:
         work.wait()  # raises the backend's error, if any
+
+
+def abort_group(pg: dist.ProcessGroup | None) -> bool:
+    """After a failed broadcast (an engine died mid-sync): abort an NCCL group at once, so that its
+    pending collectives end now. Left alone, ProcessGroupNCCL's watchdog tears the whole trainer
+    process down once they pass the group's timeout (review W1). A gloo group has no abort: its
+    pending work only stays pending, and the group is dropped (never destroyed: that could wait on
+    it). Returns whether the group was aborted."""
+    try:
+        if pg is None or dist.get_backend(pg) != "nccl":
+            return False
+    except (ValueError, RuntimeError):  # not a group torch knows (any more): nothing to abort
+        return False
+    dist.distributed_c10d._abort_process_group(pg)  # torch's API for this; NCCL only
+    return True

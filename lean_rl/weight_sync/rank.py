@@ -21,12 +21,14 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import torch
+
 from lean_rl.utils.net import service_host
 from lean_rl.weight_sync.buckets import Bucket, iter_buckets, standalone
 from lean_rl.weight_sync.engine_calls import submit_all, wait_all
 from lean_rl.weight_sync.engine_params import EngineChecksums
 from lean_rl.weight_sync.errors import WeightSyncError
-from lean_rl.weight_sync.process_group import broadcast_to_engines, join_as_rank_zero, open_group_store
+from lean_rl.weight_sync.process_group import abort_group, broadcast_to_engines, join_as_rank_zero, open_group_store
 
 
 @dataclass(frozen=True)
@@ -42,6 +44,10 @@ class RankSyncPlan:
     group_prefix: str  # unique per WeightSync: process-group names are global in a process
     backend: str  # gloo (CPU) | nccl (GPU)
     api_key: str | None = field(default=None, repr=False)  # the run's, which the engines require
+    # the engines' dtype ("bfloat16", ...): tensors travel in it (SGLang would cast them on load
+    # anyway), so a float32 trainer sends a 16-bit engine half the bytes, and the checksums after a
+    # failed probe hash exactly the bytes the engine holds. None: the trainer's own dtypes.
+    dtype: str | None = None
 
     def group_name(self, stage: int) -> str:
         return f"{self.group_prefix}_pp{stage}"
@@ -177,7 +183,11 @@ class _RankSync:
         return layout.pipeline_rank == stage and (layout.data_rank == 0 or parallel.expert_model_parallel_size > 1)
 
     def _stage_tensors(self):
-        return self.worker.named_hf_tensors(self.plan.family)
+        tensors = self.worker.named_hf_tensors(self.plan.family)
+        if self.plan.dtype is None:
+            return tensors
+        dtype = getattr(torch, self.plan.dtype)
+        return ((name, tensor.to(dtype)) for name, tensor in tensors)
 
     def _require_plan(self) -> RankSyncPlan:
         if self.plan is None:
@@ -248,7 +258,9 @@ class _RankSync:
                         self._post_tensor_bucket(bucket, version if final else None, final)
                 except Exception as exc:  # noqa: BLE001 - an engine's fault must not end the trainer group
                     error = f"{type(exc).__name__}: {exc}"
-                    self.broken = plan.transport == "distributed"  # its broadcasts may stay pending
+                    if plan.transport == "distributed":  # its broadcasts may stay pending
+                        self.broken = True
+                        abort_group(self.group)
             total, buckets, count = total + bucket.nbytes, buckets + 1, count + len(bucket.names)
         return StageSent(stage, total, buckets, count, timed.seconds, time.perf_counter() - started - timed.seconds,
                          error=error)

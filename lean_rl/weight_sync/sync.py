@@ -24,8 +24,9 @@ from __future__ import annotations
 import time
 import uuid
 from dataclasses import dataclass
+from typing import Callable
 
-from lean_rl.weight_sync.config import WeightSyncConfig
+from lean_rl.weight_sync.config import WeightSyncConfig, probe_statistic
 from lean_rl.weight_sync.disk import DiskStaging
 from lean_rl.weight_sync.engine_calls import call_all, submit_all
 from lean_rl.weight_sync.errors import WeightSyncError
@@ -41,6 +42,7 @@ class EngineInfo:
     tp_size: int
     model_path: str
     tokenizer_path: str | None
+    dtype: str  # what it computes in ("bfloat16", ...: its --dtype, `auto` resolved as SGLang does)
 
 
 @dataclass(frozen=True)
@@ -58,8 +60,14 @@ class SyncReport:
 
 class WeightSync:
     def __init__(self, cfg: WeightSyncConfig, actor_group, engine_urls, *, tokenizer_path: str | None = None,
-                 api_key: str | None = None):
-        """`api_key`: the run's (EngineConfig.api_key), which the engines require."""
+                 api_key: str | None = None, released: dict[str, set[str]] | None = None,
+                 after_send: Callable[[], object] | None = None, client_factory: Callable | None = None):
+        """`api_key`: the run's (EngineConfig.api_key), which the engines require. `released`: what
+        each engine has released (memory.EngineMemory; kept by the caller across WeightSyncs).
+        `after_send`: called once the engines hold the new weights and the trainer has scored the
+        probe, before the engines take back their KV cache (colocated on GPU: the trainer offloads).
+        `client_factory(url, timeout_s=..., api_key=...)`: the engine client (default
+        BlockingEngineClient; tests give stand-ins that record the order of calls)."""
         if not engine_urls:
             raise WeightSyncError("weight sync needs at least one engine URL")
         self.cfg = cfg
@@ -70,9 +78,13 @@ class WeightSync:
         self.clients: list = []
         self.engines: tuple[EngineInfo, ...] = ()
         self.plan: RankSyncPlan | None = None
-        self.dtype: str | None = None
+        self.trainer_dtype: str | None = None  # the trainer computes in it
+        self.engine_dtype: str | None = None  # the engines compute in it; the weights travel in it
         self.tolerance: float | None = None
         self.memory: EngineMemory | None = None
+        self._released = released
+        self._after_send = after_send
+        self._client_factory = client_factory
         self._staging: DiskStaging | None = None
         self._probe_ids: list[int] | None = None
         self._groups_joined = 0
@@ -96,13 +108,14 @@ class WeightSync:
     def connect(self) -> None:
         from lean_rl.backends.sglang.client import BlockingEngineClient
 
+        client_factory = self._client_factory or BlockingEngineClient
         if self.plan is not None:
             raise WeightSyncError("WeightSync.connect() called twice")
         if self.actor_group.family is None:
             raise WeightSyncError("weight sync needs the trainer's HF family: load an HF checkpoint into the "
                                   "actor group first (MegatronGroup.from_hf_checkpoint / load_hf_checkpoint)")
         timeout = self.cfg.timeout_s
-        self.clients = [BlockingEngineClient(url, timeout_s=timeout, api_key=self.api_key) for url in self.engine_urls]
+        self.clients = [client_factory(url, timeout_s=timeout, api_key=self.api_key) for url in self.engine_urls]
         servers = call_all(self.clients, timeout, "server_info")
         models = call_all(self.clients, timeout, "model_info")
         self.engines = tuple(self._engine_info(*info) for info in zip(self.engine_urls, servers, models))
@@ -110,6 +123,10 @@ class WeightSync:
         if len(devices) != 1:
             raise WeightSyncError(f"engines on different devices: {[(e.url, e.device) for e in self.engines]}")
         engine_device = devices.pop()
+        engine_dtypes = {e.dtype for e in self.engines}
+        if len(engine_dtypes) != 1:
+            raise WeightSyncError(f"engines serve different dtypes: {[(e.url, e.dtype) for e in self.engines]}")
+        self.engine_dtype = engine_dtypes.pop()
         if self.cfg.transport == "distributed" and engine_device != self.actor_group.device:
             raise WeightSyncError(f"--weight-sync-transport distributed: the trainer is on {self.actor_group.device}, "
                                   f"the engines on {engine_device}; one process group cannot span both")
@@ -119,35 +136,43 @@ class WeightSync:
             transport=self.cfg.transport, engine_urls=self.engine_urls,
             engine_tp_sizes=tuple(e.tp_size for e in self.engines), buffer_size_bytes=self.cfg.buffer_size_bytes,
             timeout_s=timeout, family=self.actor_group.family, group_prefix=f"lean_rl_ws_{uuid.uuid4().hex[:8]}",
-            backend="nccl" if self.actor_group.device == "cuda" else "gloo", api_key=self.api_key)
+            backend="nccl" if self.actor_group.device == "cuda" else "gloo", api_key=self.api_key,
+            dtype=self.engine_dtype)
         # each rank hosts one RankWeightSync (shared by every WeightSync of the group), built from the
         # class given here: the Megatron backend does not import the weight sync
         self.actor_group.call_all("attach", "weight_sync", RankWeightSync)
         ranks = self._ranks("setup", self.plan)
-        # tensors travel in the trainer's own dtypes (buckets split where they change); the probe's
-        # default tolerance follows the least precise of them
+        # tensors travel in the engines' dtype (plan.dtype); the probe compares the trainer's forward in
+        # its own dtype with the engines' in theirs, so its default tolerance follows both
         dtypes = {d for r in ranks for d in r["dtypes"]}
-        sixteen_bit = sorted(dtypes & {"bfloat16", "float16"})
-        self.dtype = sixteen_bit[0] if sixteen_bit else "/".join(sorted(dtypes))  # "float32" when uniform
-        self.tolerance = self.cfg.probe_tolerance(self.dtype)
+        if len(dtypes) != 1:
+            raise WeightSyncError(f"the trainer's weights are in several dtypes {sorted(dtypes)}; expected one")
+        self.trainer_dtype = dtypes.pop()
+        self.tolerance = self.cfg.probe_tolerance(self.trainer_dtype, self.engine_dtype)
         if self.cfg.transport == "distributed":
             for stage in range(self.num_stages):  # one stage at a time: an engine joins one group at a time
                 self._ranks("connect_stage", self.plan.group_prefix, stage)
                 self._groups_joined += 1
         if self.cfg.transport == "disk":
             self._staging = DiskStaging(self.cfg.disk_dir, self.engines[0].model_path)
-        self.memory = EngineMemory(self.clients, engine_device, timeout)
+        self.memory = EngineMemory(self.clients, engine_device, timeout, self._released)
         self._probe_ids = probe_token_ids(self.tokenizer_path or self.engines[0].tokenizer_path
                                           or self.engines[0].model_path)
 
     @staticmethod
     def _engine_info(url: str, server: dict, model: dict) -> EngineInfo:
+        from lean_rl.backends.megatron.hf_config import checkpoint_dtype
+        from lean_rl.backends.sglang.config import serving_dtype
+
         for key in ("pp_size", "dp_size"):
             if int(server.get(key) or 1) != 1:
                 raise WeightSyncError(f"{url}: weight sync supports engines with {key} 1, this one has "
                                       f"{server.get(key)}")
+        requested = str(server.get("dtype") or "auto")
+        model_path = str(model["model_path"])
+        dtype = serving_dtype(requested, checkpoint_dtype(model_path) if requested == "auto" else None)
         return EngineInfo(url=url, device=str(server.get("device", "cuda")), tp_size=int(server.get("tp_size") or 1),
-                          model_path=str(model["model_path"]), tokenizer_path=model.get("tokenizer_path"))
+                          model_path=model_path, tokenizer_path=model.get("tokenizer_path"), dtype=dtype)
 
     # ------------------------------------------------------------------ sync
     def update(self, version: int | str, *, probe: bool = True) -> SyncReport:
@@ -163,20 +188,34 @@ class WeightSync:
         self.memory.resume(WEIGHTS)
         sent = self._write_and_load(version) if self.cfg.transport == "disk" else self._stream(version)
         seconds = time.perf_counter() - started
+        probe_started = time.perf_counter()
+        # the trainer scores the probe while its weights are still on its devices (see after_send)
+        trainer_log_probs = self._trainer_probe_log_probs() if probe else None
+        probe_seconds = time.perf_counter() - probe_started
+        if self._after_send is not None:
+            self._after_send()
         self.memory.resume(KV_CACHE_AND_GRAPHS)
         probe_started = time.perf_counter()
-        result = self.probe(version) if probe else None
+        result = self._probe(version, trainer_log_probs) if probe else None
+        probe_seconds += time.perf_counter() - probe_started
         return SyncReport(version=version, transport=self.cfg.transport, seconds=seconds,
                           bytes=sum(s.bytes for s in sent), buckets=sum(s.buckets for s in sent),
                           tensors=sum(s.tensors for s in sent), export_seconds=sum(s.export_seconds for s in sent),
-                          probe=result, probe_seconds=time.perf_counter() - probe_started if probe else 0.0)
+                          probe=result, probe_seconds=probe_seconds)
 
     def probe(self, version: int | str) -> ProbeResult:
         """Every engine serves the trainer's weights as `version`, or WeightSyncProbeError. The engines
         must be generating (not paused): the probe is one /generate call per engine."""
-        result = run_probe(self.actor_group, self.clients, self._probe_ids, str(version), self.tolerance,
-                           self.cfg.timeout_s)
-        raise_on_failure(result, self.clients, self.plan.engine_tp_sizes, self._trainer_checksums, self.cfg.timeout_s)
+        return self._probe(version, self._trainer_probe_log_probs())
+
+    def _trainer_probe_log_probs(self):
+        return self.actor_group.compute_log_probs([self._probe_ids]).log_probs[0]
+
+    def _probe(self, version: int | str, trainer_log_probs) -> ProbeResult:
+        result = run_probe(trainer_log_probs, self.clients, self._probe_ids, str(version), self.tolerance,
+                           self.cfg.timeout_s, probe_statistic(self.trainer_dtype, self.engine_dtype))
+        raise_on_failure(result, self.clients, self.plan.engine_tp_sizes, self._trainer_checksums, self.cfg.timeout_s,
+                         dtypes=(self.trainer_dtype, self.engine_dtype))
         return result
 
     def release_engine_memory(self) -> bool:

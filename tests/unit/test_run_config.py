@@ -67,16 +67,25 @@ def test_unreachable_ray_address_fails_at_once_and_starts_nothing(base, tmp_path
     assert not (out / "engines").exists()  # no engine was started
 
 
-def test_colocated_across_gpu_nodes_syncs_through_the_process_group(base, monkeypatch):
-    """CUDA IPC handles do not cross nodes: auto picks distributed there; tensor asked for is refused."""
+def test_colocated_on_gpu_never_syncs_through_nccl(base, monkeypatch):
+    """CUDA IPC reaches an engine only when it sees every stage lead's GPU, and a NCCL group with a
+    colocated engine would hold one GPU twice (review C1, C5): auto falls back to disk there; tensor
+    or distributed asked for are refused."""
     import lean_rl.config
 
     monkeypatch.setattr(lean_rl.config, "detect_device", lambda: "cuda")
     flags = base + ["--colocate", "--ray-address", "127.0.0.1:1", "--actor-num-nodes", "2",
                     "--actor-num-gpus-per-node", "2", "--tensor-model-parallel-size", "2",
                     "--rollout-num-gpus", "4", "--rollout-num-gpus-per-engine", "1"]
-    assert parse_config(flags).weight_sync.transport == "distributed"
+    with pytest.raises(ConfigError, match="--weight-sync-disk-dir"):  # auto -> disk, which a cluster must share
+        parse_config(flags)
+    assert parse_config(flags + ["--weight-sync-disk-dir", "/shared"]).weight_sync.transport == "disk"
     with pytest.raises(ConfigError, match="CUDA IPC"):
         parse_config(flags + ["--weight-sync-transport", "tensor"])
-    single = ["--colocate", "--actor-num-gpus-per-node", "2", "--rollout-num-gpus", "2"]
-    assert parse_config(base + single).weight_sync.transport == "tensor"
+    with pytest.raises(ConfigError, match="NCCL"):
+        parse_config(flags + ["--weight-sync-transport", "distributed"])
+    one_engine = ["--colocate", "--actor-num-gpus-per-node", "2", "--rollout-num-gpus", "2",
+                  "--rollout-num-gpus-per-engine", "2"]
+    assert parse_config(base + one_engine).weight_sync.transport == "tensor"
+    two_engines = ["--colocate", "--actor-num-gpus-per-node", "2", "--rollout-num-gpus", "2"]
+    assert parse_config(base + two_engines).weight_sync.transport == "disk"  # engine 1 cannot see rank 0's GPU

@@ -14,7 +14,7 @@ from safetensors.torch import save_file
 
 from lean_rl.weight_sync.buckets import Bucket, iter_buckets, standalone
 from lean_rl.options import ConfigError, add_options, read_options
-from lean_rl.weight_sync.config import WeightSyncConfig, resolve_transport
+from lean_rl.weight_sync.config import WeightSyncConfig, probe_statistic, resolve_transport
 from lean_rl.weight_sync.disk import INDEX_FILE, DiskStaging
 from lean_rl.weight_sync.engine_params import (EngineChecksums, compare_checksums, engine_slot,
                                                tensor_bytes_hash)
@@ -38,8 +38,11 @@ def test_flags_reach_the_config():
     cfg = parse("--update-weight-buffer-size", "1024", "--weight-sync-probe-tol", "0.5",
                 "--weight-sync-disk-dir", "/x", "--weight-sync-timeout", "9")
     assert (cfg.buffer_size_bytes, cfg.probe_tol, cfg.disk_dir, cfg.timeout_s) == (1024, 0.5, "/x", 9.0)
-    assert cfg.probe_tolerance("bfloat16") == 0.5
-    assert parse().probe_tolerance("float32") == 1e-3 and parse().probe_tolerance("bfloat16") == 0.1
+    assert cfg.probe_tolerance("bfloat16", "float32") == 0.5
+    assert parse().probe_tolerance("float32", "float32") == 1e-3
+    # either side 16-bit: the 16-bit default, on the mean (probe_statistic)
+    assert parse().probe_tolerance("float32", "bfloat16") == parse().probe_tolerance("bfloat16", "float32") == 0.1
+    assert probe_statistic("float32", "float32") == "max" and probe_statistic("float32", "bfloat16") == "mean"
 
 
 @pytest.mark.parametrize("argv, flag", [
@@ -56,7 +59,7 @@ def test_unknown_transport_and_dtype_are_errors():
     with pytest.raises(ConfigError, match="--weight-sync-transport"):
         resolve_transport("carrier-pigeon", colocate=False)
     with pytest.raises(ConfigError, match="--weight-sync-probe-tol"):
-        WeightSyncConfig(transport="disk").probe_tolerance("float8_e4m3fn")
+        WeightSyncConfig(transport="disk").probe_tolerance("float32", "float8_e4m3fn")
 
 
 # ---------------------------------------------------------------- buckets

@@ -58,6 +58,14 @@ def _set_rng_state(state: dict[str, Any], device: torch.device) -> None:
     tensor_parallel.get_cuda_rng_tracker().set_states(state["tracker"])
 
 
+def rng_state_fits(meta: dict[str, Any], layout: list[int], device_type: str) -> bool:
+    """Whether a checkpoint's RNG states can be restored here: saved by the same parallel layout on the
+    same kind of device. The tracker keeps CPU generator states on CPU (compat) and CUDA ones on GPU,
+    so a CPU checkpoint's states in a GPU run crash the first fork() (review W3); then the run keeps its
+    fresh seeds. Checkpoints written before the device was recorded all came from CPU runs."""
+    return meta.get("layout") == layout and meta.get("device", "cpu") == device_type
+
+
 def _rng_object(device: torch.device) -> ShardedObject:
     return ShardedObject("lean_rl_rng_state", _rng_state(device), (dist.get_world_size(),), (dist.get_rank(),),
                          replica_id=0)
@@ -83,7 +91,7 @@ def save_checkpoint(model: torch.nn.Module, optimizer, scheduler, trainer_state:
         "optimizer": optimizer.sharded_state_dict(model_state, metadata=OPTIMIZER_METADATA),
         "rng_state": _rng_object(device),
         "lean_rl": {"format": FORMAT_VERSION, "step": step, "scheduler": scheduler.state_dict(),
-                    "trainer_state": dict(trainer_state), "layout": _layout()},
+                    "trainer_state": dict(trainer_state), "layout": _layout(), "device": device.type},
     }
     dist_checkpointing.save(state, str(tmp))
     if rank == 0:
@@ -108,7 +116,7 @@ def load_checkpoint(model: torch.nn.Module, optimizer, scheduler, root: str | Pa
     if step is None:  # `root` named one torch_dist directory without an iter_N name
         step = meta.get("step", 0)
     with_optimizer = load_optimizer and optimizer is not None and has_optimizer_state(directory)
-    with_rng = load_rng and meta.get("layout") == _layout()
+    with_rng = load_rng and rng_state_fits(meta, _layout(), device.type)
     # the same tolerance as model-only checkpoints (vocab padding of another TP, the other layer
     # spec's key for the MoE pre-MLP norm, absent _extra_state): converted checkpoints load too
     model_state = adapt_model_request(model.sharded_state_dict(), read_checkpoint_metadata(directory), vocab_size,

@@ -32,9 +32,10 @@ def transformer_engine_available() -> bool:
     return bool(moe_utils.HAVE_TE)
 
 
-def uses_te_layer_spec(device: torch.device) -> bool:
-    """The TE layer spec needs both TE and CUDA; everything else builds the local spec."""
-    return device.type == "cuda" and transformer_engine_available()
+def uses_te_layer_spec(device: torch.device, transformer_impl: str = "transformer_engine") -> bool:
+    """The TE layer spec needs --transformer-impl transformer_engine (the default), TE and CUDA;
+    everything else builds the local spec."""
+    return transformer_impl == "transformer_engine" and device.type == "cuda" and transformer_engine_available()
 
 
 def apply_compat(device: torch.device) -> None:

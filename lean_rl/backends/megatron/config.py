@@ -16,6 +16,10 @@ NORMALIZATIONS = ("RMSNorm", "LayerNorm")
 POSITION_EMBEDDINGS = ("rope",)
 DISPATCHERS = ("allgather", "alltoall")
 LOAD_BALANCING = ("none", "aux_loss", "seq_aux_loss")
+TRANSFORMER_IMPLS = ("transformer_engine", "local")
+# The dtypes a trainer keeps its weights and computes in (Megatron's params_dtype); the optimizer's
+# master weights and the reduced gradients are float32 in every case.
+PARAMS_DTYPES = ("float32", "bfloat16", "float16")
 
 
 def _require(condition: bool, message: str) -> None:
@@ -130,7 +134,11 @@ class ModelFlags:
     moe_router_load_balancing_type: str = option(_ARCH_DEFAULT["moe_router_load_balancing_type"],
                                                  choices=LOAD_BALANCING)
     moe_aux_loss_coeff: float = option(_ARCH_DEFAULT["moe_aux_loss_coeff"])
-    # Not architecture (ModelArch has no such field, arch() ignores it): MegatronConfig takes it.
+    # Not architecture (ModelArch has no such field, arch() ignores them): MegatronConfig takes them.
+    transformer_impl: str = option(
+        "transformer_engine", choices=TRANSFORMER_IMPLS,
+        help="layer spec, as Megatron's flag: transformer_engine (used when TransformerEngine and a GPU are "
+             "there; else local) or local (Megatron's own layers, e.g. for --lora-rank, which adapts those)")
     use_rollout_routing_replay: bool = option(
         False, help="MoE: rollout routing replay (R3): the engines return the experts they routed every token "
                     "to, and the trainer's routers use those in every forward and backward (log-probs and "
@@ -211,6 +219,30 @@ class ParallelConfig:
         return data_parallel
 
 
+@dataclass(frozen=True)
+class PrecisionFlags:
+    """Megatron's mixed-precision switches. Neither given: float32 on CPU; on GPU the checkpoint's own
+    dtype (a bfloat16 / float16 checkpoint trains in it, a float32 one in float32), as slime runs."""
+
+    bf16: bool = option(False, help="train in bfloat16: weights and compute in bf16, float32 master weights and "
+                                    "gradients in the optimizer (Megatron's --bf16). Default: float32 on CPU, the "
+                                    "checkpoint's dtype on GPU")
+    fp16: bool = option(False, help="train in float16 with float32 master weights and dynamic loss scaling "
+                                    "(Megatron's --fp16); a step whose scaled gradients overflow is skipped and "
+                                    "counted")
+
+    def params_dtype(self, device: str, checkpoint_dtype: str | None) -> str:
+        """The trainer's dtype: the flag, else the default for `device` (see the class docstring)."""
+        _require(not (self.bf16 and self.fp16), "--bf16 and --fp16 exclude each other")
+        if self.bf16:
+            return "bfloat16"
+        if self.fp16:
+            return "float16"
+        if device == "cuda" and checkpoint_dtype in ("bfloat16", "float16"):
+            return checkpoint_dtype
+        return "float32"
+
+
 def padded_vocab_size(vocab_size: int, make_vocab_size_divisible_by: int, tensor_model_parallel_size: int) -> int:
     """The one place vocab padding is computed. Megatron's GPTModel does not pad: the embedding and
     output layer need a row count divisible by TP (and, for speed, by --make-vocab-size-divisible-by)."""
@@ -225,10 +257,16 @@ class MegatronConfig:
     arch: ModelArch
     parallel: ParallelConfig
     use_rollout_routing_replay: bool = False  # --use-rollout-routing-replay (routing_replay.py)
+    params_dtype: str = "float32"  # PrecisionFlags.params_dtype: the weights' and the compute's dtype
+    transformer_impl: str = "transformer_engine"  # --transformer-impl (compat.uses_te_layer_spec)
     padded_vocab_size: int = field(init=False)
 
     def __post_init__(self) -> None:
         arch, par = self.arch, self.parallel
+        _require(self.transformer_impl in TRANSFORMER_IMPLS,
+                 f"--transformer-impl {self.transformer_impl!r}: choose one of {', '.join(TRANSFORMER_IMPLS)}")
+        _require(self.params_dtype in PARAMS_DTYPES,
+                 f"trainer dtype {self.params_dtype!r}: choose one of {', '.join(PARAMS_DTYPES)} (--bf16 / --fp16)")
         tp, pp, ep = par.tensor_model_parallel_size, par.pipeline_model_parallel_size, par.expert_model_parallel_size
         _require(arch.num_attention_heads % tp == 0,
                  f"--tensor-model-parallel-size {tp} must divide --num-attention-heads {arch.num_attention_heads}")

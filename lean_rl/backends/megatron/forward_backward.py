@@ -135,7 +135,9 @@ def forward_backward(ddp, micro_batches: list[dict[str, torch.Tensor]], ctx: Ste
     finally:
         clear_routes(ddp)
     metrics: dict[str, torch.Tensor] = {}
-    finite = grads_are_finite(ddp)
+    # fp16: the gradients are loss-scaled, and an overflow is the loss scaler's to judge (optimizer.step
+    # refuses the step and lowers the scale); only the loss itself must be finite then
+    finite = ddp.config.fp16 or grads_are_finite(ddp)
     mismatch = _routing_mismatch_frac(ddp, ctx.device) if ctx.routing_replay else None
     if parallel_state.is_pipeline_last_stage():
         metrics = _sum_metrics(per_micro_batch)

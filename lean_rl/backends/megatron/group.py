@@ -22,7 +22,7 @@ from lean_rl.backends.megatron.config import MegatronConfig, ParallelConfig
 from lean_rl.backends.megatron.distributed import RankLayout
 from lean_rl.backends.megatron.hf_config import arch_from_hf_config, check_arch_matches_checkpoint, hf_family
 from lean_rl.backends.megatron.rank import MegatronRank
-from lean_rl.backends.megatron.rank_actors import MegatronGroupError, RankActors
+from lean_rl.backends.megatron.rank_actors import InProcessRank, MegatronGroupError, RankActors
 from lean_rl.backends.megatron.scoring_plan import plan_scoring
 from lean_rl.backends.megatron.train_config import BatchPlan, TrainConfig, TrainerLayout
 from lean_rl.utils.device import detect_device
@@ -36,6 +36,52 @@ logger = logging.getLogger(__name__)
 COLOCATED_RANK_SHARE = 0.75
 
 
+# NCCL switches of every trainer rank on GPU, equal to what SGLang forces on its servers
+# (sglang/srt/entrypoints/engine.py:1897-1914): a rank and the engines meet in one NCCL group for the
+# distributed weight sync, and peers that disagree on cuMem fail there (review C6; slime sets the same).
+TRAINER_NCCL_ENV = {"NCCL_CUMEM_ENABLE": "0", "NCCL_NVLS_ENABLE": "0"}
+
+
+def rank_env(device: str, num_threads: int, pythonpath: str | None) -> dict[str, str]:
+    """The environment of a rank actor: OMP threads; the driver's PYTHONPATH, so that the ranks import
+    what it imports (a --custom-loss-function-path module is called there; on a cluster the same paths
+    must exist on every node); on GPU TRAINER_NCCL_ENV. The gloo / NCCL socket interface is set by each
+    rank (init_distributed), from the address of the node it landed on."""
+    env = {"OMP_NUM_THREADS": str(num_threads)}
+    if pythonpath:
+        env["PYTHONPATH"] = pythonpath
+    if device == "cuda":
+        env.update(TRAINER_NCCL_ENV)
+    return env
+
+
+def place_ranks(ranks: RankActors, rank_class: type, rank_args, layout: TrainerLayout, *, env: dict[str, str],
+                num_cpus_per_actor: float, colocated: bool, colocate_with: RankActors | None,
+                timeout_s: float) -> None:
+    """Start `rank_class(*rank_args(rank))` for every rank of `layout` in `ranks`, placed as a run needs:
+    - alone: a bundle per trainer node with one GPU (or num_cpus_per_actor CPUs) per rank;
+    - `colocated` (--colocate): the same bundles, each rank taking COLOCATED_RANK_SHARE of its device
+      (> 1/2 of a GPU, so two ranks never share one; Ray picks it) and leaving the rest to the engines;
+    - `colocate_with` (PPO's critic under --colocate, review C4): in the other group's bundles, rank i
+      on the GPU of that group's rank i (CUDA_VISIBLE_DEVICES set to its Ray GPU id, nothing reserved:
+      the two models take turns there, the critic offloaded with the actor), or with no CPU reserved
+      on CPU. Asking Ray for GPUs of its own would wait forever: the actor's bundles hold them all."""
+    if layout.device != "cuda" and num_cpus_per_actor <= 0:
+        raise ValueError(f"MegatronGroup: num_cpus_per_actor must be > 0 on CPU, got {num_cpus_per_actor}")
+    if colocate_with is not None:
+        beside = colocate_with.gpu_ids if layout.device == "cuda" else None
+        ranks.start(rank_class, rank_args, layout, num_cpus=0, num_gpus=0, env=env,
+                    cpus_per_rank=num_cpus_per_actor, timeout_s=timeout_s,
+                    placement_group=colocate_with.placement_group,
+                    rank_env=None if beside is None else (lambda rank: {"CUDA_VISIBLE_DEVICES": ",".join(beside[rank])}))
+        return
+    share = COLOCATED_RANK_SHARE if colocated else 1
+    ranks.start(rank_class, rank_args, layout,
+                num_cpus=num_cpus_per_actor if layout.device == "cuda" else num_cpus_per_actor * share,
+                num_gpus=share if layout.device == "cuda" else 0, env=env, cpus_per_rank=num_cpus_per_actor,
+                timeout_s=timeout_s)
+
+
 @dataclass(frozen=True)
 class LogProbOutput:
     log_probs: list[torch.Tensor]  # per sequence: float32 [len - score_from]
@@ -46,17 +92,21 @@ class MegatronGroup:
     def __init__(self, config: MegatronConfig, *, layout: TrainerLayout | None = None, world_size: int | None = None,
                  device: str | None = None, num_cpus_per_actor: float = 0.5, seed: int = 1234, num_threads: int = 1,
                  start_timeout_s: float = 300.0, call_timeout_s: float = 600.0, dist_timeout_s: float = 300.0,
-                 colocated: bool = False, node_loss_wait_s: float = 45.0):
+                 colocated: bool = False, node_loss_wait_s: float = 45.0,
+                 colocate_with: "MegatronGroup | None" = None, in_process: bool = False):
         """Start one actor per rank, initialise torch.distributed + parallel_state on each and build
         the model (random weights). `layout`: as a run derived it at start-up (cfg.layout); a group
         used on its own gives `world_size` (default: the smallest world for the parallel layout) and
-        `device` (default: utils.device.detect_device()). `colocated` (--colocate on a cluster): the
-        ranks take only COLOCATED_RANK_SHARE of their devices, leaving the rest of each node's bundle
-        to the engines placed into it (colocated_engine_resources)."""
-        import ray
+        `device` (default: utils.device.detect_device()). `colocated` (--colocate): the ranks take only
+        COLOCATED_RANK_SHARE of their devices, leaving the rest of each node's bundle to the engines
+        placed into it (sglang.engine_placement.colocated_placement). `colocate_with` (PPO's critic under --colocate):
+        rank i runs in the bundle and on the devices of that group's rank i (place_ranks). `in_process`:
+        one rank hosted in this process, no Ray (rank_actors.InProcessRank; the GPU smoke check)."""
+        if not in_process:
+            import ray
 
-        if not ray.is_initialized():
-            raise RuntimeError("MegatronGroup needs a running Ray: call ray.init() first")
+            if not ray.is_initialized():
+                raise RuntimeError("MegatronGroup needs a running Ray: call ray.init() first")
         if layout is None:
             layout = TrainerLayout.derive(config.parallel, world_size or config.parallel.min_world_size,
                                           device or detect_device())
@@ -72,28 +122,18 @@ class MegatronGroup:
         self.algorithm_config = None
         self.role: str | None = None
         self.batch_plan: BatchPlan | None = None
-        self._ranks = RankActors(node_loss_wait_s)
         self.colocated = colocated
         self.cpus_per_rank = num_cpus_per_actor
-        if device != "cuda" and num_cpus_per_actor <= 0:
-            raise ValueError(f"MegatronGroup: num_cpus_per_actor must be > 0 on CPU, got {num_cpus_per_actor}")
-        # OMP threads per rank. The gloo / NCCL socket interface is set by each rank (init_distributed),
-        # from the address of the node it landed on.
-        env = {"OMP_NUM_THREADS": str(num_threads)}
-        # the driver's PYTHONPATH, so that the ranks import what it imports: a --custom-loss-function-path
-        # module is called there (on a cluster the same paths must exist on every node)
-        if os.environ.get("PYTHONPATH"):
-            env["PYTHONPATH"] = os.environ["PYTHONPATH"]
+        self._ranks = InProcessRank() if in_process else RankActors(node_loss_wait_s)
         try:
-            # colocated: a fraction of a GPU (> 1/2, so that two ranks never share one) or of the CPUs
-            share = COLOCATED_RANK_SHARE if colocated else 1
             logger.info("starting %d Megatron-core rank(s) on %s (imports, model build, weights: ~10-30 s on CPU)",
                         self.world_size, device)
-            self._ranks.start(MegatronRank, lambda rank: (rank, self.world_size, config, device, seed, num_threads,
-                                                          layout.on_cluster), layout,
-                              num_cpus=num_cpus_per_actor if device == "cuda" else num_cpus_per_actor * share,
-                              num_gpus=share if device == "cuda" else 0, env=env, cpus_per_rank=num_cpus_per_actor,
-                              timeout_s=start_timeout_s)
+            place_ranks(self._ranks, MegatronRank,
+                        lambda rank: (rank, self.world_size, config, device, seed, num_threads, layout.on_cluster),
+                        layout, env=rank_env(device, num_threads, os.environ.get("PYTHONPATH")),
+                        num_cpus_per_actor=num_cpus_per_actor, colocated=colocated,
+                        colocate_with=None if colocate_with is None else colocate_with._ranks,
+                        timeout_s=start_timeout_s)
             logger.info("trainer ranks on nodes %s (rank i on the i-th)", self._ranks.nodes)
             host, port = self._ranks.call_first("open_rendezvous", dist_timeout_s, timeout_s=start_timeout_s)
             self.rendezvous_host: str = host
@@ -108,10 +148,11 @@ class MegatronGroup:
     @classmethod
     def from_hf_checkpoint(cls, checkpoint_dir: str | Path, parallel: ParallelConfig, *,
                            make_vocab_size_divisible_by: int = 128, seq_length: int | None = None,
-                           **kwargs) -> "MegatronGroup":
-        """A group whose architecture comes from the checkpoint's config.json, with its weights loaded."""
+                           params_dtype: str = "float32", **kwargs) -> "MegatronGroup":
+        """A group whose architecture comes from the checkpoint's config.json, with its weights loaded
+        (in `params_dtype`: MegatronConfig.params_dtype)."""
         arch = arch_from_hf_config(checkpoint_dir, make_vocab_size_divisible_by, seq_length)
-        group = cls(MegatronConfig(arch=arch, parallel=parallel), **kwargs)
+        group = cls(MegatronConfig(arch=arch, parallel=parallel, params_dtype=params_dtype), **kwargs)
         try:
             group.load_hf_checkpoint(checkpoint_dir)
         except BaseException:
@@ -251,25 +292,10 @@ class MegatronGroup:
         """How long a failure waits (at most) for Ray to tell whether a rank's node is lost."""
         return self._ranks.node_loss_wait_s
 
-    def colocated_engine_resources(self, engines_on_node: int) -> dict[str, float]:
-        """Ray resources of one of `engines_on_node` engines placed into a trainer node's bundle
-        beside its ranks (colocated): what the ranks leave of the bundle, split evenly. On GPU each
-        engine's fraction fits on one GPU even if Ray packs them all there; its server's devices are
-        set by colocated_engine_gpus, not by Ray."""
-        if not self.colocated:
-            raise RuntimeError("colocated_engine_resources: the group was not started with colocated=True")
-        free = 1 - COLOCATED_RANK_SHARE
-        if self.device == "cuda":
-            return {"CPU": 0.0, "GPU": round(free * 0.8 / engines_on_node, 4)}
-        per_node = self.trainer_layout.ranks_per_node
-        return {"CPU": round(per_node * self.cpus_per_rank * free / engines_on_node, 4), "GPU": 0.0}
-
-    def colocated_engine_gpus(self, node: int, slot: int, gpus_per_engine: int) -> list[str]:
-        """GPU: the GPU ids (on trainer node `node`) of the `slot`-th engine there: those of the
-        node's ranks slot * gpus_per_engine, ... (the devices it takes turns on with them)."""
-        per_node = self.trainer_layout.ranks_per_node
-        ranks = range(node * per_node + slot * gpus_per_engine, node * per_node + (slot + 1) * gpus_per_engine)
-        return [str(gpu) for rank in ranks for gpu in self._ranks.gpu_ids[rank]]
+    @property
+    def rank_gpu_ids(self) -> list[list[str]]:
+        """Per rank, the GPU ids Ray gave it on its node (empty on CPU)."""
+        return [[str(gpu) for gpu in ids] for ids in self._ranks.gpu_ids]
 
     def shutdown(self, wait_s: float = 30.0) -> None:
         """Kill every rank and wait (bounded) until their processes are gone; then release the
@@ -290,6 +316,10 @@ class MegatronGroup:
         attached object ("weight_sync.setup"; rank.MegatronRank.call). A failure or timeout on any
         rank shuts the group down and raises MegatronGroupError (rank_actors.py)."""
         return self._ranks.call_all(method, *args, timeout_s=self.call_timeout_s if timeout_s is None else timeout_s)
+
+    def share(self, value):
+        """`value` as an argument several ranks receive without a copy each (Ray's object store)."""
+        return self._ranks.share(value)
 
     def call_each(self, method: str, per_rank_args: Sequence[tuple], timeout_s: float | None = None) -> list:
         """As call_all, with one argument tuple per rank (rank order)."""

@@ -36,6 +36,14 @@ def hf_family(path_or_dict: str | Path | Mapping[str, Any]) -> str:
     return family
 
 
+def checkpoint_dtype(path_or_dict: str | Path | Mapping[str, Any]) -> str | None:
+    """The dtype an HF config declares ("bfloat16", ...: `dtype`, or `torch_dtype` before transformers 5),
+    if any."""
+    config = load_hf_config(path_or_dict)
+    name = config.get("dtype") or config.get("torch_dtype")
+    return name if isinstance(name, str) else None
+
+
 def _check(condition: bool, family: str, message: str) -> None:
     if not condition:
         raise ConfigError(f"{family} config: {message} is not supported")

@@ -94,8 +94,9 @@ def add_adapters(model: torch.nn.Module, config: LoraConfig, seed: int) -> dict[
         if match is None or match["target"] not in targets:
             continue
         if not isinstance(module, (ColumnParallelLinear, RowParallelLinear)):
-            raise RuntimeError(f"{name} is a {type(module).__name__}: LoRA adapts Megatron's local-spec linear "
-                               "layers only (TransformerEngine's fuse the pre-norm into the linear layer)")
+            raise ConfigError(f"--lora-rank: {name} is a {type(module).__name__}: LoRA adapts Megatron's local-spec "
+                              "linear layers only (TransformerEngine's fuse the pre-norm into the linear layer); "
+                              "add --transformer-impl local")
         layer = model.decoder.layers[int(match["layer"])].layer_number - 1  # global, 0-based
         out_features, in_features = module.weight.shape
         generator = torch.Generator().manual_seed(_seed(seed, layer, match["target"]))

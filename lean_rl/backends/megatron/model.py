@@ -16,9 +16,11 @@ from lean_rl.backends.megatron.compat import uses_te_layer_spec
 from lean_rl.backends.megatron.config import MegatronConfig
 
 
-def transformer_config(config: MegatronConfig, device: torch.device,
-                       params_dtype: torch.dtype = torch.float32) -> TransformerConfig:
+def transformer_config(config: MegatronConfig, device: torch.device) -> TransformerConfig:
+    """Megatron's TransformerConfig for `config`, in config.params_dtype (bf16 / fp16 set Megatron's
+    bf16 / fp16 switches: softmax and the gradient reduction stay float32, as in Megatron's --bf16)."""
     arch, par = config.arch, config.parallel
+    params_dtype = getattr(torch, config.params_dtype)
     moe = {}
     if arch.is_moe:
         moe = dict(
@@ -54,6 +56,8 @@ def transformer_config(config: MegatronConfig, device: torch.device,
         sequence_parallel=par.sequence_parallel,
         params_dtype=params_dtype,
         pipeline_dtype=params_dtype,
+        bf16=params_dtype == torch.bfloat16,
+        fp16=params_dtype == torch.float16,
         use_cpu_initialization=device.type == "cpu",
         # Fused kernels are CUDA/TE-only or change numerics; exact parity with HF comes first.
         bias_activation_fusion=False,
@@ -66,13 +70,14 @@ def transformer_config(config: MegatronConfig, device: torch.device,
     )
 
 
-def build_gpt_model(config: MegatronConfig, device: torch.device,
-                    params_dtype: torch.dtype = torch.float32) -> GPTModel:
+def build_gpt_model(config: MegatronConfig, device: torch.device) -> GPTModel:
     """This rank's pipeline stage of the model (pre/post process from parallel_state), on `device`,
-    in eval mode. Weights are Megatron's random init until an HF checkpoint is loaded."""
+    in eval mode, its weights in config.params_dtype. Not wrapped in Megatron's Float16Module: the
+    inputs are token ids and every consumer of the logits casts them to float32 itself (logprobs.py,
+    logits.py, the value head). Weights are Megatron's random init until an HF checkpoint is loaded."""
     arch = config.arch
-    tconfig = transformer_config(config, device, params_dtype)
-    if uses_te_layer_spec(device):
+    tconfig = transformer_config(config, device)
+    if uses_te_layer_spec(device, config.transformer_impl):
         spec = get_gpt_layer_with_transformer_engine_spec(num_experts=arch.num_experts, moe_grouped_gemm=False,
                                                           qk_layernorm=arch.qk_layernorm)
     else:
@@ -90,4 +95,6 @@ def build_gpt_model(config: MegatronConfig, device: torch.device,
         position_embedding_type=arch.position_embedding_type,
         rotary_base=arch.rotary_base,
     )
-    return model.to(device).eval()
+    # 16-bit: every weight in that dtype, norms included (the local spec makes its norms in float32),
+    # as Megatron's Float16Module and SGLang keep them; the optimizer holds the float32 masters
+    return model.to(device=device, dtype=tconfig.params_dtype).eval()

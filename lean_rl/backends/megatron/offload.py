@@ -15,9 +15,32 @@ from typing import Iterable
 import torch
 
 
+class HostBuffers:
+    """Host buffers (pinned for GPU storages) kept across offloads, by size: the storages of a trainer
+    keep their sizes from step to step, so after the first offload every one finds its buffer here,
+    and no step pays cudaHostAlloc / free for gigabytes of pinned memory again (review P2)."""
+
+    def __init__(self):
+        self._free: dict[tuple[int, bool], list[torch.UntypedStorage]] = {}
+        self.allocated = 0  # buffers made (not reused), for tests and logs
+
+    def take(self, nbytes: int, pinned: bool) -> torch.UntypedStorage:
+        free = self._free.get((nbytes, pinned))
+        if free:
+            return free.pop()
+        self.allocated += 1
+        return torch.empty(nbytes, dtype=torch.uint8, pin_memory=pinned).untyped_storage()
+
+    def give_back(self, buffer: torch.UntypedStorage) -> None:
+        self._free.setdefault((buffer.nbytes(), buffer.is_pinned()), []).append(buffer)
+
+
 class StorageOffloader:
-    def __init__(self, keep: Iterable[torch.Tensor], discard: Iterable[torch.Tensor] = ()):
-        """`keep`: tensors whose data must survive; `discard`: tensors whose data need not (grads)."""
+    def __init__(self, keep: Iterable[torch.Tensor], discard: Iterable[torch.Tensor] = (),
+                 host_buffers: HostBuffers | None = None):
+        """`keep`: tensors whose data must survive; `discard`: tensors whose data need not (grads);
+        `host_buffers`: a pool that outlives this offloader (the trainer rebuilds it every step)."""
+        self._buffers = host_buffers if host_buffers is not None else HostBuffers()
         self._storages: dict[int, tuple[torch.UntypedStorage, bool]] = {}
         for tensors, keep_data in ((discard, False), (keep, True)):  # keep wins when shared
             for tensor in tensors:
@@ -40,9 +63,8 @@ class StorageOffloader:
         for key, (storage, keep_data) in self._storages.items():
             self._sizes[key] = storage.nbytes()
             host = None
-            if keep_data:  # a fresh host buffer (storage.cpu() would alias a CPU storage)
-                host = torch.empty(storage.nbytes(), dtype=torch.uint8,
-                                   pin_memory=storage.device.type == "cuda").untyped_storage()
+            if keep_data:  # a host buffer of its own (storage.cpu() would alias a CPU storage)
+                host = self._buffers.take(storage.nbytes(), pinned=storage.device.type == "cuda")
                 host.copy_(storage)
             self._host[key] = host
             released += storage.nbytes()
@@ -59,4 +81,5 @@ class StorageOffloader:
                 storage.fill_(0)
             else:
                 storage.copy_(host)
+                self._buffers.give_back(host)
         self._host.clear()

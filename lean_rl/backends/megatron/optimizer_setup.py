@@ -3,7 +3,13 @@
 Megatron's DDP keeps gradients in contiguous buffers (param.main_grad) and reduces them over data
 parallel ranks in finalize_model_grads at the end of forward_backward_func; get_megatron_optimizer
 builds Adam (one optimizer for dense and one for expert params, chained) with Megatron's weight-decay
-grouping (no decay for biases and norms); OptimizerParamScheduler sets the LR before every step."""
+grouping (no decay for biases and norms); OptimizerParamScheduler sets the LR before every step.
+
+Mixed precision (--bf16 / --fp16, the model built in that dtype): Megatron's optimizer keeps float32
+master copies of the 16-bit weights (Float16OptimizerWithFloat16Params, or float32 shards in the
+distributed optimizer), steps them from the float32 gradient buffers, and copies them back. fp16
+adds dynamic loss scaling: the schedule multiplies each loss by the scale (config.grad_scale_func),
+and a step whose scaled gradients overflow is refused by optimizer.step() and the scale halved."""
 
 from __future__ import annotations
 
@@ -28,6 +34,7 @@ class OptimizerBundle:
 def build_optimizer(model: torch.nn.Module, cfg: OptimizerConfig, lr: float, pipeline_parallel: bool) -> OptimizerBundle:
     """Wrap `model` (this rank's GPTModel) and build its optimizer. `lr` overrides cfg.lr (critic)."""
     config = model.config  # Megatron's TransformerConfig: the schedule reads these hooks from it
+    params_dtype = config.params_dtype  # model.transformer_config: float32, or 16-bit with --bf16 / --fp16
     ddp = DistributedDataParallel(
         config=config,
         ddp_config=DistributedDataParallelConfig(
@@ -39,8 +46,11 @@ def build_optimizer(model: torch.nn.Module, cfg: OptimizerConfig, lr: float, pip
         MegatronOptimizerConfig(
             optimizer="adam", lr=lr, min_lr=min(cfg.min_lr, lr), weight_decay=cfg.weight_decay,
             adam_beta1=cfg.adam_beta1, adam_beta2=cfg.adam_beta2, adam_eps=cfg.adam_eps,
-            clip_grad=cfg.clip_grad, bf16=False, fp16=False, params_dtype=torch.float32,
-            use_distributed_optimizer=cfg.use_distributed_optimizer),
+            clip_grad=cfg.clip_grad, bf16=params_dtype == torch.bfloat16, fp16=params_dtype == torch.float16,
+            params_dtype=params_dtype, use_distributed_optimizer=cfg.use_distributed_optimizer,
+            # fp16: Megatron's dynamic scaler from 2**16, not its 2**32, whose first dozens of steps
+            # (halved every 2nd overflow) an RL run of a few hundred steps cannot afford
+            initial_loss_scale=2.0**16),
         [ddp])
     scheduler = OptimizerParamScheduler(
         optimizer, init_lr=min(cfg.lr_warmup_init, lr), max_lr=lr, min_lr=min(cfg.min_lr, lr),
@@ -50,6 +60,8 @@ def build_optimizer(model: torch.nn.Module, cfg: OptimizerConfig, lr: float, pip
         # on resume the flags win over the checkpoint's values; only the step count is restored
         use_checkpoint_opt_param_scheduler=False, override_opt_param_scheduler=True)
     config.no_sync_func = ddp.no_sync
+    if params_dtype == torch.float16:  # the loss scale; bf16 and fp32 need none
+        config.grad_scale_func = optimizer.scale_loss
     config.finalize_model_grads_func = finalize_model_grads
     # micro-batches differ in rows and length (dynamic batching, last partial batch): pipeline
     # stages then exchange shapes before activations.

@@ -48,20 +48,24 @@ class RankActors:
         self.nodes: list[str] = []  # per rank: its node's address, as Ray knows it
         self.gpu_ids: list[list] = []  # per rank: the GPU ids Ray gave it (on its node)
         self.placement_group = None  # bundle k holds the ranks of trainer node k
+        self._owns_placement = True  # False: another group's placement group (colocate_with)
 
     def start(self, actor_class: type, rank_args: Callable[[int], tuple], layout: TrainerLayout, *,
               num_cpus: float, num_gpus: float, env: dict[str, str], cpus_per_rank: float,
-              timeout_s: float) -> None:
+              timeout_s: float, placement_group=None, rank_env: Callable[[int], dict] | None = None) -> None:
         """Reserve the nodes (`cpus_per_rank` each in their bundle), start actor_class(*rank_args(rank))
-        in its node's bundle for each rank, and record where each landed. On an error the caller
-        shuts down what was started."""
+        in its node's bundle for each rank, and record where each landed. `placement_group`: another
+        group's, to start in (not reserved, not removed at shutdown); `rank_env`: per rank, more
+        environment. On an error the caller shuts down what was started."""
         import ray
 
-        self.placement_group = _reserve_nodes(layout, cpus_per_rank, timeout_s)
+        self._owns_placement = placement_group is None
+        self.placement_group = _reserve_nodes(layout, cpus_per_rank, timeout_s) if placement_group is None \
+            else placement_group
         for rank in range(layout.world_size):
             actor_cls = ray.remote(actor_class).options(
                 num_cpus=num_cpus, num_gpus=num_gpus, max_restarts=0, max_concurrency=1,
-                runtime_env={"env_vars": env},
+                runtime_env={"env_vars": {**env, **(rank_env(rank) if rank_env else {})}},
                 scheduling_strategy=_bundle(self.placement_group, rank // layout.ranks_per_node))
             self.actors.append(actor_cls.remote(*rank_args(rank)))
             self.actor_ids.append(self.actors[-1]._actor_id.hex())
@@ -74,6 +78,12 @@ class RankActors:
 
     def call_all(self, method: str, *args, timeout_s: float) -> list:
         return self.call_each(method, [args] * len(self.actors), timeout_s)
+
+    @staticmethod
+    def share(value):
+        import ray
+
+        return ray.put(value)
 
     def call_each(self, method: str, per_rank_args: Sequence[tuple], timeout_s: float) -> list:
         if not self.actors:
@@ -177,7 +187,7 @@ class RankActors:
         try:
             self._wait_ranks_gone(len(actors), wait_s)
         finally:
-            if placement is not None:
+            if placement is not None and self._owns_placement:
                 from ray.util.placement_group import remove_placement_group
 
                 remove_placement_group(placement)
@@ -265,3 +275,52 @@ def _wait_actors_dead(actor_ids: list[str], timeout_s: float) -> set[str]:
             break
         time.sleep(0.2)
     return left
+
+
+class InProcessRank:
+    """RankActors' face for one rank hosted in this process, without Ray: a group of world size 1 where
+    Ray is not installed (scripts/gpu-smoke.sh on a machine with torch and Megatron-core only). Calls
+    run in the caller's thread, with no deadline of their own (nothing to kill but ourselves)."""
+
+    def __init__(self):
+        self.actor = None
+        self.actor_ids, self.pids, self.nodes, self.gpu_ids = [], [], [], []
+        self.placement_group = None
+        self.node_loss_wait_s = 0.0
+
+    def start(self, actor_class: type, rank_args: Callable[[int], tuple], layout: TrainerLayout, *,
+              env: dict[str, str], **_placement) -> None:
+        import os
+
+        if layout.world_size != 1 or layout.on_cluster:
+            raise MegatronGroupError(f"an in-process group has one rank on this node; the layout has "
+                                     f"{layout.world_size}")
+        os.environ.update(env)  # OMP threads, NCCL switches: as a rank actor's runtime_env would set them
+        self.actor = actor_class(*rank_args(0))
+        self.actor_ids, self.pids, self.nodes = ["in-process"], [os.getpid()], ["127.0.0.1"]
+        self.gpu_ids = [[os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0]]] if layout.device == "cuda" else [[]]
+
+    def call_all(self, method: str, *args, timeout_s: float) -> list:
+        return self.call_each(method, [args], timeout_s)
+
+    @staticmethod
+    def share(value):
+        return value  # the one rank is here
+
+    def call_each(self, method: str, per_rank_args: Sequence[tuple], timeout_s: float) -> list:
+        if self.actor is None:
+            raise MegatronGroupError(f"{method}: the group is shut down")
+        try:
+            return [self.actor.call(method, *per_rank_args[0])]
+        except Exception as error:
+            self.shutdown()
+            raise MegatronGroupError(f"{method} failed on rank 0 ({type(error).__name__}: {error}); "
+                                     "group shut down") from error
+
+    def call_first(self, method: str, *args, timeout_s: float):
+        return self.call_all(method, *args, timeout_s=timeout_s)[0]
+
+    def shutdown(self, wait_s: float = 30.0) -> None:
+        actor, self.actor = self.actor, None
+        if actor is not None:
+            actor.shutdown()

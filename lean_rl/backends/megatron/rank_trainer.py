@@ -17,7 +17,7 @@ from lean_rl.backends.megatron import checkpoint, lora
 from lean_rl.backends.megatron.config import MegatronConfig
 from lean_rl.backends.megatron.forward_backward import StepContext, forward_backward, forward_only
 from lean_rl.backends.megatron.model_checkpoint import load_model_checkpoint
-from lean_rl.backends.megatron.offload import StorageOffloader
+from lean_rl.backends.megatron.offload import HostBuffers, StorageOffloader
 from lean_rl.backends.megatron.optimizer_setup import build_optimizer, current_lr
 from lean_rl.backends.megatron.reference import ReferenceWeights
 from lean_rl.backends.megatron.train_config import TrainConfig
@@ -56,8 +56,10 @@ class RankTrainer:
                                loss_fn=loss_function(algorithm) if role == "actor" else None,
                                routing_replay=config.use_rollout_routing_replay)
         self.reference: ReferenceWeights | None = None
-        self.counters = {"optimizer_steps": 0, "skipped_steps": 0, "consecutive_skipped_steps": 0}
+        self.counters = {"optimizer_steps": 0, "skipped_steps": 0, "consecutive_skipped_steps": 0,
+                         "loss_scale_overflows": 0}
         self._offloader: StorageOffloader | None = None
+        self._host_buffers = HostBuffers()  # pinned buffers reused by every offload
 
     # -- training ---------------------------------------------------------------------------------
 
@@ -72,10 +74,14 @@ class RankTrainer:
         ddp.zero_grad_buffer()
         optimizer.zero_grad()
         metrics, finite = forward_backward(ddp, micro_batches, self.ctx, _width(micro_batches))
+        update_successful = overflowed = False
         if finite:
             update_successful, grad_norm, _ = optimizer.step()
-            if not update_successful:  # only mixed precision can refuse; fp32 never does
+            # only fp16's loss scaler refuses: its scaled gradients overflowed, and it lowered the scale
+            overflowed = not update_successful and self.model.config.fp16
+            if not update_successful and not overflowed:
                 raise RuntimeError("the optimizer refused a step with finite gradients")
+        if update_successful:
             metrics.update(grad_norm=float(grad_norm) if grad_norm is not None else 0.0,
                            lr=current_lr(optimizer), skipped=0.0)
             self.bundle.scheduler.step(increment=1)
@@ -86,7 +92,10 @@ class RankTrainer:
             optimizer.zero_grad()
             metrics.update(grad_norm=float("nan"), lr=current_lr(optimizer), skipped=1.0)
             self.counters["skipped_steps"] += 1
-            self.counters["consecutive_skipped_steps"] += 1
+            if overflowed:  # the loss scale searching its level (fp16), not a broken step
+                self.counters["loss_scale_overflows"] += 1
+            else:
+                self.counters["consecutive_skipped_steps"] += 1
         metrics["step_time_s"] = time.perf_counter() - start  # this rank's forward/backward/step
         metrics.update({name: float(value) for name, value in self.counters.items()})
         reports = (parallel_state.is_pipeline_last_stage() and parallel_state.get_tensor_model_parallel_rank() == 0
@@ -175,7 +184,7 @@ class RankTrainer:
         buffers = ddp.buffers + ddp.expert_parallel_buffers
         keep.extend(b.param_data for b in buffers if b.param_data is not None)
         return StorageOffloader(keep=[t for t in keep if t.device.type == "cuda"],
-                                discard=[b.grad_data for b in buffers])
+                                discard=[b.grad_data for b in buffers], host_buffers=self._host_buffers)
 
     def _require_onloaded(self) -> None:
         if self._offloader is not None and self._offloader.offloaded:

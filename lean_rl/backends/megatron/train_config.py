@@ -305,6 +305,16 @@ class LoraConfig:
                  f"--lora-rank needs --tensor-model-parallel-size 1, got {parallel.tensor_model_parallel_size} "
                  "(the LoRA adapters are not tensor-parallel; use pipeline / data parallelism)")
 
+    def check_layer_spec(self, transformer_impl: str, device: str) -> None:
+        """The adapters sit on Megatron's local linear layers: on a GPU with TransformerEngine installed
+        the default spec would be TE's (review C3), so LoRA needs the local one asked for there."""
+        import importlib.util
+
+        _require(not self.enabled or transformer_impl == "local" or device != "cuda"
+                 or importlib.util.find_spec("transformer_engine") is None,
+                 "--lora-rank adapts Megatron's local layers; with TransformerEngine installed on a GPU add "
+                 "--transformer-impl local")
+
 
 @dataclass(frozen=True)
 class TrainConfig:

@@ -53,9 +53,7 @@ def _needs_uniform_shapes(group: "MegatronGroup") -> bool:
 
 def _per_rank_payloads(group: "MegatronGroup", batch: RolloutBatch, indices: list[int],
                        fields: dict[str, torch.Tensor]) -> tuple[list, list[list[dict]]]:
-    """(one argument per rank (ObjectRefs, shared by the ranks of a DP rank), micro-batches by DP rank)."""
-    import ray
-
+    """(one argument per rank (shared by the ranks of a DP rank), micro-batches by DP rank)."""
     lengths = [len(batch.sequences[i].tokens) for i in indices]
     plan = plan_micro_batches(lengths, group.batch_plan, _length_multiple(group))
     arch = group.config.arch  # --use-rollout-routing-replay: every micro-batch carries the engine's routes
@@ -66,7 +64,7 @@ def _per_rank_payloads(group: "MegatronGroup", batch: RolloutBatch, indices: lis
         by_dp = uniform_shapes(by_dp)
     # numpy crosses Ray's object store without per-tensor pickling (torch tensors go through
     # torch.save once per storage); the rank turns them back into tensors
-    refs = [ray.put([{name: value.numpy() for name, value in mb.items()} for mb in micro_batches])
+    refs = [group.share([{name: value.numpy() for name, value in mb.items()} for mb in micro_batches])
             for micro_batches in by_dp]
     return [refs[layout.data_rank] for layout in group.layouts], by_dp
 
@@ -116,7 +114,7 @@ def _optimizer_step(group: "MegatronGroup", batch: RolloutBatch, indices: list[i
 
 
 def _mean_metrics(per_step: list[dict[str, float]], prefix: str) -> dict[str, float]:
-    counters = ("optimizer_steps", "skipped_steps", "consecutive_skipped_steps", "lr")
+    counters = ("optimizer_steps", "skipped_steps", "consecutive_skipped_steps", "loss_scale_overflows", "lr")
     out = {}
     for name in per_step[0]:
         values = [m[name] for m in per_step]

@@ -68,6 +68,22 @@ _MANAGED_ROUTER_FLAGS = {
 }
 
 
+# A server that releases its memory for the trainer (colocated on GPU), as slime runs one (review M1-M6):
+# - without --enable-memory-saver, /release_memory_occupation answers 200 and frees nothing (the no-op
+#   adapter, sglang/srt/utils/torch_memory_saver_adapter.py:139-164);
+# - CUDA-graph memory is freed only with SGLANG_MEMORY_SAVER_CUDA_GRAPH=true, and then the breakable
+#   prefill-graph backend raises (breakable_cuda_graph_backend.py:84-93): prefill graphs disabled;
+# - /health runs a generation by default (http_server.py:721-760), which would run on released weights:
+#   off, so health is "the server answers" (the monitor's process checks still catch a dead one);
+# - the TP memory-imbalance check (distributed/bootstrap.py:441-455) and the idle memory check fire
+#   when the trainer holds uneven memory on the same GPUs; warm-up would generate before the first sync.
+COLOCATED_GPU_FLAGS = {"--enable-memory-saver": [], "--cuda-graph-backend-prefill": ["disabled"],
+                       "--skip-server-warmup": []}
+COLOCATED_GPU_ENV = {"SGLANG_MEMORY_SAVER_CUDA_GRAPH": "true", "SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION": "false",
+                     "SGLANG_ENABLE_TP_MEMORY_INBALANCE_CHECK": "false",
+                     "SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_IDLE": "false"}
+
+
 @dataclass(frozen=True)
 class PassthroughArgs:
     server: tuple[str, ...] = ()  # `--sglang-foo v` given as `--foo v`
@@ -112,6 +128,35 @@ def flags_to_dict(flags: tuple[str, ...] | list[str]) -> dict[str, list[str]]:
         else:
             out[current].append(token)
     return out
+
+
+# SGLang's --dtype spellings (sglang/srt/configs/model_config.py _STR_DTYPE_TO_TORCH_DTYPE), by the
+# dtype they mean
+_DTYPE_SPELLINGS = {"half": "float16", "float16": "float16", "float": "float32", "float32": "float32",
+                    "bfloat16": "bfloat16"}
+
+
+def serving_dtype(requested: str, checkpoint_dtype: str | None) -> str:
+    """The dtype an SGLang 0.5.23 server computes in for --dtype `requested` and a checkpoint that
+    declares `checkpoint_dtype`: `auto` keeps a 16-bit checkpoint's dtype and serves a float32 (or
+    undeclared) one as float16 (sglang/srt/configs/model_config.py:2283 _get_and_verify_dtype;
+    Gemma's bfloat16 exception does not apply to the families lean_rl trains)."""
+    requested = requested.lower()
+    if requested == "auto":
+        return checkpoint_dtype if checkpoint_dtype in ("bfloat16", "float16") else "float16"
+    if requested not in _DTYPE_SPELLINGS:
+        raise ConfigError(f"--sglang-dtype {requested!r}: choose one of auto, {', '.join(_DTYPE_SPELLINGS)}")
+    return _DTYPE_SPELLINGS[requested]
+
+
+def engines_dtype(server_passthrough: tuple[str, ...], trainer_dtype: str, checkpoint_dtype: str | None) -> str:
+    """The dtype a run's engines serve: --sglang-dtype's meaning when given, else the trainer's."""
+    given = flags_to_dict(server_passthrough).get("--dtype")
+    if given is None:
+        return trainer_dtype
+    if len(given) != 1:
+        raise ConfigError(f"--sglang-dtype takes one value, got {given}")
+    return serving_dtype(given[0], checkpoint_dtype)
 
 
 def _merge_flags(defaults: dict[str, list[str]], overrides: dict[str, list[str]]) -> list[str]:
@@ -168,6 +213,12 @@ class EngineConfig:
     # (measured: 2 engines on 2 cores, ~900 -> ~10 tok/s). Default: an equal share of the cores with
     # one share left for the trainer and driver.
     threads_per_cpu_engine: int = field(init=False)
+    # The dtype the servers compute in (--dtype): the trainer's (MegatronConfig.params_dtype), so that
+    # the probe compares like with like, unless --sglang-dtype says otherwise (config.parse_config).
+    dtype: str = field(default="float32", kw_only=True)
+    # --colocate: the servers share the trainer's devices; on GPU they release their memory while it
+    # trains (server_flags / server_env add what SGLang needs for that)
+    colocated: bool = field(default=False, kw_only=True)
     # servers of other engine groups on the same cores (the --use-opd teacher's): they share the split
     other_cpu_engines: int = field(default=0, kw_only=True)
     # --use-rollout-routing-replay (config.parse_config): the servers record every token's experts
@@ -231,10 +282,18 @@ class EngineConfig:
         key = self._require_api_key()
         return {CHILD_API_KEY_ENV: key} if key else {}
 
+    @property
+    def releases_memory(self) -> bool:
+        """Colocated on GPU: the servers give their memory to the trainer while it trains."""
+        return self.colocated and self.device == "cuda"
+
     def server_env(self) -> dict[str, str]:
         """Environment each server needs beyond the parent's: OpenMP and torch read their thread
-        count only from there; launch.py reads the API key from there (never from argv)."""
+        count only from there; launch.py reads the API key from there (never from argv); SGLang reads
+        the switches of a server that releases its memory (COLOCATED_GPU_ENV) only from there."""
         env = {"OMP_NUM_THREADS": str(self.threads_per_cpu_engine)} if self.device == "cpu" else {}
+        if self.releases_memory:
+            env.update(COLOCATED_GPU_ENV)
         return {**env, **self._child_key_env()}
 
     def router_env(self) -> dict[str, str]:
@@ -252,12 +311,13 @@ class EngineConfig:
             "--model-path": [self.model_path],
             "--host": [self.host],
             "--port": [str(port)],
+            # explicit on every device: SGLang's `auto` serves a float32 checkpoint as float16
+            "--dtype": [self.dtype],
         }
         if self.device == "cpu":
-            # Why each: sglang needs torch_native attention without AMX kernels; float32 because `auto`
-            # serves a float32 checkpoint as float16; sleep-on-idle because the scheduler otherwise
-            # busy-polls a core (measured in DESIGN.md §4).
-            flags.update({"--device": ["cpu"], "--attention-backend": ["torch_native"], "--dtype": ["float32"]})
+            # Why each: sglang needs torch_native attention without AMX kernels; sleep-on-idle because
+            # the scheduler otherwise busy-polls a core (measured in DESIGN.md §4).
+            flags.update({"--device": ["cpu"], "--attention-backend": ["torch_native"]})
             flags["--max-total-tokens"] = [str(self.max_total_tokens or DEFAULT_CPU_MAX_TOTAL_TOKENS)]
             flags["--sleep-on-idle"] = []
         else:
@@ -265,6 +325,8 @@ class EngineConfig:
             flags["--base-gpu-id"] = [str(engine_index * self.gpus_per_engine)]
             if self.max_total_tokens is not None:
                 flags["--max-total-tokens"] = [str(self.max_total_tokens)]
+            if self.releases_memory:
+                flags.update(COLOCATED_GPU_FLAGS)
         if self.mem_fraction_static is not None:
             flags["--mem-fraction-static"] = [str(self.mem_fraction_static)]
         if self.return_routed_experts:

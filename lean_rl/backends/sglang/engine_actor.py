@@ -26,7 +26,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from lean_rl.backends.sglang.config import EngineConfig, _merge_flags, flags_to_dict
+from lean_rl.backends.sglang.config import CHILD_API_KEY_ENV, EngineConfig, _merge_flags, flags_to_dict
 from lean_rl.backends.sglang.processes import ChildProcess, ChildStartError, stop_all, wait_until_healthy
 from lean_rl.utils.net import find_free_port, require_free_port, service_host
 
@@ -139,6 +139,17 @@ class EngineActor:
             # Ray gives the actor its GPUs as CUDA_VISIBLE_DEVICES: they are 0..tp-1 in here.
             flags["--base-gpu-id"] = ["0"]
         return _merge_flags(flags, {})
+
+    def launch_plan(self) -> dict:
+        """What _spawn runs: the server's command line and the environment it adds to the actor's own
+        (CUDA_VISIBLE_DEVICES: the colocated devices, else the GPUs Ray gave this actor), without the
+        API key. Starts nothing: the placement tests read it on machines without GPUs."""
+        env = {**self.config.server_env()}
+        env.pop(CHILD_API_KEY_ENV, None)
+        visible = self.visible_devices if self.visible_devices is not None else os.environ.get("CUDA_VISIBLE_DEVICES")
+        if visible is not None:
+            env["CUDA_VISIBLE_DEVICES"] = visible
+        return {"cmd": [sys.executable, "-m", "lean_rl.backends.sglang.launch", *self._server_flags()], "env": env}
 
     def _spawn(self) -> ChildProcess:
         cmd = [sys.executable, "-m", "lean_rl.backends.sglang.launch", *self._server_flags()]

@@ -37,6 +37,28 @@ class EnginePlacement:
     visible_devices: tuple[tuple[str, ...], ...] = ()
 
 
+def colocated_placement(placement_group, engine_nodes: list[int], *, device: str, ranks_per_node: int,
+                        rank_gpu_ids: list[list[str]], rank_share: float, cpus_per_rank: float,
+                        gpus_per_engine: int) -> EnginePlacement:
+    """--colocate: engine i into the trainer's bundle of node engine_nodes[i] (TrainerLayout.
+    colocated_engine_nodes), with the share of it the ranks leave (they take `rank_share` of a device
+    each), split evenly between the engines of that node. On GPU each engine's fraction fits on one GPU
+    even if Ray packs them all there; its server's devices are those of the node's ranks
+    slot * gpus_per_engine, ... (the GPUs it takes turns on with them, by their Ray ids), not Ray's pick."""
+    on_node = {node: engine_nodes.count(node) for node in engine_nodes}
+    free = 1 - rank_share
+    resources, gpus = [], []
+    for index, node in enumerate(engine_nodes):
+        if device == "cuda":
+            resources.append({"CPU": 0.0, "GPU": round(free * 0.8 / on_node[node], 4)})
+            slot = engine_nodes[:index].count(node)
+            first = node * ranks_per_node + slot * gpus_per_engine
+            gpus.append(tuple(gpu for rank in range(first, first + gpus_per_engine) for gpu in rank_gpu_ids[rank]))
+        else:
+            resources.append({"CPU": round(ranks_per_node * cpus_per_rank * free / on_node[node], 4), "GPU": 0.0})
+    return EnginePlacement(placement_group, tuple(engine_nodes), tuple(resources), tuple(gpus))
+
+
 def engine_bundle(config: EngineConfig) -> dict[str, float]:
     """What one engine reserves in Ray when it is placed on its own (empty: nothing)."""
     if config.device != "cpu":
