@@ -146,7 +146,7 @@ class Runtime:
         if role == "actor":
             self.start_step, self.resume_state = step, state
         if role == "actor" and cfg.train.lora.enabled:
-            trainable = group.call_all("trainer.trainable_parameters")[0]
+            trainable = group.trainable_parameters()
             logger.info("LoRA rank %d, alpha / rank %g: %d adapter tensors, %d trainable parameters (rank 0's "
                         "pipeline stage)", cfg.train.lora.lora_rank, cfg.train.lora.scaling, len(trainable),
                         sum(trainable.values()))

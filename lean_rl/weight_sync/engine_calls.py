@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from concurrent.futures import Future
-from typing import Sequence
+from typing import Callable, Sequence
 
 from lean_rl.backends.sglang.client import BlockingEngineClient, EngineError
 from lean_rl.weight_sync.errors import WeightSyncError
@@ -12,8 +12,9 @@ from lean_rl.weight_sync.errors import WeightSyncError
 Calls = Sequence[tuple[str, Future]]  # (engine URL, the call's future)
 
 
-def submit_all(clients: Sequence[BlockingEngineClient], method: str, *args, **kwargs) -> list[tuple[str, Future]]:
-    return [(client.base_url, client.submit(method, *args, **kwargs)) for client in clients]
+def submit_all(clients: Sequence[BlockingEngineClient], fn: Callable, *args, **kwargs) -> list[tuple[str, Future]]:
+    """`fn` (an EngineClient method, by reference) on every client; (URL, future) each."""
+    return [(client.base_url, client.submit(fn, *args, **kwargs)) for client in clients]
 
 
 def wait_all(calls: Calls, wait_s: float, what: str) -> list:
@@ -38,6 +39,6 @@ def wait_all(calls: Calls, wait_s: float, what: str) -> list:
     return results
 
 
-def call_all(clients: Sequence[BlockingEngineClient], wait_s: float, method: str, *args, **kwargs) -> list:
-    """`method` on every client at once; `kwargs` go to the method (e.g. its own timeout_s)."""
-    return wait_all(submit_all(clients, method, *args, **kwargs), wait_s, method)
+def call_all(clients: Sequence[BlockingEngineClient], wait_s: float, fn: Callable, *args, **kwargs) -> list:
+    """`fn` (an EngineClient method) on every client at once; `kwargs` go to it (e.g. its own timeout_s)."""
+    return wait_all(submit_all(clients, fn, *args, **kwargs), wait_s, fn.__name__)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
+from lean_rl.backends.sglang.client import EngineClient
 from lean_rl.weight_sync.engine_calls import call_all
 
 WEIGHTS = ("weights",)
@@ -41,7 +42,7 @@ class EngineMemory:
         # per engine only what it still holds (SGLang refuses to release a tag twice); engines with the
         # same tags to release are called together
         for todo, clients in self._by_tags(tags, lambda held, tag: tag not in held).items():
-            call_all(clients, self.timeout_s, "release_memory_occupation", list(todo))
+            call_all(clients, self.timeout_s, EngineClient.release_memory_occupation, list(todo))
             for client in clients:
                 self.released.setdefault(client.base_url, set()).update(todo)
         return True
@@ -53,7 +54,7 @@ class EngineMemory:
         # resuming a tag that was not released raises in SGLang (offload_tags.remove)
         groups = self._by_tags(tags, lambda held, tag: tag in held)
         for todo, clients in groups.items():
-            call_all(clients, self.timeout_s, "resume_memory_occupation", list(todo))
+            call_all(clients, self.timeout_s, EngineClient.resume_memory_occupation, list(todo))
             for client in clients:
                 self.released[client.base_url].difference_update(todo)
         return bool(groups)

@@ -22,6 +22,7 @@ from typing import Callable, Sequence
 
 import torch
 
+from lean_rl.backends.sglang.client import EngineClient
 from lean_rl.weight_sync.engine_calls import submit_all, wait_all
 from lean_rl.weight_sync.engine_params import compare_checksums
 from lean_rl.weight_sync.errors import WeightSyncProbeError
@@ -82,7 +83,7 @@ def run_probe(trainer_log_probs: torch.Tensor, clients: Sequence, token_ids: lis
               tolerance: float, timeout_s: float, statistic: str = "max") -> ProbeResult:
     """Score the probe on every engine (concurrently) and compare with the trainer's log-probs of the
     same tokens (MegatronGroup.compute_log_probs); no judgement yet."""
-    calls = submit_all(clients, "score", token_ids, timeout_s=timeout_s)
+    calls = submit_all(clients, EngineClient.score, token_ids, timeout_s=timeout_s)
     trainer = trainer_log_probs.double()
     engines = []
     for (url, _), scored in zip(calls, wait_all(calls, timeout_s, "probe /generate")):
@@ -124,7 +125,7 @@ def raise_on_failure(result: ProbeResult, clients: Sequence, engine_tp_sizes: Se
                                    f"{engine_tp_sizes[index]} (hashes are per shard)",
                                    engine_url=failed.url, max_abs_diff=failed.max_abs_diff, tensors=None)
     expected, sources = trainer_checksums()
-    engine = wait_all(submit_all([clients[index]], "weight_checksums", timeout_s=timeout_s), timeout_s,
+    engine = wait_all(submit_all([clients[index]], EngineClient.weight_checksums, timeout_s=timeout_s), timeout_s,
                       "weights_checker")[0][0]
     diff = compare_checksums(expected, engine)
     if diff.differing:

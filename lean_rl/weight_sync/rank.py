@@ -1,6 +1,6 @@
 """The trainer ranks' side of a weight sync; one RankWeightSync lives in each Megatron rank actor
-(attached by sync.py as "weight_sync": MegatronGroup.call_all("weight_sync.<method>", ...)) and the
-driver (sync.py) calls its methods on every rank in lockstep, one pipeline stage at a time. It reads
+(attached by sync.py: MegatronGroup.attach(RankWeightSync)) and the driver (sync.py) calls its methods
+by reference (MegatronGroup.call_all(RankWeightSync.send_stage, ...)) on every rank in lockstep, one pipeline stage at a time. It reads
 the weights through the rank's public accessors (named_hf_tensors, weight_dtypes).
 
 Who sends: each pipeline stage sends its own tensors, from its lead rank (TP rank 0, DP rank 0);
@@ -23,6 +23,7 @@ from pathlib import Path
 
 import torch
 
+from lean_rl.backends.sglang.client import EngineClient
 from lean_rl.utils.net import service_host
 from lean_rl.weight_sync.buckets import Bucket, iter_buckets, standalone
 from lean_rl.weight_sync.engine_calls import submit_all, wait_all
@@ -219,9 +220,9 @@ class _RankSync:
         host = service_host(self.worker.on_cluster)  # this lead's address; the engines dial it
         store, port = open_group_store(world_size, plan.timeout_s, host)
         offsets = [1 + sum(plan.engine_tp_sizes[:i]) for i in range(len(plan.engine_urls))]
-        calls = [(client.base_url, client.submit("init_weights_update_group", host, port, offset, world_size,
-                                                 group_name=plan.group_name(stage), backend=plan.backend,
-                                                 timeout_s=plan.timeout_s))
+        calls = [(client.base_url, client.submit(EngineClient.init_weights_update_group, host, port, offset,
+                                                 world_size, group_name=plan.group_name(stage),
+                                                 backend=plan.backend, timeout_s=plan.timeout_s))
                  for client, offset in zip(self.clients, offsets)]
         try:
             self.group = join_as_rank_zero(store, world_size, plan.group_name(stage), plan.backend, plan.timeout_s)
@@ -324,7 +325,7 @@ class _RankSync:
         # saves copying the bucket into one flat buffer (measured: the copy was ~30% of a base100m sync).
         plan = self.plan
         tensors = [t.contiguous() for t in bucket.tensors]
-        calls = submit_all(self.clients, "update_weights_from_distributed", bucket.names, bucket.dtype_names(),
+        calls = submit_all(self.clients, EngineClient.update_weights_from_distributed, bucket.names, bucket.dtype_names(),
                            bucket.shapes(), group_name=plan.group_name(stage), weight_version=version,
                            flush_cache=final, timeout_s=plan.timeout_s, in_open_session=True)
         what = f"update_weights_from_distributed (stage {stage}, {len(bucket.names)} tensors)"
@@ -334,16 +335,17 @@ class _RankSync:
     def _post_tensor_bucket(self, bucket: Bucket, version: str | None, final: bool) -> None:
         plan = self.plan
         keep_alive = None
+        update = EngineClient.update_weights_from_tensor
         if self.worker.device.type == "cuda":
             keep_alive = cuda_ipc_bucket(bucket)
             calls = [(client.base_url, client.submit(
-                "update_weights_from_tensor", cuda_ipc_payloads(keep_alive, tp_size), weight_version=version,
-                flush_cache=final, load_format="flattened_bucket", timeout_s=plan.timeout_s, in_open_session=True))
+                update, cuda_ipc_payloads(keep_alive, tp_size), weight_version=version, flush_cache=final,
+                load_format="flattened_bucket", timeout_s=plan.timeout_s, in_open_session=True))
                 for client, tp_size in zip(self.clients, plan.engine_tp_sizes)]
         else:
             payload = cpu_tensor_payload(bucket)
             calls = [(client.base_url, client.submit(
-                "update_weights_from_tensor", [payload] * tp_size, weight_version=version, flush_cache=final,
+                update, [payload] * tp_size, weight_version=version, flush_cache=final,
                 timeout_s=plan.timeout_s, in_open_session=True))
                 for client, tp_size in zip(self.clients, plan.engine_tp_sizes)]
         wait_all(calls, plan.timeout_s, f"update_weights_from_tensor ({len(bucket.names)} tensors)")

@@ -26,6 +26,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Callable
 
+from lean_rl.backends.sglang.client import EngineClient
 from lean_rl.weight_sync.config import WeightSyncConfig, probe_statistic
 from lean_rl.weight_sync.disk import DiskStaging
 from lean_rl.weight_sync.engine_calls import call_all, submit_all
@@ -116,8 +117,8 @@ class WeightSync:
                                   "actor group first (MegatronGroup.from_hf_checkpoint / load_hf_checkpoint)")
         timeout = self.cfg.timeout_s
         self.clients = [client_factory(url, timeout_s=timeout, api_key=self.api_key) for url in self.engine_urls]
-        servers = call_all(self.clients, timeout, "server_info")
-        models = call_all(self.clients, timeout, "model_info")
+        servers = call_all(self.clients, timeout, EngineClient.server_info)
+        models = call_all(self.clients, timeout, EngineClient.model_info)
         self.engines = tuple(self._engine_info(*info) for info in zip(self.engine_urls, servers, models))
         devices = {e.device for e in self.engines}
         if len(devices) != 1:
@@ -140,8 +141,8 @@ class WeightSync:
             dtype=self.engine_dtype)
         # each rank hosts one RankWeightSync (shared by every WeightSync of the group), built from the
         # class given here: the Megatron backend does not import the weight sync
-        self.actor_group.call_all("attach", "weight_sync", RankWeightSync)
-        ranks = self._ranks("setup", self.plan)
+        self.actor_group.attach(RankWeightSync)
+        ranks = self._ranks(RankWeightSync.setup, self.plan)
         # tensors travel in the engines' dtype (plan.dtype); the probe compares the trainer's forward in
         # its own dtype with the engines' in theirs, so its default tolerance follows both
         dtypes = {d for r in ranks for d in r["dtypes"]}
@@ -151,7 +152,7 @@ class WeightSync:
         self.tolerance = self.cfg.probe_tolerance(self.trainer_dtype, self.engine_dtype)
         if self.cfg.transport == "distributed":
             for stage in range(self.num_stages):  # one stage at a time: an engine joins one group at a time
-                self._ranks("connect_stage", self.plan.group_prefix, stage)
+                self._ranks(RankWeightSync.connect_stage, self.plan.group_prefix, stage)
                 self._groups_joined += 1
         if self.cfg.transport == "disk":
             self._staging = DiskStaging(self.cfg.disk_dir, self.engines[0].model_path)
@@ -225,7 +226,7 @@ class WeightSync:
 
     def _stream(self, version: str) -> list[StageSent]:
         opened, errors = [], []
-        for client, (_, future) in zip(self.clients, submit_all(self.clients, "begin_weight_update")):
+        for client, (_, future) in zip(self.clients, submit_all(self.clients, EngineClient.begin_weight_update)):
             try:
                 future.result(timeout=self.cfg.timeout_s)
                 opened.append(client)
@@ -234,50 +235,52 @@ class WeightSync:
         try:
             if errors:
                 raise errors[0]
-            sent = self._per_stage("send_stage", lambda stage: (stage, version, stage == self.num_stages - 1))
+            sent = self._per_stage(RankWeightSync.send_stage,
+                                   lambda stage: (stage, version, stage == self.num_stages - 1))
         except BaseException:
             # close the sessions that opened, or the next sync cannot begin; the first error wins
             try:
-                call_all(opened, self.cfg.timeout_s, "end_weight_update")
+                call_all(opened, self.cfg.timeout_s, EngineClient.end_weight_update)
             except WeightSyncError:
                 pass
             raise
-        call_all(opened, self.cfg.timeout_s, "end_weight_update")
+        call_all(opened, self.cfg.timeout_s, EngineClient.end_weight_update)
         return sent
 
     def _write_and_load(self, version: str) -> list[StageSent]:
         directory = self._staging.start(version)
-        sent = self._per_stage("write_stage", lambda stage: (stage, str(directory)))
+        sent = self._per_stage(RankWeightSync.write_stage, lambda stage: (stage, str(directory)))
         weight_map: dict[str, str] = {}
         for part in sent:
             weight_map.update(part.weight_map)
         published = self._staging.publish(directory, version, weight_map, sum(s.bytes for s in sent))
-        call_all(self.clients, self.cfg.timeout_s, "update_weights_from_disk", str(published),
+        call_all(self.clients, self.cfg.timeout_s, EngineClient.update_weights_from_disk, str(published),
                  weight_version=version, flush_cache=True, timeout_s=self.cfg.timeout_s)
         self._staging.loaded(published)
         return sent
 
-    def _per_stage(self, method: str, args_for_stage) -> list[StageSent]:
+    def _per_stage(self, fn: Callable, args_for_stage) -> list[StageSent]:
+        what = fn.__name__
         sent = []
         for stage in range(self.num_stages):
-            per_rank = self._ranks(method, self.plan.group_prefix, *args_for_stage(stage))
+            per_rank = self._ranks(fn, self.plan.group_prefix, *args_for_stage(stage))
             results = [r for r in per_rank if r is not None]
             if len(results) != 1:
-                raise WeightSyncError(f"{method}: stage {stage} reported from {len(results)} lead ranks, expected 1")
+                raise WeightSyncError(f"{what}: stage {stage} reported from {len(results)} lead ranks, expected 1")
             if results[0].error is not None:  # an engine failed; the trainer ranks are fine
-                raise WeightSyncError(f"{method}: stage {stage}: {results[0].error}")
+                raise WeightSyncError(f"{what}: stage {stage}: {results[0].error}")
             sent.append(results[0])
         return sent
 
-    def _ranks(self, method: str, *args) -> list:
-        """RankWeightSync.<method>(*args) on every trainer rank, in lockstep; results in rank order."""
-        return self.actor_group.call_all(f"weight_sync.{method}", *args)
+    def _ranks(self, fn: Callable, *args) -> list:
+        """RankWeightSync.<fn>(*args) on every trainer rank, in lockstep; results in rank order."""
+        return self.actor_group.call_all(fn, *args)
 
     def _trainer_checksums(self) -> tuple[dict[str, str], dict[str, list[str]]]:
         checksums: dict[str, str] = {}
         sources: dict[str, list[str]] = {}
         for stage in range(self.num_stages):
-            for result in self._ranks("stage_checksums", self.plan.group_prefix, stage):
+            for result in self._ranks(RankWeightSync.stage_checksums, self.plan.group_prefix, stage):
                 if result is not None:
                     checksums.update(result[0])
                     sources.update(result[1])
@@ -291,14 +294,14 @@ class WeightSync:
         if self.plan is not None and self._groups_joined:
             for stage in range(self._groups_joined):
                 try:
-                    call_all(self.clients, self.cfg.timeout_s, "destroy_weights_update_group",
+                    call_all(self.clients, self.cfg.timeout_s, EngineClient.destroy_weights_update_group,
                              self.plan.group_name(stage))
                 except WeightSyncError as exc:
                     problems.append(str(exc))
             self._groups_joined = 0
         if self.plan is not None:
             try:
-                self._ranks("close", self.plan.group_prefix)
+                self._ranks(RankWeightSync.close, self.plan.group_prefix)
             except Exception as exc:  # the group may be shut down already
                 problems.append(f"trainer: {exc}")
         self.plan = None

@@ -46,7 +46,7 @@ def test_lora_trains_only_the_adapters_and_exports_merged_weights(ray_cluster, t
         initialize_for_training(group, _train(tiny_qwen2), algo)
 
         # (a) what trains: A [r, in] and B [out, r] of the four linear layers of every layer
-        trainable = group.call_all("trainer.trainable_parameters")[0]
+        trainable = group.trainable_parameters()
         assert all(name.endswith((".lora.a", ".lora.b")) for name in trainable), sorted(trainable)
         by_hand = LAYERS * RANK * ((HIDDEN + QKV_ROWS) + (HIDDEN + HIDDEN) + (HIDDEN + 2 * FFN) + (FFN + HIDDEN))
         assert len(trainable) == LAYERS * 4 * 2 and sum(trainable.values()) == by_hand == 9728
@@ -134,7 +134,7 @@ def test_moe_layers_adapt_their_attention_only(ray_cluster, tiny_model_factory):
     moe = tiny_model_factory("qwen3_moe")
     with MegatronGroup.from_hf_checkpoint(moe, ParallelConfig(), world_size=1) as group:
         initialize_for_training(group, _train(moe, distributed_optimizer=False), fixed_old_policy())
-        trainable = group.call_all("trainer.trainable_parameters")[0]
+        trainable = group.trainable_parameters()
         assert {name.split(".")[-3] for name in trainable} == {"linear_qkv", "linear_proj"}, sorted(trainable)
         metrics = train_on_rollout(group, make_groups(seed=6), policy_version=0)
         assert metrics["train/optimizer_steps"] == 1 and metrics["train/grad_norm"] > 0

@@ -21,6 +21,7 @@ _DRIVER = textwrap.dedent("""
     from lean_rl.algorithms.config import AlgorithmConfig
     from lean_rl.backends.megatron.config import ParallelConfig
     from lean_rl.backends.megatron.group import MegatronGroup
+    from lean_rl.backends.megatron.rank import MegatronRank
     from lean_rl.backends.megatron.train_config import (BatchConfig, CheckpointConfig, OptimizerConfig,
                                                         TrainConfig, TrainerLayout)
     from lean_rl.backends.megatron.train_driver import initialize_for_training, train_on_rollout
@@ -42,7 +43,7 @@ _DRIVER = textwrap.dedent("""
                      "ray_pids": [a["Pid"] for a in actors],
                      "rank_nodes": group.rank_nodes(), "rank_pids": group.rank_pids(),
                      "rendezvous_host": group.rendezvous_host,
-                     "socket_env": [w["socket_env"] for w in group.call_all("location")]}
+                     "socket_env": [w["socket_env"] for w in group.call_all(MegatronRank.location)]}
             initialize_for_training(group, train, AlgorithmConfig(use_rollout_logprobs=True))
             groups = make_groups(seed=1)
             set_rollout_log_probs(group, groups)

@@ -207,12 +207,12 @@ def test_tensor_and_distributed_updates_load_the_same_weights_as_disk(engine_gro
         # Distributed: restore engine 0 by broadcasting the original weights over gloo while the call runs.
         original = load_file(str(tiny_qwen2 / "model.safetensors"))
         port, group_name = find_free_port(), "lean_rl_test_group"
-        joined = engine0.submit("init_weights_update_group", "127.0.0.1", port, 1, 2, group_name=group_name,
+        joined = engine0.submit(EngineClient.init_weights_update_group, "127.0.0.1", port, 1, 2, group_name=group_name,
                                 backend="gloo")
         group = join_weight_update_group(port, 2, group_name)
         joined.result(timeout=60)
         names = list(original)
-        update = engine0.submit("update_weights_from_distributed", names, [original[n].dtype for n in names],
+        update = engine0.submit(EngineClient.update_weights_from_distributed, names, [original[n].dtype for n in names],
                                 [list(original[n].shape) for n in names], group_name=group_name,
                                 weight_version="dist-v2")
         for name in names:

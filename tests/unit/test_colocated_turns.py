@@ -16,7 +16,7 @@ import torch
 from lean_rl.backends.sglang.responses import ScoreResult
 from lean_rl.weight_sync.config import WeightSyncConfig
 from lean_rl.weight_sync.engine_weights import EngineWeights
-from lean_rl.weight_sync.rank import StageSent
+from lean_rl.weight_sync.rank import RankWeightSync, StageSent
 
 
 class Log(list):
@@ -34,10 +34,13 @@ class Trainer:
     config: SimpleNamespace = field(default_factory=lambda: SimpleNamespace(
         parallel=SimpleNamespace(pipeline_model_parallel_size=1)))
 
-    def call_all(self, method: str, *args, timeout_s=None):
-        if method == "weight_sync.setup":
+    def attach(self, cls):
+        pass
+
+    def call_all(self, fn, *args, timeout_s=None):
+        if fn is RankWeightSync.setup:
             return [{"rank": 0, "stage": 0, "lead": True, "dtypes": ["bfloat16"]}]
-        if method == "weight_sync.send_stage":
+        if fn is RankWeightSync.send_stage:
             self.log(f"send v{args[2]}")
             return [StageSent(stage=0, bytes=8, buckets=1, tensors=1, export_seconds=0.0, send_seconds=0.0)]
         return [None]
@@ -52,7 +55,8 @@ def client_factory(log: Log, model_path: str, versions: dict):
         def __init__(self, url, timeout_s, api_key):
             self.base_url = url
 
-        def submit(self, method, *args, **kwargs):
+        def submit(self, fn, *args, **kwargs):
+            method = fn.__name__
             answers = {"server_info": {"device": "cuda", "tp_size": 1, "dtype": "bfloat16"},
                        "model_info": {"model_path": model_path}}
             if method in ("release_memory_occupation", "resume_memory_occupation"):
@@ -109,10 +113,10 @@ def run(tiny_qwen2):
 
 
 def _tracking_versions(call_all, versions):
-    def call(method, *args, **kwargs):
-        if method == "weight_sync.send_stage":
+    def call(fn, *args, **kwargs):
+        if fn is RankWeightSync.send_stage:
             versions["sending"] = args[2]
-        return call_all(method, *args, **kwargs)
+        return call_all(fn, *args, **kwargs)
     return call
 
 

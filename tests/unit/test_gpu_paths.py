@@ -202,10 +202,10 @@ class _ChecksumEngine:
     def __init__(self, checksums):
         self.checksums = checksums
 
-    def submit(self, method, *args, **kwargs):
+    def submit(self, fn, *args, **kwargs):
         from concurrent.futures import Future
 
-        assert method == "weight_checksums"
+        assert fn.__name__ == "weight_checksums"
         future = Future()
         future.set_result([self.checksums])  # per TP rank
         return future

@@ -257,3 +257,41 @@ def f():
                      "lean_rl.rollout.base"]
     assert node_of("lean_rl.backends.megatron.hf_weights.export") == "lean_rl.backends.megatron"
     assert node_of("lean_rl.train_async") == "lean_rl.train_async" and node_of("lean_rl") == "lean_rl"
+
+
+# ---------------------------------------------------------------- calls by reference, not by name
+_DISPATCHERS = {"call_all": None, "call_each": None, "call_first": None, "submit": None, "submit_all": 1}
+
+
+def string_addressed_calls(root: Path = ROOT) -> list[str]:
+    """Calls to the rank / engine dispatchers (call_all, call_each, call_first, submit, submit_all)
+    whose target is a string, e.g. call_all("trainer.train_step"): neither a reader nor
+    go-to-definition can follow those to the code they run. (engine_calls.call_all takes its clients
+    and a deadline first: its target is its third argument.)"""
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        tree = ast.parse(path.read_text(), filename=str(path))
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.Call) or not node.args:
+                continue
+            name = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", None)
+            if name not in _DISPATCHERS:
+                continue
+            position = 2 if name == "call_all" and not isinstance(node.func, ast.Attribute) else (_DISPATCHERS[name] or 0)
+            if len(node.args) <= position:
+                continue
+            target = node.args[position]
+            if isinstance(target, ast.JoinedStr) or (isinstance(target, ast.Constant) and isinstance(target.value, str)):
+                found.append(f"{path.relative_to(root.parent)}:{node.lineno}: {ast.unparse(node)[:80]}")
+    return found
+
+
+def test_no_call_is_addressed_by_a_string():
+    assert string_addressed_calls() == []
+
+
+def test_the_string_call_checker_finds_one(tmp_path):
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "m.py").write_text('group.call_all("trainer.train_step", 1)\ncall_all(clients, 5, "score")\n'
+                                           'group.call_all(RankTrainer.train_step)\n')
+    assert [line.split(": ", 1)[0] for line in string_addressed_calls(tmp_path / "pkg")] == ["pkg/m.py:1", "pkg/m.py:2"]

@@ -25,8 +25,8 @@ def test_peer_lost_names_the_dead_node_and_its_ranks(monkeypatch):
     _fake_ray(monkeypatch, dead_nodes={"127.0.0.3"})
     group = _group(["127.0.0.2", "127.0.0.3"])
     cause = RuntimeError("[pair.cc:553] Connection closed by peer [127.0.0.1]:4998. This is ...")
-    message = group._failure_message("trainer.train_step", 0, cause, cause)
-    assert message.startswith("trainer.train_step: node 127.0.0.3 is lost (Ray reports it dead): ranks [1] "
+    message = group._failure_message("RankTrainer.train_step", 0, cause, cause)
+    assert message.startswith("RankTrainer.train_step: node 127.0.0.3 is lost (Ray reports it dead): ranks [1] "
                               "(MegatronRank) died; first failure: rank 0 (RuntimeError: ")
     assert message.endswith("group shut down")
 
@@ -49,6 +49,6 @@ def test_crashed_rank_on_live_node_ends_the_wait_early(monkeypatch):
     group = _group(["127.0.0.2", "127.0.0.3"], wait_s=30.0)
     started = time.monotonic()
     cause = RuntimeError("Connection reset by peer")
-    assert group._failure_message("trainer.train_step", 0, cause, cause) == \
-        "trainer.train_step failed on rank 0 (RuntimeError: Connection reset by peer); group shut down"
+    assert group._failure_message("RankTrainer.train_step", 0, cause, cause) == \
+        "RankTrainer.train_step failed on rank 0 (RuntimeError: Connection reset by peer); group shut down"
     assert time.monotonic() - started < 5.0

@@ -168,7 +168,7 @@ def test_concurrent_generate_on_one_client(server):
 def test_blocking_client_calls_and_submits(server):
     with BlockingEngineClient(server, retry=FAST_RETRY) as client:
         assert client.generate([1, 2]).output_ids == [2, 1]
-        future = client.submit("generate", [7, 8, 9])
+        future = client.submit(EngineClient.generate, [7, 8, 9])
         assert future.result(timeout=10).output_ids == [9, 8, 7]
         with pytest.raises(EngineHTTPError, match="cannot load /x"):
             client.update_weights_from_disk("/x")

@@ -14,7 +14,7 @@ import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 
@@ -22,6 +22,7 @@ from lean_rl.backends.megatron.config import MegatronConfig, ParallelConfig
 from lean_rl.backends.megatron.distributed import RankLayout
 from lean_rl.backends.megatron.hf_config import arch_from_hf_config, check_arch_matches_checkpoint, hf_family
 from lean_rl.backends.megatron.rank import MegatronRank
+from lean_rl.backends.megatron.rank_trainer import RankTrainer
 from lean_rl.backends.megatron.rank_actors import InProcessRank, MegatronGroupError, RankActors
 from lean_rl.backends.megatron.scoring_plan import plan_scoring
 from lean_rl.backends.megatron.train_config import BatchPlan, TrainConfig, TrainerLayout
@@ -135,12 +136,12 @@ class MegatronGroup:
                         colocate_with=None if colocate_with is None else colocate_with._ranks,
                         timeout_s=start_timeout_s)
             logger.info("trainer ranks on nodes %s (rank i on the i-th)", self._ranks.nodes)
-            host, port = self._ranks.call_first("open_rendezvous", dist_timeout_s, timeout_s=start_timeout_s)
+            host, port = self._ranks.call_first(MegatronRank.open_rendezvous, dist_timeout_s, timeout_s=start_timeout_s)
             self.rendezvous_host: str = host
             self.rendezvous_port: int = port
-            self.layouts: list[RankLayout] = self.call_all("init_distributed", host, port, dist_timeout_s,
+            self.layouts: list[RankLayout] = self.call_all(MegatronRank.init_distributed, host, port, dist_timeout_s,
                                                            timeout_s=start_timeout_s)
-            self.call_all("build_model", timeout_s=start_timeout_s)
+            self.call_all(MegatronRank.build_model, timeout_s=start_timeout_s)
         except BaseException:
             self.shutdown()
             raise
@@ -164,7 +165,7 @@ class MegatronGroup:
         """Each rank reads its own slices of the HF safetensors checkpoint."""
         family = hf_family(checkpoint_dir)
         check_arch_matches_checkpoint(self.config.arch, checkpoint_dir)  # fail here, before the actors
-        self.call_all("load_hf_checkpoint", str(Path(checkpoint_dir).resolve()), family)
+        self.call_all(MegatronRank.load_hf_checkpoint, str(Path(checkpoint_dir).resolve()), family)
         self.family = family
 
     def compute_log_probs(self, token_ids: Sequence[Sequence[int]], score_from: Sequence[int] | None = None, *,
@@ -177,7 +178,7 @@ class MegatronGroup:
                             vocab_size=self.config.arch.vocab_size, max_seq_length=self.config.arch.seq_length,
                             length_multiple=par.tensor_model_parallel_size if par.sequence_parallel else 1)
         per_rank = [(plan.batches[layout.data_rank], with_entropy) for layout in self.layouts]
-        results = self.call_each("compute_log_probs", per_rank)
+        results = self.call_each(MegatronRank.compute_log_probs, per_rank)
         by_data_rank: dict[int, list] = {}
         for layout, result in zip(self.layouts, results):
             if result is not None:
@@ -190,7 +191,7 @@ class MegatronGroup:
         """The full model as HF-named tensors (TP/PP/EP shards gathered), on the driver."""
         if self.family is None:
             raise RuntimeError("gather_hf_state_dict needs the HF family: load an HF checkpoint first")
-        return self.call_all("gather_hf_state_dict", self.family)[0]
+        return self.call_all(MegatronRank.gather_hf_state_dict, self.family)[0]
 
     # -- model-only checkpoints and full logits (issue 6: checkpoint conversion) ---------------------
 
@@ -201,7 +202,7 @@ class MegatronGroup:
         from lean_rl.backends.megatron.checkpoint_paths import HF_CONFIG_DIR, find_checkpoint
 
         _, directory = find_checkpoint(Path(path).resolve(), step)
-        self.call_all("load_model_checkpoint", str(directory), None)
+        self.call_all(MegatronRank.load_model_checkpoint, str(directory), None)
         if (directory / HF_CONFIG_DIR / "config.json").is_file():
             self.family = hf_family(directory / HF_CONFIG_DIR)
         return directory
@@ -209,14 +210,14 @@ class MegatronGroup:
     def save_model_checkpoint(self, root: str | Path, step: int, hf_config_dir: str | Path | None = None) -> Path:
         """Write the weights only ({"model": ...}, no optimizer) as ROOT/iter_{step:07d}."""
         hf_dir = None if hf_config_dir is None else str(Path(hf_config_dir).resolve())
-        return Path(self.call_all("save_model_checkpoint", str(Path(root).resolve()), int(step), hf_dir)[0])
+        return Path(self.call_all(MegatronRank.save_model_checkpoint, str(Path(root).resolve()), int(step), hf_dir)[0])
 
     def compute_logits(self, token_ids: Sequence[Sequence[int]]) -> list[torch.Tensor]:
         """float32 [len, vocab] logits per sequence (TP shards gathered, from the last stage)."""
-        results = self.call_all("compute_logits", [list(t) for t in token_ids])
+        results = self.call_all(MegatronRank.compute_logits, [list(t) for t in token_ids])
         return next(r for r in results if r is not None)
 
-    # -- training: train_driver.py trains on a rollout through these and call_each("trainer.<method>") --
+    # -- training: train_driver.py trains on a rollout through these and call_each(RankTrainer.<method>) --
 
     def setup_training(self, train_config: TrainConfig, algorithm_config, role: str = "actor",
                        batch_plan: BatchPlan | None = None) -> None:
@@ -228,7 +229,7 @@ class MegatronGroup:
         if plan.data_parallel_size != self.data_parallel_size:
             raise ValueError(f"batch plan for data-parallel size {plan.data_parallel_size}, group has "
                              f"{self.data_parallel_size}")
-        self.call_all("setup_training", train_config, algorithm_config, role)
+        self.call_all(MegatronRank.setup_training, train_config, algorithm_config, role)
         self.train_config, self.algorithm_config, self.role = train_config, algorithm_config, role
         self.batch_plan = plan
 
@@ -243,7 +244,7 @@ class MegatronGroup:
         except (TypeError, ValueError) as error:
             raise ValueError(f"save_checkpoint: extra_state is not JSON-serialisable ({error})") from error
         Path(root).mkdir(parents=True, exist_ok=True)
-        return Path(self.call_all("trainer.save_checkpoint", str(Path(root).resolve()), int(step), extra_state)[0])
+        return Path(self.call_all(RankTrainer.save_checkpoint, str(Path(root).resolve()), int(step), extra_state)[0])
 
     def load_checkpoint(self, root: str | Path, step: int | None = None) -> tuple[int, dict | None]:
         """Restore the latest complete checkpoint under `root`, or that of `step` (any layout; a
@@ -253,16 +254,20 @@ class MegatronGroup:
         self.require_training()
         find_checkpoint(root, step)  # fail here, not on every rank (which would take the group down)
         ckpt = self.train_config.checkpoint
-        results = self.call_all("trainer.load_checkpoint", str(Path(root).resolve()), not ckpt.no_load_optim,
+        results = self.call_all(RankTrainer.load_checkpoint, str(Path(root).resolve()), not ckpt.no_load_optim,
                                 not ckpt.no_load_rng, step)
         return results[0]["step"], results[0]["extra_state"]
 
+    def trainable_parameters(self) -> dict[str, int]:
+        """{name: elements} of what the optimizer steps (LoRA: the adapters), on rank 0's stage."""
+        return self.call_all(RankTrainer.trainable_parameters)[0]
+
     def offload(self) -> dict:
         """Colocated mode: free the trainer's GPU memory while the engines generate (no-op on CPU)."""
-        return self.call_all("trainer.offload")[0]
+        return self.call_all(RankTrainer.offload)[0]
 
     def onload(self) -> dict:
-        return self.call_all("trainer.onload")[0]
+        return self.call_all(RankTrainer.onload)[0]
 
     def require_training(self) -> None:
         if self.train_config is None:
@@ -310,17 +315,21 @@ class MegatronGroup:
 
     # -- lockstep calls -------------------------------------------------------------------------
 
-    def call_all(self, method: str, *args, timeout_s: float | None = None) -> list:
-        """`method` with the same `args` on every rank, in lockstep; results in rank order. `method`
-        names a rank method ("build_model"), a trainer method ("trainer.train_step") or one of an
-        attached object ("weight_sync.setup"; rank.MegatronRank.call). A failure or timeout on any
-        rank shuts the group down and raises MegatronGroupError (rank_actors.py)."""
-        return self._ranks.call_all(method, *args, timeout_s=self.call_timeout_s if timeout_s is None else timeout_s)
+    def call_all(self, fn: Callable, *args, timeout_s: float | None = None) -> list:
+        """`fn` with the same `args` on every rank, in lockstep; results in rank order. `fn` is a method
+        by reference: of the rank (MegatronRank.build_model), of its trainer (RankTrainer.train_step)
+        or of an attached object (RankWeightSync.setup; rank.MegatronRank.call). A failure or timeout
+        on any rank shuts the group down and raises MegatronGroupError (rank_actors.py)."""
+        return self._ranks.call_all(fn, *args, timeout_s=self.call_timeout_s if timeout_s is None else timeout_s)
+
+    def attach(self, cls: Callable) -> None:
+        """Every rank hosts `cls(rank)` (once), whose methods call_all then reaches (MegatronRank.attach)."""
+        self.call_all(MegatronRank.attach, cls)
 
     def share(self, value):
         """`value` as an argument several ranks receive without a copy each (Ray's object store)."""
         return self._ranks.share(value)
 
-    def call_each(self, method: str, per_rank_args: Sequence[tuple], timeout_s: float | None = None) -> list:
+    def call_each(self, fn: Callable, per_rank_args: Sequence[tuple], timeout_s: float | None = None) -> list:
         """As call_all, with one argument tuple per rank (rank order)."""
-        return self._ranks.call_each(method, per_rank_args, self.call_timeout_s if timeout_s is None else timeout_s)
+        return self._ranks.call_each(fn, per_rank_args, self.call_timeout_s if timeout_s is None else timeout_s)

@@ -1,11 +1,13 @@
 """One Megatron rank: the body of a Ray actor (MegatronGroup wraps it with ray.remote and calls
 `call` on every rank in lockstep).
 
-One entry point, `call(method, *args)`: a method of this rank ("build_model"), of its trainer
-("trainer.train_step", the rank_trainer.RankTrainer made by setup_training), or of an object the layer
-above attached ("weight_sync.send_stage": `attach` takes the class, so this package never imports
-its user). Attached objects read the model through the public accessors below (named_hf_tensors,
-weight_dtypes) and the rank's layout, config and device.
+One entry point, `call(fn, *args)`, addressed by reference: `fn` is a method of this class
+(MegatronRank.build_model), of its trainer (RankTrainer.train_step, hosted by setup_training) or of an
+object the layer above hosts (RankWeightSync.send_stage: `attach` takes the class, so this package
+never imports its user); the rank finds the hosted object of `fn`'s class and calls `fn` on it, so a
+reader (and go-to-definition) follows the driver's call straight to the rank's code. Attached objects
+read the model through the public accessors below (named_hf_tensors, weight_dtypes) and the rank's
+layout, config and device.
 
 Threads: Ray runs every method of a synchronous actor (max_concurrency=1, no async methods) on the
 worker's main thread (checked on Ray 2.60: __init__ and all calls report MainThread), but threaded
@@ -61,25 +63,30 @@ class MegatronRank:
         self._store = None
         self.layout: RankLayout | None = None
         self.model: torch.nn.Module | None = None
-        # hosted objects, reached as "<name>.<method>": "trainer" (RankTrainer, from setup_training)
-        # and whatever the layer above attached (e.g. "weight_sync")
-        self.hosted: dict[str, Any] = {}
+        # hosted objects by class: RankTrainer (from setup_training) and whatever the layer above
+        # attached (e.g. RankWeightSync); `call` finds the one a method belongs to
+        self.hosted: dict[type, Any] = {}
 
-    def call(self, method: str, *args):
-        """`method` ("build_model", "trainer.train_step", "weight_sync.setup", ...) with `args`."""
-        owner, _, name = method.rpartition(".")
-        if name.startswith("_"):
-            raise AttributeError(f"rank {self.rank}: {method!r} is private")
-        if owner and owner not in self.hosted:
-            hint = "setup_training() has not run" if owner == "trainer" else f"attach({owner!r}, ...) first"
-            raise RuntimeError(f"rank {self.rank}: no {owner!r} on this rank ({hint})")
+    def call(self, fn: Callable, *args):
+        """`fn(owner, *args)`: `fn` a public method of this class or of a hosted object's class."""
+        if fn.__name__.startswith("_"):
+            raise AttributeError(f"rank {self.rank}: {fn.__qualname__} is private")
         with compat.megatron_thread_mode(self.device):
-            return getattr(self.hosted[owner] if owner else self, name)(*args)
+            return fn(self._owner_of(fn), *args)
 
-    def attach(self, name: str, factory: Callable[["MegatronRank"], Any]) -> None:
-        """Host `factory(self)` as `name` (once; later calls keep the first). It may define close()."""
-        if name not in self.hosted:
-            self.hosted[name] = factory(self)
+    def _owner_of(self, fn: Callable) -> Any:
+        owner = fn.__qualname__.rpartition(".")[0]
+        for candidate in (self, *self.hosted.values()):
+            cls = type(candidate)
+            if cls.__qualname__ == owner and cls.__module__ == fn.__module__:
+                return candidate
+        hint = "setup_training() has not run" if owner == "RankTrainer" else f"attach({owner}) first"
+        raise RuntimeError(f"rank {self.rank}: no {owner} on this rank for {fn.__qualname__} ({hint})")
+
+    def attach(self, cls: Callable[["MegatronRank"], Any]) -> None:
+        """Host `cls(self)` (once; later calls keep the first). It may define close()."""
+        if cls not in self.hosted:
+            self.hosted[cls] = cls(self)
 
     def pid(self) -> int:
         return os.getpid()
@@ -169,13 +176,13 @@ class MegatronRank:
         logits = forward_logits(self._require_model(), token_ids, self.config.arch.vocab_size, self.device)
         return logits if self.layout.tensor_rank == 0 and self.layout.data_rank == 0 else None
 
-    # -- training: the rest is "trainer.<method>" (rank_trainer.RankTrainer) ------------------------
+    # -- training: the rest is RankTrainer's (rank_trainer.py), called as RankTrainer.<method> ----------
 
     def setup_training(self, train_config, algorithm_config, role: str) -> None:
         """DDP + optimizer + LR schedule (critic: value head first). After HF weights are loaded."""
         from lean_rl.backends.megatron.rank_trainer import RankTrainer
 
-        self.hosted["trainer"] = RankTrainer(self._require_model(), self.config, train_config, algorithm_config,
+        self.hosted[RankTrainer] = RankTrainer(self._require_model(), self.config, train_config, algorithm_config,
                                              role, self.device)
 
     def shutdown(self) -> None:

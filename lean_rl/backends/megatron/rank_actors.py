@@ -69,15 +69,15 @@ class RankActors:
                 scheduling_strategy=_bundle(self.placement_group, rank // layout.ranks_per_node))
             self.actors.append(actor_cls.remote(*rank_args(rank)))
             self.actor_ids.append(self.actors[-1]._actor_id.hex())
-        locations = self.call_all("location", timeout_s=timeout_s)
+        locations = self.call_all(actor_class.location, timeout_s=timeout_s)
         self.nodes = [where["node_ip"] for where in locations]
         self.pids = [where["pid"] for where in locations]
         self.gpu_ids = [list(where.get("gpu_ids", ())) for where in locations]
 
     # -- lockstep calls -------------------------------------------------------------------------
 
-    def call_all(self, method: str, *args, timeout_s: float) -> list:
-        return self.call_each(method, [args] * len(self.actors), timeout_s)
+    def call_all(self, fn: Callable, *args, timeout_s: float) -> list:
+        return self.call_each(fn, [args] * len(self.actors), timeout_s)
 
     @staticmethod
     def share(value):
@@ -85,15 +85,16 @@ class RankActors:
 
         return ray.put(value)
 
-    def call_each(self, method: str, per_rank_args: Sequence[tuple], timeout_s: float) -> list:
+    def call_each(self, fn: Callable, per_rank_args: Sequence[tuple], timeout_s: float) -> list:
+        """`fn` (a method of the rank class or of an object it hosts, by reference) on every rank."""
         if not self.actors:
-            raise MegatronGroupError(f"{method}: the group is shut down")
-        refs = [actor.call.remote(method, *args) for actor, args in zip(self.actors, per_rank_args)]
-        return self._wait(refs, timeout_s, method)
+            raise MegatronGroupError(f"{fn.__qualname__}: the group is shut down")
+        refs = [actor.call.remote(fn, *args) for actor, args in zip(self.actors, per_rank_args)]
+        return self._wait(refs, timeout_s, fn.__qualname__)
 
-    def call_first(self, method: str, *args, timeout_s: float) -> Any:
-        """`method` on rank 0 only; a failure shuts down every rank, as in call_each."""
-        return self._wait([self.actors[0].call.remote(method, *args)], timeout_s, method)[0]
+    def call_first(self, fn: Callable, *args, timeout_s: float) -> Any:
+        """`fn` on rank 0 only; a failure shuts down every rank, as in call_each."""
+        return self._wait([self.actors[0].call.remote(fn, *args)], timeout_s, fn.__qualname__)[0]
 
     def _wait(self, refs: list, timeout_s: float, what: str) -> list:
         """Results in rank order; the first failure (not the last) ends the wait and the group. When
@@ -300,25 +301,25 @@ class InProcessRank:
         self.actor_ids, self.pids, self.nodes = ["in-process"], [os.getpid()], ["127.0.0.1"]
         self.gpu_ids = [[os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0]]] if layout.device == "cuda" else [[]]
 
-    def call_all(self, method: str, *args, timeout_s: float) -> list:
-        return self.call_each(method, [args], timeout_s)
+    def call_all(self, fn: Callable, *args, timeout_s: float) -> list:
+        return self.call_each(fn, [args], timeout_s)
 
     @staticmethod
     def share(value):
         return value  # the one rank is here
 
-    def call_each(self, method: str, per_rank_args: Sequence[tuple], timeout_s: float) -> list:
+    def call_each(self, fn: Callable, per_rank_args: Sequence[tuple], timeout_s: float) -> list:
         if self.actor is None:
-            raise MegatronGroupError(f"{method}: the group is shut down")
+            raise MegatronGroupError(f"{fn.__qualname__}: the group is shut down")
         try:
-            return [self.actor.call(method, *per_rank_args[0])]
+            return [self.actor.call(fn, *per_rank_args[0])]
         except Exception as error:
             self.shutdown()
-            raise MegatronGroupError(f"{method} failed on rank 0 ({type(error).__name__}: {error}); "
+            raise MegatronGroupError(f"{fn.__qualname__} failed on rank 0 ({type(error).__name__}: {error}); "
                                      "group shut down") from error
 
-    def call_first(self, method: str, *args, timeout_s: float):
-        return self.call_all(method, *args, timeout_s=timeout_s)[0]
+    def call_first(self, fn: Callable, *args, timeout_s: float):
+        return self.call_all(fn, *args, timeout_s=timeout_s)[0]
 
     def shutdown(self, wait_s: float = 30.0) -> None:
         actor, self.actor = self.actor, None

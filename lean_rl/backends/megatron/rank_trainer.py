@@ -1,7 +1,7 @@
 """Everything one rank holds for training (rank side): the DDP-wrapped model, optimizer, LR
-scheduler, reference weights, step counters, and the offloader. Hosted by the rank as "trainer": the
-driver calls "trainer.<method>" on every rank (rank.MegatronRank.call). One optimizer step is
-train_step; the passes over the micro-batches are in forward_backward.py, checkpoints in checkpoint.py."""
+scheduler, reference weights, step counters, and the offloader. Hosted by the rank (setup_training);
+the driver calls its methods on every rank by reference (group.call_each(RankTrainer.train_step, ...),
+rank.MegatronRank.call). One optimizer step is train_step; the passes over the micro-batches are in forward_backward.py, checkpoints in checkpoint.py."""
 
 from __future__ import annotations
 

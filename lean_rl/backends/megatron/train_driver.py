@@ -1,7 +1,7 @@
 """Driver side of training, on one or two MegatronGroups (the policy, and PPO's critic): a rollout
 (sample groups) -> forward passes for old / reference log-probs and critic values -> advantages ->
 optimizer steps, each split into per-DP-rank micro-batches that the ranks train on
-("trainer.train_step", rank_trainer.py). The math is in lean_rl/algorithms, the micro-batch layout in
+(RankTrainer.train_step, rank_trainer.py). The math is in lean_rl/algorithms, the micro-batch layout in
 train_batches.py. Every per-token tensor stays [B, T] response-aligned (rollout_batch.py) until
 build_micro_batch lays it out for a rank.
 
@@ -25,6 +25,7 @@ from lean_rl.algorithms.distillation import reverse_kl_advantages
 from lean_rl.algorithms.hooks import AdvantageInputs, compute_custom_or_builtin_advantages
 from lean_rl.algorithms.kl import kl_estimate
 from lean_rl.algorithms.losses import aggregation_weights
+from lean_rl.backends.megatron.rank_trainer import RankTrainer
 from lean_rl.backends.megatron.rollout_batch import RolloutBatch, batch_metrics, check_failed_fraction, rollout_batch
 from lean_rl.backends.megatron.train_batches import (build_micro_batch, plan_micro_batches, response_values,
                                                      uniform_shapes)
@@ -74,7 +75,7 @@ def forward_rollout(group: "MegatronGroup", batch: RolloutBatch, reference: bool
     values (critic), 0 on padding."""
     indices = list(range(len(batch)))
     args, by_dp = _per_rank_payloads(group, batch, indices, {})
-    results = group.call_each("trainer.forward", [(arg, reference) for arg in args])
+    results = group.call_each(RankTrainer.forward, [(arg, reference) for arg in args])
     out = torch.zeros_like(batch.masks)
     for layout, result in zip(group.layouts, results):
         if result is None:
@@ -102,7 +103,7 @@ def _optimizer_step(group: "MegatronGroup", batch: RolloutBatch, indices: list[i
                     fields: dict[str, torch.Tensor]) -> dict[str, float]:
     """One optimizer step of `group` on the sequences `indices` (fields [B, T]); the ranks' metrics."""
     args, _ = _per_rank_payloads(group, batch, indices, fields)
-    results = group.call_each("trainer.train_step", [(arg,) for arg in args])
+    results = group.call_each(RankTrainer.train_step, [(arg,) for arg in args])
     (metrics,) = [r for r in results if r is not None]
     limit = group.train_config.max_consecutive_skipped_steps
     if metrics["consecutive_skipped_steps"] >= limit:
@@ -254,9 +255,9 @@ def initialize_for_training(group: "MegatronGroup", train: TrainConfig, algo: Al
     group.setup_training(train, algo, role, batch_plan)
     if role == "actor" and algo.needs_reference:
         if ckpt.ref_load is not None:
-            group.call_all("trainer.load_reference", str(ckpt.ref_load))
+            group.call_all(RankTrainer.load_reference, str(ckpt.ref_load))
         else:
-            group.call_all("trainer.snapshot_reference")
+            group.call_all(RankTrainer.snapshot_reference)
     if resume:
         return group.load_checkpoint(load_root, step=actor_step or None)
     return 0, None

@@ -23,7 +23,7 @@ import functools
 from collections.abc import Iterator
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import httpx
 
@@ -367,9 +367,10 @@ class BlockingEngineClient:
             raise RuntimeError(f"BlockingEngineClient({self.base_url}) is closed")
         return self._portal
 
-    def submit(self, method: str, *args, **kwargs) -> Future:
-        """Start `EngineClient.<method>(*args, **kwargs)` and return at once with its Future."""
-        return self.portal.start_task_soon(functools.partial(getattr(self.client, method), *args, **kwargs))
+    def submit(self, fn: Callable, *args, **kwargs) -> Future:
+        """Start `fn(client, *args, **kwargs)` (`fn` an EngineClient method by reference, e.g.
+        EngineClient.score) and return at once with its Future."""
+        return self.portal.start_task_soon(functools.partial(fn, self.client, *args, **kwargs))
 
     def close(self) -> None:
         if self._portal is not None:
