@@ -7,3 +7,10 @@ train_driver (driver side: initialize_for_training, train_on_rollout), rank_trai
 RankTrainer.train_step over forward_backward, optimizer_setup, reference, value_head, checkpoint,
 offload). Importing config, hf_config, scoring_plan, train_config, train_batches, rollout_batch, group
 or hf_weights.{families,layouts} does not import Megatron."""
+
+import warnings
+
+# Megatron warns at import about every optional accelerator library it did not find (TE, Apex, ...):
+# nothing actionable on CPU, and it buries one-line errors of scripts that import the trainer before
+# parsing their flags. Filtered here, before any module of this package imports megatron.core.
+warnings.filterwarnings("ignore", category=UserWarning, module=r"megatron\.")
