@@ -121,7 +121,8 @@ def run_preset(preset: str, args, work: Path) -> list[dict]:
     from lean_rl.backends.sglang.engines import EngineGroup
     from lean_rl.testing.sglang_engines import engine_config_for_tests
     from lean_rl.testing.tiny_model import make_tiny_model
-    from lean_rl.weight_sync import WeightSync, WeightSyncConfig
+    from lean_rl.weight_sync.config import WeightSyncConfig
+    from lean_rl.weight_sync.sync import WeightSync
 
     served = make_tiny_model(work / f"{preset}-s0", arch="qwen2", seed=0, preset=preset)
     trained = make_tiny_model(work / f"{preset}-s1", arch="qwen2", seed=1, preset=preset)

@@ -36,7 +36,7 @@ from lean_rl.buffer.prompt_source import check_prompt_file_type
 from lean_rl.cli import DEBUG_HELP, ArgumentParser
 from lean_rl.options import ConfigError, add_options, read_options
 from lean_rl.rollout.config import EvalConfig, RewardConfig, RolloutConfig
-from lean_rl.rollout.distillation import DistillationConfig
+from lean_rl.rollout.distillation_config import DistillationConfig
 from lean_rl.run_config import RunConfig
 from lean_rl.utils.custom_config import ReadOnlyMapping, load_custom_config
 from lean_rl.utils.device import detect_device

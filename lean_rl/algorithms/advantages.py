@@ -40,11 +40,9 @@ import math
 
 import torch
 
+from lean_rl.algorithms.names import ESTIMATORS, KL_IN_REWARD_ESTIMATORS
 from lean_rl.sample import REMAX_BASELINE_REWARD
 
-ESTIMATORS = ("grpo", "dr_grpo", "gspo", "cispo", "rloo", "opo", "remax", "pass_at_k", "reinforce_plus_plus",
-              "reinforce_plus_plus_baseline", "ppo")
-KL_IN_REWARD_ESTIMATORS = ("reinforce_plus_plus", "reinforce_plus_plus_baseline", "ppo")
 GROUP_EPS = 1e-6
 WHITEN_EPS = 1e-8
 

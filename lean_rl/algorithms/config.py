@@ -9,10 +9,8 @@ from collections.abc import Mapping
 from dataclasses import InitVar, dataclass, field
 from typing import Any
 
-from lean_rl.algorithms.advantages import ESTIMATORS, KL_IN_REWARD_ESTIMATORS
-from lean_rl.algorithms.kl import KL_TYPES
-from lean_rl.algorithms.losses import AGGREGATION_MODES, IS_LEVELS
-from lean_rl.algorithms.policy_losses import POLICY_LOSSES
+from lean_rl.algorithms.names import (AGGREGATION_MODES, ESTIMATORS, IS_LEVELS, KL_IN_REWARD_ESTIMATORS, KL_TYPES,
+                                     POLICY_LOSSES)
 from lean_rl.options import ConfigError, option
 from lean_rl.utils.custom_config import ReadOnlyMapping
 

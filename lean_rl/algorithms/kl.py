@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import torch
 
-KL_TYPES = ("k1", "k2", "k3", "low_var_kl")
+from lean_rl.algorithms.names import KL_TYPES
+
 LOW_VAR_KL_BOUND = 10.0
 LOG_RATIO_BOUND = 20.0  # exp(20) ~ 5e8: finite in float32, and so is its gradient
 

@@ -29,10 +29,10 @@ import math
 import torch
 
 from lean_rl.algorithms.kl import kl_estimate
+from lean_rl.algorithms.names import AGGREGATION_MODES, IS_LEVELS
 from lean_rl.algorithms.policy_losses import (clip_cov_drop, cispo, gmpo_log_ratio, sapo, token_covariance,
                                               top_covariance)
 
-AGGREGATION_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
 LOG_RATIO_MAX = 20.0  # exp() guard: a ratio of e^20 is clipped by PPO anyway
 
 
@@ -91,7 +91,6 @@ def sequence_ratio(log_probs: torch.Tensor, old_log_probs: torch.Tensor, mask: t
     return _ratio(log_probs - log_probs.detach() + seq_log_ratio.detach())
 
 
-IS_LEVELS = ("token", "sequence", "geometric")
 
 
 def rollout_log_ratio(old_log_probs: torch.Tensor, rollout_log_probs: torch.Tensor, mask: torch.Tensor,

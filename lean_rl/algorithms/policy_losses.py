@@ -26,7 +26,8 @@ import zlib
 
 import torch
 
-POLICY_LOSSES = ("ppo", "gspo", "cispo", "gmpo", "kl_cov", "clip_cov", "sapo")
+from lean_rl.algorithms.names import POLICY_LOSSES
+
 
 
 def cispo(log_probs: torch.Tensor, ratio: torch.Tensor, advantages: torch.Tensor, eps_clip: float,

@@ -9,8 +9,10 @@ import dataclasses
 from dataclasses import dataclass, field
 
 from lean_rl.options import ConfigError, group, option
-from lean_rl.rollout.rewards import BUILTIN_REWARDS
 from lean_rl.utils.custom_config import CustomConfigFlags
+
+# --rm-type: the rewards of rollout/rewards.py (BUILTIN_REWARDS, which a unit test holds to these names)
+BUILTIN_REWARD_TYPES = ("boxed", "exact", "f1", "math", "remote")
 
 
 # The generate function that drives --environment-path (unless --custom-generate-function-path is given).
@@ -125,7 +127,7 @@ class RolloutConfig:
 
 @dataclass(frozen=True)
 class RewardConfig:
-    rm_type: str | None = option(None, choices=sorted(BUILTIN_REWARDS))
+    rm_type: str | None = option(None, choices=BUILTIN_REWARD_TYPES)
     custom_rm_path: str | None = option(None, help="dotted path of `async rm(cfg, sample) -> float | dict[str, float]`")
     reward_key: str | None = option(None, help="the entry of a reward dict that is trained on (the whole dict is "
                                                "kept in sample.metadata['rewards'])")

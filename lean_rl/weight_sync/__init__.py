@@ -1,9 +1,3 @@
-"""Weight sync from the Megatron trainer to the SGLang engines (sync.py has the overview)."""
-
-from lean_rl.weight_sync.config import WeightSyncConfig, resolve_transport
-from lean_rl.weight_sync.errors import WeightSyncError, WeightSyncProbeError
-from lean_rl.weight_sync.probe import ProbeResult
-from lean_rl.weight_sync.sync import SyncReport, WeightSync
-
-__all__ = ["WeightSync", "WeightSyncConfig", "SyncReport", "ProbeResult", "WeightSyncError", "WeightSyncProbeError",
-           "resolve_transport"]
+"""Weight sync from the Megatron trainer to the SGLang engines (sync.py has the overview: WeightSync;
+config.py: WeightSyncConfig, the flags). The package imports nothing on its own, so that the config
+layer (lean_rl.config) can read weight_sync.config without torch."""

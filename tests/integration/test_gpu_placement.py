@@ -25,7 +25,7 @@ _DRIVER = textwrap.dedent("""
     from lean_rl.backends.sglang.engine_actor import EngineActor
     from lean_rl.backends.sglang.engine_placement import EngineScheduler, colocated_placement
     from lean_rl.options import add_options, read_options
-    from lean_rl.rollout.distillation import teacher_engine_config
+    from lean_rl.rollout.distillation_config import teacher_engine_config
     from lean_rl.utils.ray_utils import init_ray
 
     class WhereAmI:  # stands in for MegatronRank: only says where it runs

@@ -22,7 +22,9 @@ from lean_rl.backends.megatron.config import ParallelConfig
 from lean_rl.backends.megatron.group import MegatronGroup
 from lean_rl.backends.sglang.client import BlockingEngineClient
 from lean_rl.backends.sglang.health import EngineMonitor
-from lean_rl.weight_sync import WeightSync, WeightSyncConfig, WeightSyncError, WeightSyncProbeError
+from lean_rl.weight_sync.config import WeightSyncConfig
+from lean_rl.weight_sync.errors import WeightSyncError, WeightSyncProbeError
+from lean_rl.weight_sync.sync import WeightSync
 from lean_rl.weight_sync.engine_weights import EngineWeights
 
 pytestmark = pytest.mark.integration

@@ -17,8 +17,8 @@ from lean_rl.backends.megatron.train_driver import train_on_rollout
 from lean_rl.backends.sglang.config import EngineConfig, resolve_api_key, resolve_ports
 from lean_rl.config import parse_config
 from lean_rl.options import ConfigError
-from lean_rl.rollout.distillation import (DistillationConfig, check_same_vocabulary, score_with_teacher,
-                                          teacher_engine_config)
+from lean_rl.rollout.distillation import score_with_teacher
+from lean_rl.rollout.distillation_config import DistillationConfig, check_same_vocabulary, teacher_engine_config
 from lean_rl.sample import Sample, Status
 from tests.unit.stand_ins import RefusingActor
 from lean_rl.utils.net import find_free_port

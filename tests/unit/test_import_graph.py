@@ -295,3 +295,19 @@ def test_the_string_call_checker_finds_one(tmp_path):
     (tmp_path / "pkg" / "m.py").write_text('group.call_all("trainer.train_step", 1)\ncall_all(clients, 5, "score")\n'
                                            'group.call_all(RankTrainer.train_step)\n')
     assert [line.split(": ", 1)[0] for line in string_addressed_calls(tmp_path / "pkg")] == ["pkg/m.py:1", "pkg/m.py:2"]
+
+
+# ---------------------------------------------------------------- the config layer is a leaf
+def test_the_config_layer_loads_no_torch_and_no_run_code():
+    """`import lean_rl.config` (what --help and every flag check run) reads flag declarations only:
+    no torch, no HTTP client, no rollout, trainer or weight-sync code."""
+    import subprocess
+    import sys
+
+    probe = ("import sys, lean_rl.config; "
+             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'httpx', 'ray', 'megatron', 'sglang')"
+             " or m.startswith(('lean_rl.weight_sync.sync', 'lean_rl.rollout.base', 'lean_rl.backends.megatron.rank'))))")
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60,
+                            cwd=ROOT.parent, env={"PYTHONPATH": str(ROOT.parent), "PATH": "/usr/bin:/bin"})
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"

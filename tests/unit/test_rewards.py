@@ -209,3 +209,10 @@ def test_every_entry_of_dict_rewards_is_a_rollout_metric():
     metrics = rollout_metrics([samples])
     assert metrics["rollout/reward/acc_mean"] == 0.5 and metrics["rollout/reward/format_mean"] == 0.5
     assert metrics["rollout/reward/len_mean"] == 1.0 and metrics["rollout/reward_mean"] == 0.5
+
+
+def test_the_flag_offers_exactly_the_builtin_rewards():
+    from lean_rl.rollout.config import BUILTIN_REWARD_TYPES
+    from lean_rl.rollout.rewards import BUILTIN_REWARDS
+
+    assert sorted(BUILTIN_REWARD_TYPES) == sorted(BUILTIN_REWARDS)

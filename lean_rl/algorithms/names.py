@@ -1,0 +1,12 @@
+"""The names the algorithm flags choose from (--advantage-estimator, --kl-loss-type, --policy-loss, ...),
+apart from the torch code that implements them, so that the config layer imports no torch."""
+
+from __future__ import annotations
+
+ESTIMATORS = ("grpo", "dr_grpo", "gspo", "cispo", "rloo", "opo", "remax", "pass_at_k", "reinforce_plus_plus",
+              "reinforce_plus_plus_baseline", "ppo")
+KL_IN_REWARD_ESTIMATORS = ("reinforce_plus_plus", "reinforce_plus_plus_baseline", "ppo")
+KL_TYPES = ("k1", "k2", "k3", "low_var_kl")
+AGGREGATION_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
+IS_LEVELS = ("token", "sequence", "geometric")
+POLICY_LOSSES = ("ppo", "gspo", "cispo", "gmpo", "kl_cov", "clip_cov", "sapo")

@@ -1,0 +1,127 @@
+"""On-policy distillation's flags (--use-opd ...) and the teacher's engine settings: the config layer of
+lean_rl/rollout/distillation.py, importable without the rollout code (lean_rl.config loads only
+configs)."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from lean_rl.backends.sglang.config import EngineConfig, resolve_ports
+from lean_rl.buffer.prompt_source import load_tokenizer
+from lean_rl.options import ConfigError, option
+
+# slime's other type, megatron (the teacher inside the trainer, --opd-teacher-load), is not implemented
+OPD_TYPES = ("sglang",)
+
+
+@dataclass(frozen=True)
+class DistillationConfig:
+    use_opd: bool = option(False, help=(
+        "on-policy distillation: a teacher scores every response token the student sampled, and the "
+        "advantage becomes A - --opd-kl-coef * (log p_student - log p_teacher) (the reverse KL, per token; "
+        "train/opd_reverse_kl). Without --rm-type / --custom-rm-path every reward is 0: pure distillation"))
+    opd_type: str | None = option(None, choices=OPD_TYPES, help=(
+        "where the teacher runs (required with --use-opd): sglang = SGLang servers, this run's own "
+        "(--opd-teacher-hf-checkpoint) or yours (--opd-teacher-url). slime's 'megatron' (the teacher "
+        "inside the trainer, --opd-teacher-load) is not implemented"))
+    opd_kl_coef: float = option(1.0, help="weight of the per-token reverse-KL penalty in the advantage")
+    teacher_hf_checkpoint: str | None = option(None, flag="--opd-teacher-hf-checkpoint", metavar="DIR", help=(
+        "HF checkpoint of the teacher, served by SGLang engines this run starts (its own router, no weight "
+        "updates); its tokenizer must be --hf-checkpoint's"))
+    teacher_num_engines: int | None = option(None, flag="--opd-teacher-num-engines", positive=True, help=(
+        "SGLang servers for the teacher (default 1; on CPU they share the cores with the student's)"))
+    teacher_url: str | None = option(None, flag="--opd-teacher-url", metavar="URL", help=(
+        "instead of --opd-teacher-hf-checkpoint: an SGLang server or sglang-router serving the teacher, "
+        "started by you (called without an API key; its tokenizer must be --hf-checkpoint's: not checked)"))
+    # derived (config.parse_config: with_teacher_engines): the teacher's EngineConfig; once its group
+    # runs (Runtime), the group's config, which carries the reported URLs
+    teacher_engines: EngineConfig | None = field(default=None, kw_only=True)
+
+    def __post_init__(self) -> None:
+        given = [flag for flag, value in (("--opd-type", self.opd_type),
+                                          ("--opd-teacher-hf-checkpoint", self.teacher_hf_checkpoint),
+                                          ("--opd-teacher-url", self.teacher_url),
+                                          ("--opd-teacher-num-engines", self.teacher_num_engines)) if value is not None]
+        if not self.use_opd:
+            if given:
+                raise ConfigError(f"{given[0]} is a setting of on-policy distillation: add --use-opd, or drop it")
+            return
+        if self.opd_type is None:
+            raise ConfigError("--use-opd needs --opd-type sglang (the teacher served by SGLang)")
+        if self.opd_type not in OPD_TYPES:
+            raise ConfigError(f"--opd-type {self.opd_type!r}: choose one of {', '.join(OPD_TYPES)} "
+                              "(megatron, a teacher inside the trainer, is not implemented)")
+        if (self.teacher_hf_checkpoint is None) == (self.teacher_url is None):
+            raise ConfigError("--use-opd --opd-type sglang needs exactly one of --opd-teacher-hf-checkpoint DIR "
+                              "(this run serves the teacher) and --opd-teacher-url URL (a server of yours)")
+        if self.opd_kl_coef <= 0:
+            raise ConfigError(f"--opd-kl-coef must be > 0 (the weight of the teacher's signal), got {self.opd_kl_coef}")
+        if self.teacher_url is not None:
+            if self.teacher_num_engines is not None:
+                raise ConfigError("--opd-teacher-num-engines sizes the teacher this run serves "
+                                  "(--opd-teacher-hf-checkpoint); --opd-teacher-url is a server of yours")
+            if not self.teacher_url.startswith(("http://", "https://")):
+                raise ConfigError(f"--opd-teacher-url {self.teacher_url!r}: give http://HOST:PORT")
+            return
+        if not (Path(self.teacher_hf_checkpoint) / "config.json").is_file():
+            raise ConfigError(f"--opd-teacher-hf-checkpoint {self.teacher_hf_checkpoint}: not an HF checkpoint "
+                              "directory (no config.json)")
+        if self.teacher_num_engines is None:
+            object.__setattr__(self, "teacher_num_engines", 1)
+
+    @property
+    def serves_teacher(self) -> bool:
+        """This run starts the teacher's engines (--opd-teacher-hf-checkpoint)."""
+        return self.use_opd and self.teacher_hf_checkpoint is not None
+
+    @property
+    def teacher_engine_count(self) -> int:
+        """Teacher servers this run starts (0 with --opd-teacher-url or without --use-opd)."""
+        return self.teacher_num_engines if self.serves_teacher else 0
+
+    def with_teacher_engines(self, student: EngineConfig) -> DistillationConfig:
+        """This config with the teacher's EngineConfig (when the run serves the teacher), after checking
+        that the teacher's tokenizer is the student's."""
+        if not self.serves_teacher:
+            return self
+        check_same_vocabulary(student.model_path, self.teacher_hf_checkpoint)
+        return dataclasses.replace(self, teacher_engines=teacher_engine_config(
+            student, self.teacher_hf_checkpoint, self.teacher_num_engines))
+
+
+def check_same_vocabulary(student_dir: str, teacher_dir: str) -> None:
+    """ConfigError naming both directories unless their tokenizers map the same strings to the same
+    ids: the teacher must score exactly the tokens the student sampled."""
+    vocabularies = []
+    for flag, path in (("--hf-checkpoint", student_dir), ("--opd-teacher-hf-checkpoint", teacher_dir)):
+        try:
+            vocabularies.append(load_tokenizer(str(path)).get_vocab())
+        except Exception as err:  # noqa: BLE001 - transformers raises many kinds for an unusable directory
+            raise ConfigError(f"{flag} {path}: cannot load its tokenizer ({type(err).__name__}: {err})") from None
+    student, teacher = vocabularies
+    if student != teacher:
+        differ = sum(student.get(token) != teacher.get(token) for token in student.keys() | teacher.keys())
+        raise ConfigError(
+            f"--opd-teacher-hf-checkpoint {teacher_dir}: its tokenizer differs from --hf-checkpoint {student_dir}'s "
+            f"({len(teacher)} vs {len(student)} tokens, {differ} of them missing or with another id); the teacher "
+            "must score the very token ids the student samples: distill from a teacher of the same tokenizer")
+
+
+def teacher_engine_config(student: EngineConfig, model_path: str, num_engines: int) -> EngineConfig:
+    """The student's engine settings (device, --sglang-* passthrough, API key, timeouts, threads) for
+    `num_engines` servers of the teacher, on ports of their own, none of the student's."""
+    taken = {*student.engine_ports, student.resolved_router_port}
+    for _ in range(20):  # neither group's ports are bound yet: a free port may have gone to both
+        teacher = resolve_ports(dataclasses.replace(
+            student, model_path=str(model_path), num_engines=num_engines, num_gpus=None, base_port=None,
+            router_port=None, engine_ports=(), resolved_router_port=None, engine_nodes=(), reported_engine_urls=(),
+            reported_router_url=None, other_cpu_engines=student.num_engines,
+            colocated=False))  # never released: the teacher keeps its weights and its own devices
+        if not taken & {*teacher.engine_ports, teacher.resolved_router_port}:
+            return teacher
+    raise RuntimeError("no free ports for the teacher's engines apart from the student's")
+
+
+# ---------------------------------------------------------------- scoring
