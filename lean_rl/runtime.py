@@ -19,6 +19,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import dataclasses
+import functools
 import inspect
 import json
 import logging
@@ -26,6 +27,7 @@ import sys
 import time
 from pathlib import Path
 
+from lean_rl.backends.megatron.train_options import TrainOptions
 from lean_rl.buffer.data_buffer import DataBuffer, create_data_buffer
 from lean_rl.ci_test import check_step
 from lean_rl.config import Config
@@ -35,9 +37,9 @@ from lean_rl.preflight import check_before_start, dataset_errors_as_config_error
 from lean_rl.rollout.base import RolloutOutput, load_extensions, rollout_function_path, rollout_output
 from lean_rl.rollout.evaluation import load_eval_datasets
 from lean_rl.rollout.default import rollout_metrics
-from lean_rl.rollout.train_hooks import before_training
 from lean_rl.sample import Sample
 from lean_rl.stop import RunStopped, StopSignals
+from lean_rl.train_hooks import before_training
 from lean_rl.utils.metrics import MetricsLogger, Timers, dump_samples, print_run_summary
 from lean_rl.utils.threads import run_in_daemon_thread
 
@@ -274,22 +276,24 @@ class Runtime:
             dump_samples(self.output_dir, step, groups)
         return groups
 
-    def train(self, groups: list[list[Sample]], step: int) -> dict[str, float]:
-        from lean_rl.backends.megatron.train_driver import train_on_rollout
+    @property
+    def train_options(self) -> TrainOptions:
+        """What train_driver.train_rollout needs from this run: the critic, the algorithm's switches,
+        the user's hooks (--rollout-sample-filter-path, --custom-reward-post-process-path:
+        lean_rl/train_hooks.py), the step's context and --ci-test's check (lean_rl/ci_test.py)."""
+        return TrainOptions(critic=self.critic, recompute_old=self.cfg.run.ci_test, opd_kl_coef=self._opd_kl_coef,
+                            before_training=functools.partial(before_training, self.cfg, self.extensions),
+                            changing=self._trainer_changing,
+                            check=functools.partial(check_step, self.cfg) if self.cfg.run.ci_test else None)
 
-        if not groups:
-            raise RuntimeError(f"step {step}: no training data (the prompt data is used up?)")
-        changing = self.weight_sync.trainer_changing(step + 1) if self.weight_sync else contextlib.nullcontext()
-        # colocated, the engines have released their memory for training: /health fails by design then
+    @contextlib.contextmanager
+    def _trainer_changing(self, version: int):
+        """No engine is given the trainer's weights halfway through a step; colocated, the engines have
+        released their memory for training: /health fails by design then."""
+        changing = self.weight_sync.trainer_changing(version) if self.weight_sync else contextlib.nullcontext()
         released = self.monitor.hold_health_checks() if self.monitor and self.cfg.run.colocate else contextlib.nullcontext()
-        # --rollout-sample-filter-path, --custom-reward-post-process-path (rollout/train_hooks.py)
-        hook_metrics = before_training(self.cfg, self.extensions, groups)
-        with changing, released:  # no engine is given the trainer's weights halfway through a step
-            metrics = train_on_rollout(self.trainer, groups, policy_version=step, critic=self.critic,
-                                       recompute_old=self.cfg.run.ci_test, opd_kl_coef=self._opd_kl_coef)
-        if self.cfg.run.ci_test:
-            check_step(self.cfg, step, metrics)  # lean_rl/ci_test.py: raises CITestFailed
-        return {**metrics, **hook_metrics}
+        with changing, released:
+            yield
 
     def sync_weights(self, version: int, probe: bool = True):
         """probe=False while the engines are paused (the probe generates): call probe_weights after resuming.

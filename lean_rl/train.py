@@ -21,6 +21,8 @@ from lean_rl.utils.metrics import setup_logging
 
 
 async def train(rt: Runtime) -> None:
+    from lean_rl.backends.megatron.train_driver import train_rollout  # here, not above: --help loads no torch
+
     cfg = rt.cfg
     for step in range(rt.start_step, cfg.run.num_rollout):
         step_started = time.perf_counter()
@@ -37,7 +39,7 @@ async def train(rt: Runtime) -> None:
             # 2. train on the groups (policy version `step` -> `step + 1`), checkpoint
             if rt.trainer is not None:
                 with rt.timers("train"):
-                    train_metrics = await asyncio.to_thread(rt.train, groups, step)
+                    train_metrics = await asyncio.to_thread(train_rollout, rt.trainer, groups, step, rt.train_options)
             rt.maybe_save(step + 1)  # before the sync: colocated on GPU the trainer leaves the devices then
 
             # 3. sync: the engines serve version step + 1, proven by the probe (the trainer offloads first)

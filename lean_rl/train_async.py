@@ -30,6 +30,8 @@ from lean_rl.utils.metrics import setup_logging
 
 
 async def train_one_step_off(rt: Runtime) -> None:
+    from lean_rl.backends.megatron.train_driver import train_rollout  # deferred: --help loads no torch
+
     cfg = rt.cfg
     next_rollout = asyncio.create_task(_timed_rollout(rt, rt.start_step))
     for step in range(rt.start_step, cfg.run.num_rollout):
@@ -46,7 +48,7 @@ async def train_one_step_off(rt: Runtime) -> None:
         # 2. start the next rollout on the current weights, and train meanwhile
         next_rollout = asyncio.create_task(_timed_rollout(rt, step + 1)) if step + 1 < cfg.run.num_rollout else None
         with rt.timers("train"):
-            train_metrics = await asyncio.to_thread(rt.train, groups, step)
+            train_metrics = await asyncio.to_thread(train_rollout, rt.trainer, groups, step, rt.train_options)
 
         # 3. let that rollout finish, then sync (an update never lands mid-rollout)
         generate_s = 0.0
@@ -74,6 +76,8 @@ async def _timed_rollout(rt: Runtime, step: int) -> tuple[RolloutOutput, float]:
 
 
 async def train_fully_async(rt: Runtime) -> None:
+    from lean_rl.backends.megatron.train_driver import train_rollout  # deferred: --help loads no torch
+
     cfg = rt.cfg
     generator = ContinuousGenerator(cfg, rt.buffer, rt.extensions, start_version=rt.start_step,
                                     pause_mode=cfg.run.pause_mode)
@@ -93,7 +97,7 @@ async def train_fully_async(rt: Runtime) -> None:
 
             # 2. train while generation goes on
             with rt.timers("train"):
-                train_metrics = await asyncio.to_thread(rt.train, groups, step)
+                train_metrics = await asyncio.to_thread(train_rollout, rt.trainer, groups, step, rt.train_options)
 
             # 3. pause the engines, sync weights (version step + 1), resume
             with rt.timers("sync"), rt.monitor.hold_health_checks():

@@ -76,7 +76,7 @@ class DynamicFilter(Protocol):
 
 class SampleFilter(Protocol):
     """--rollout-sample-filter-path: plain `def`, one verdict per sample of a group about to be trained
-    on (True: train on it); rejected samples stay in their group's statistics (rollout/train_hooks.py)."""
+    on (True: train on it); rejected samples stay in their group's statistics (lean_rl/train_hooks.py)."""
 
     def __call__(self, cfg: Config, group: list[Sample], /) -> list[bool]: ...
 
@@ -90,7 +90,7 @@ class AllSamplesProcess(Protocol):
 
 class RewardPostProcess(Protocol):
     """--custom-reward-post-process-path: plain `def`, a group's raw rewards -> the rewards the advantage
-    estimator gets, one per sample (rollout/train_hooks.py)."""
+    estimator gets, one per sample (lean_rl/train_hooks.py)."""
 
     def __call__(self, cfg: Config, group: list[Sample], /) -> list[float]: ...
 

@@ -25,7 +25,7 @@ from lean_rl.config import parse_config
 from lean_rl.rollout import default
 from lean_rl.rollout.base import load_extensions
 from lean_rl.rollout.rewards import score_group
-from lean_rl.rollout.train_hooks import before_training
+from lean_rl.train_hooks import before_training
 from lean_rl.runtime import Runtime
 from lean_rl.sample import NOT_GENERATED, Sample, Status
 

@@ -16,7 +16,7 @@ from lean_rl.algorithms.hooks import (AdvantageInputs, builtin_advantages, check
 from lean_rl.algorithms.losses import policy_loss
 from lean_rl.backends.megatron.rollout_batch import rollout_batch
 from lean_rl.rollout.base import Extensions
-from lean_rl.rollout.train_hooks import before_training
+from lean_rl.train_hooks import before_training
 from lean_rl.sample import Sample, Status
 from lean_rl.utils.plugins import HookReturnError
 

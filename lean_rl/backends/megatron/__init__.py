@@ -4,7 +4,7 @@ call_each). Configuration: config (typed flags), hf_config (from HF config.json)
 (CPU/gloo/no-TE fixes), distributed, model, logprobs, scoring; HF weights in hf_weights/. Training:
 train_config (flags), rollout_batch + train_batches (groups -> per-DP micro-batches, pure),
 train_driver (driver side: initialize_for_training, train_on_rollout), rank_trainer (rank side:
-RankTrainer.train_step over forward_backward, optimizer_setup, reference, value_head, checkpoint,
+RankTrainer.train_step (the training pass; forward_only for scoring), optimizer_setup, reference, value_head, checkpoint,
 offload). Importing config, hf_config, scoring_plan, train_config, train_batches, rollout_batch, group
 or hf_weights.{families,layouts} does not import Megatron."""
 

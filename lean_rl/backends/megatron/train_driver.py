@@ -30,6 +30,7 @@ from lean_rl.backends.megatron.rollout_batch import RolloutBatch, batch_metrics,
 from lean_rl.backends.megatron.train_batches import (build_micro_batch, plan_micro_batches, response_values,
                                                      uniform_shapes)
 from lean_rl.backends.megatron.train_config import BatchPlan, TrainConfig
+from lean_rl.backends.megatron.train_options import TrainOptions
 from lean_rl.options import ConfigError
 from lean_rl.sample import Sample, Status
 
@@ -122,6 +123,20 @@ def _mean_metrics(per_step: list[dict[str, float]], prefix: str) -> dict[str, fl
         out[f"{prefix}/{name}"] = values[-1] if name in counters else sum(values) / len(values)
     out[f"{prefix}/skipped"] = sum(m["skipped"] for m in per_step)
     return out
+
+
+def train_rollout(actor: "MegatronGroup", groups: list[list[Sample]], step: int, options: TrainOptions) -> dict[str, float]:
+    """One training step of the run loop: the user's hooks on the groups, then train_on_rollout
+    (policy version `step` -> `step + 1`) inside `options.changing(step + 1)`; the step's metrics."""
+    if not groups:
+        raise RuntimeError(f"step {step}: no training data (the prompt data is used up?)")
+    hook_metrics = options.before_training(groups)
+    with options.changing(step + 1):
+        metrics = train_on_rollout(actor, groups, policy_version=step, critic=options.critic,
+                                   recompute_old=options.recompute_old, opd_kl_coef=options.opd_kl_coef)
+    if options.check is not None:
+        options.check(step, metrics)
+    return {**metrics, **hook_metrics}
 
 
 def train_on_rollout(actor: "MegatronGroup", groups: list[list[Sample]], policy_version: int,

@@ -1,5 +1,5 @@
 """The user hooks that run on the groups of a training step just before the trainer takes them
-(Runtime.train, every loop and mode): --rollout-sample-filter-path, then
+(train_driver.train_rollout, every loop and mode): --rollout-sample-filter-path, then
 --custom-reward-post-process-path. Both are plain `def`s called once per group, in the driver's
 training thread.
 

@@ -1,0 +1,104 @@
+"""Forward-only passes over one rank's micro-batches (old / reference log-probs, critic values),
+through Megatron's pipeline schedule (get_forward_backward_func), so TP / PP / EP layouts all take the
+same path; and what the training pass (rank_trainer.py) shares with it: the step's context, the
+inputs of a micro-batch, log-probs from the model's output."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import partial
+from typing import Callable
+
+import torch
+from megatron.core import parallel_state
+from megatron.core.pipeline_parallel import get_forward_backward_func
+
+from lean_rl.algorithms.config import AlgorithmConfig
+from lean_rl.algorithms.losses import policy_loss
+from lean_rl.backends.megatron.logprobs import _vocab_parallel_entropy, vocab_parallel_log_probs
+from lean_rl.backends.megatron.routing_replay import clear_routes, set_micro_batch_routes
+
+
+@dataclass(frozen=True)
+class StepContext:
+    role: str  # "actor" | "critic"
+    algorithm: AlgorithmConfig
+    vocab_size: int
+    temperature: float
+    device: torch.device
+    # the actor's loss: losses.policy_loss, or --custom-loss-function-path (algorithms/hooks.loss_function)
+    loss_fn: Callable = policy_loss
+    routing_replay: bool = False  # --use-rollout-routing-replay: micro-batches carry the engine's routes
+
+
+def inputs_of(micro_batch: dict[str, torch.Tensor], device: torch.device):
+    tokens = micro_batch["tokens"].to(device)
+    positions = torch.arange(tokens.shape[1], device=device).unsqueeze(0).expand_as(tokens).contiguous()
+    targets = torch.zeros_like(tokens)
+    targets[:, :-1] = tokens[:, 1:]  # position t predicts token t + 1
+    return tokens, positions, targets
+
+
+def log_probs_from_output(output: torch.Tensor, targets: torch.Tensor, ctx: StepContext,
+                          entropy_grad: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """(log p(target), entropy) from vocab-parallel logits, with the sampling temperature applied.
+    Entropy carries a gradient only when the loss uses it."""
+    logits = output.float()
+    if ctx.temperature != 1.0:
+        logits = logits / ctx.temperature
+    if entropy_grad:
+        return vocab_parallel_log_probs(logits, targets, ctx.vocab_size, with_entropy=True)
+    with torch.no_grad():
+        tp_rank = parallel_state.get_tensor_model_parallel_rank()
+        valid = max(0, min(logits.shape[-1], ctx.vocab_size - tp_rank * logits.shape[-1]))
+        entropy = _vocab_parallel_entropy(logits.detach()[..., :valid])
+    log_probs, _ = vocab_parallel_log_probs(logits, targets, ctx.vocab_size)  # may overwrite `logits`
+    return log_probs, entropy
+
+
+def field_of(micro_batch, name, device):
+    value = micro_batch.get(name)
+    return None if value is None else value.to(device)
+
+
+def _collect_forward(ctx: StepContext, targets, output: torch.Tensor, non_loss_data: bool = True):
+    if ctx.role == "critic":
+        return {"values": output.float().squeeze(-1).detach().cpu()}
+    log_probs, _ = vocab_parallel_log_probs(output.float() / ctx.temperature if ctx.temperature != 1.0
+                                            else output.float(), targets, ctx.vocab_size)
+    return {"log_probs": log_probs.detach().cpu()}
+
+
+def _micro_batch_forward(ctx: StepContext, data_iterator, model):
+    micro_batch = next(data_iterator)
+    tokens, positions, targets = inputs_of(micro_batch, ctx.device)
+    set_micro_batch_routes(model, micro_batch, ctx.device)
+    output = model(tokens, positions, attention_mask=None)
+    return output, partial(_collect_forward, ctx, targets)
+
+
+def forward_only(model: torch.nn.Module, micro_batches: list[dict[str, torch.Tensor]], ctx: StepContext,
+                 seq_length_hint: int) -> list[torch.Tensor] | None:
+    """Per micro-batch [n, L] log-probs (actor) or values (critic), on the last pipeline stage's TP
+    rank 0; None elsewhere."""
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            results = get_forward_backward_func()(
+                forward_step_func=partial(_micro_batch_forward, ctx),
+                data_iterator=iter(micro_batches),
+                model=[model],
+                num_microbatches=len(micro_batches),
+                seq_length=seq_length_hint,
+                micro_batch_size=int(micro_batches[0]["tokens"].shape[0]),
+                forward_only=True,
+                collect_non_loss_data=True,
+            )
+    finally:
+        clear_routes(model)
+        model.train(was_training)
+    if not parallel_state.is_pipeline_last_stage() or parallel_state.get_tensor_model_parallel_rank() != 0:
+        return None
+    key = "values" if ctx.role == "critic" else "log_probs"
+    return [result[key] for result in results]
