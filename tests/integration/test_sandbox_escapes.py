@@ -256,18 +256,11 @@ def rss_mb(pid: int) -> float:
 
 # The kernel exempts root's processes from RLIMIT_NPROC (kernel/fork.c: the INIT_USER check), in any user
 # namespace: a sandbox started by root has no process-count bound, only the wall clock (the start-up line
-# says so). These two tests need a caller the limit applies to.
+# and docs/agents.md say so), and a fork bomb there reaches a load of hundreds on a shared machine. These
+# tests need a caller the limit applies to; that the wall clock kills the whole namespace, grandchildren
+# included, is tested for any caller (test_double_forked_setsid_grandchild..., tests/unit/test_sandbox.py).
 NPROC_APPLIES = pytest.mark.skipif(os.geteuid() == 0, reason="running as root: the kernel exempts root's processes "
                                                               "from RLIMIT_NPROC, so no process bound to test")
-
-
-def test_fork_bomb_ends_at_the_wall_clock_with_nothing_left():
-    with HostWatch() as watch:
-        result = run("while True: libc.fork()", max_processes=8, wall_timeout_s=2.0, cpu_seconds=10)
-    assert result.status == "timeout" and result.seconds < 8, result
-    assert watch.max_processes > 2  # it did fork
-    assert all(gone(pid) for pid in watch.seen)  # the whole PID namespace died with the call
-    assert watch.max_lag_s < 1.0, watch.max_lag_s
 
 
 @NPROC_APPLIES
@@ -275,9 +268,10 @@ def test_fork_bomb_is_bounded():
     limits = dict(max_processes=8, wall_timeout_s=4.0, cpu_seconds=10)
     with HostWatch() as watch:
         result = run("while True: libc.fork()", **limits)
-    assert result.status == "timeout", result
+    assert result.status == "timeout" and result.seconds < 10, result
     # bwrap itself runs as the caller; the namespace's init, the interpreter and its forks share the limit
-    assert watch.max_processes <= 1 + limits["max_processes"], watch.max_processes
+    assert 2 < watch.max_processes <= 1 + limits["max_processes"], watch.max_processes
+    assert all(gone(pid) for pid in watch.seen)  # the whole PID namespace died with the call
     assert watch.max_lag_s < 1.0, watch.max_lag_s
 
 
