@@ -14,15 +14,19 @@ opened, keys checked, rendered with the chat template) and calls `check_before_s
   they are bound on other nodes; not with --debug-train-only, which starts no engine);
 - --save: can be created and written, and its filesystem has room for a checkpoint (weights + Adam;
   with LoRA, about the weights);
-- --ray-address answers.
+- --ray-address answers;
+- first of all, when the run's hooks use lean_rl.rollout.sandbox: --tool-sandbox bwrap builds its
+  boundary here (check_tool_sandbox).
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import math
 import os
 import shutil
+import sys
 import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -34,11 +38,15 @@ if TYPE_CHECKING:
 
 # bytes a checkpoint holds per parameter: fp32 weights + Adam's two fp32 moments (a bf16 model adds
 # fp32 main params, but its weights take 2 bytes: 2 + 4 + 4 + 4 = 14 <= 16 holds both cases)
+logger = logging.getLogger(__name__)
+
 CHECKPOINT_BYTES_PER_PARAM = 16
 GIB = 1024**3
 
 
 def check_before_start(cfg: Config) -> None:
+    if not cfg.run.debug_train_only:  # train-only runs no rollout, so no tool code
+        check_tool_sandbox(cfg)
     model = check_model_dir(cfg.engines.model_path, "--hf-checkpoint")
     if cfg.distillation.teacher_hf_checkpoint:  # --use-opd: the teacher's engines serve it
         check_model_dir(cfg.distillation.teacher_hf_checkpoint, "--opd-teacher-hf-checkpoint")
@@ -57,6 +65,22 @@ def check_before_start(cfg: Config) -> None:
             check_ray_address_reachable(cfg.run.ray_address)
         except (ConnectionError, OSError, ValueError) as err:
             raise ConfigError(str(err) if "--ray-address" in str(err) else f"--ray-address: {err}") from None
+
+
+def check_tool_sandbox(cfg: Config) -> None:
+    """--tool-sandbox: set it for the sandbox module; when the run's hooks use the sandbox (load_extensions
+    imported them, and they import lean_rl.rollout.sandbox), prove bwrap builds the boundary here, by
+    running it, and log what bounds a call, or stop with one line naming the cause and the fix."""
+    uses_tools = "lean_rl.rollout.sandbox" in sys.modules  # looked up before the import below adds it
+    from lean_rl.rollout import sandbox
+
+    sandbox.use_backend(cfg.rollout.tool_sandbox)
+    if not uses_tools:
+        return
+    try:
+        logger.info("%s", sandbox.limits_in_force())
+    except sandbox.BoundaryUnavailable as err:
+        raise ConfigError(str(err)) from None
 
 
 class ModelDir:

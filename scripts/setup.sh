@@ -11,6 +11,25 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 python_bin=${PYTHON:-python3.11}
 venv=${LEAN_RL_VENV:-.venv}
 
+# Tool code (lean_rl.rollout.sandbox) runs inside bubblewrap; a run whose hooks use the sandbox refuses to
+# start without it. Checked on every setup run (also when the venv is up to date): it is outside the venv.
+if command -v bwrap >/dev/null 2>&1; then
+  echo "setup.sh: bubblewrap is installed ($(command -v bwrap)): tool code runs isolated"
+elif [[ $(id -u) == 0 ]] && command -v apt-get >/dev/null 2>&1; then
+  echo "setup.sh: installing bubblewrap (apt-get install -y bubblewrap): it isolates tool code"
+  if DEBIAN_FRONTEND=noninteractive apt-get install -y -q bubblewrap >/dev/null 2>&1 \
+     || { apt-get update -q >/dev/null 2>&1 && DEBIAN_FRONTEND=noninteractive apt-get install -y -q bubblewrap >/dev/null; }; then
+    echo "setup.sh: bubblewrap installed ($(command -v bwrap))"
+  else
+    echo "setup.sh: WARNING: apt-get could not install bubblewrap; runs whose tools use lean_rl.rollout.sandbox" \
+         "will refuse to start until it is installed (or they pass --tool-sandbox none: unisolated)" >&2
+  fi
+else
+  echo "setup.sh: WARNING: bubblewrap (bwrap) is not installed and setup cannot install it (needs root and apt-get):" \
+       "ask for \`apt-get install bubblewrap\` (dnf/pacman: bubblewrap); until then runs whose tools use" \
+       "lean_rl.rollout.sandbox refuse to start (or pass --tool-sandbox none: unisolated)" >&2
+fi
+
 if ! command -v "$python_bin" >/dev/null 2>&1; then
   echo "setup.sh: $python_bin not found; install Python 3.11 or set PYTHON=/path/to/python3.11" >&2
   exit 1

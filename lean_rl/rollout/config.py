@@ -9,6 +9,7 @@ import dataclasses
 from dataclasses import dataclass, field
 
 from lean_rl.options import ConfigError, group, option
+from lean_rl.rollout.bwrap import TOOL_SANDBOXES
 from lean_rl.utils.custom_config import CustomConfigFlags
 
 # --rm-type: the rewards of rollout/rewards.py (BUILTIN_REWARDS, which a unit test holds to these names)
@@ -100,6 +101,9 @@ class RolloutConfig:
     timeout_s: float = option(3600.0, flag="--rollout-timeout", positive=True,
                               help="seconds one rollout (or evaluation) may take, the rollout function's own "
                                    "included; past it the run stops with an error (nothing of that step trained)")
+    tool_sandbox: str = option("bwrap", choices=TOOL_SANDBOXES, help=(
+        "what isolates tool code run by lean_rl.rollout.sandbox: bwrap (bubblewrap namespaces; a run whose hooks "
+        "use the sandbox refuses to start without it) or none (unisolated, a warning on every call)"))
     # None: no bound (sync modes); k: requeue groups older than k versions.
     max_staleness: int | None = option(None, at_least=0,
                                        help="train only on samples generated at most this many policy versions ago")

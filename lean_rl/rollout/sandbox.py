@@ -1,61 +1,76 @@
 """Run a snippet of Python for an agent's tool call, in a separate, limited process.
 
-Enforced, and how:
-- A fresh interpreter (`python -I -B -u -X utf8`: isolated mode, no PYTHON* variables, no user site) in a new
-  session (its own process group), with a nearly empty environment, cwd = a fresh temporary directory that
-  is deleted afterwards. The code is read from a file, stdin from another (no pipe to deadlock on).
+The boundary (the default, `--tool-sandbox bwrap`) is bubblewrap: every call runs in new user, PID,
+network, IPC, UTS and mount namespaces that see only the system directories and the Python runtime
+(read-only) and a tmpfs working directory; lean_rl/rollout/bwrap.py lists exactly what the call sees.
+A run whose hooks import this module checks at start-up that bwrap builds that boundary here
+(lean_rl/preflight.py, check_tool_sandbox) and refuses to start otherwise; `run_python` itself never
+runs code unisolated under bwrap: it raises BoundaryUnavailable instead. `--tool-sandbox none` runs the
+child on the host, with only the limits and the audit hook below, and logs a warning on every call.
+
+Enforced on every call, and how:
+- A fresh interpreter (`python -I -S -B -u -X utf8`: isolated mode, no PYTHON* variables, no user site;
+  site-packages on sys.path without their .pth files), a
+  nearly empty environment, cwd = a fresh working directory (bwrap: a tmpfs of `tmpfs_mb`; none: a host
+  temporary directory), deleted afterwards. The code is read from a file outside it, stdin from another.
 - Kernel limits, set by the bootstrap in the child before any user code runs (not in a `preexec_fn`, which is
   unsafe when the parent has threads, as a rollout process does): RLIMIT_CPU (SIGXCPU -> "cpu_limit"),
   RLIMIT_AS (MemoryError -> "memory_limit"), RLIMIT_FSIZE (writes past it fail with "File too large"),
-  RLIMIT_CORE=0. Inside its user namespace (network=False) the child cannot raise its hard limits.
-- Wall clock: past `wall_timeout_s` the whole process group (os.killpg on the child's own pgid, nothing
-  else) gets SIGKILL; the group is also killed when the child exits, so a left-behind grandchild cannot hold
-  the output pipes open or outlive the call.
+  RLIMIT_CORE=0, and under bwrap RLIMIT_NPROC = `max_processes` (counted for the sandbox's uid in its own
+  user namespace, so only the call's processes and threads count; NOT in force when lean_rl runs as root:
+  the kernel exempts root's processes from it). The child cannot raise a hard limit.
+  RLIMIT_CPU and RLIMIT_AS are per process: a call's processes together hold at most
+  max_processes x memory_mb of address space (plus 2 x tmpfs_mb of files under bwrap). No cgroup
+  memory/pids limit is applied (`limits_in_force` says why on this machine).
+- Wall clock: past `wall_timeout_s` the process group lean_rl started (bwrap, or the child under none) gets
+  SIGKILL, also when the child exits early or the call is cancelled. Under bwrap that kills the PID
+  namespace's init (--die-with-parent) and with it every process of the namespace, setsid'd grandchildren
+  included; under none a grandchild that left the process group survives.
 - Output: read in chunks; stdout and stderr share `max_output_bytes`; past it the group is killed
   ("output_limit"), so the parent never holds more than the cap and the child never blocks on a full pipe.
-- Network (unless `network`): the child enters new user + network namespaces (`unshare(CLONE_NEWUSER | CLONE_NEWNET)` via
-  ctypes): only a loopback device that is down, so no address is reachable. If the kernel refuses
-  (user namespaces disabled), only the audit hook below stands.
-- A `sys.addaudithook` hook refuses: socket connect/bind/sendto/sendmsg and name lookups (unless
-  `network`); opening files for writing outside the working directory; opening files for reading outside it
-  and outside the directories on `sys.path` at start (stdlib, lib-dynload, site-packages: what imports read)
-  and /dev/null; removing, renaming, creating, linking, chmod/chown/utime of paths outside the working
-  directory; subprocess, os.system, os.exec*, os.posix_spawn, os.fork, os.forkpty, os.killpg, os.kill of
-  another pid, resource.setrlimit/prlimit. Paths are resolved with realpath (symlinks followed).
-NOT enforced: the audit hook is a guard against mistakes, not a security boundary. ctypes or any native
-code bypasses it (raw syscalls, fork, dlopen), `dir_fd` variants and races (TOCTOU) can fool path checks,
-directory listing and os.stat outside are allowed, and a raw fork via ctypes can multiply the CPU limit
-(RLIMIT_CPU is per process) until the wall timeout kills the group. The real walls are the namespaces and
-rlimits; for untrusted code at scale run this inside a container or gVisor sandbox (no secrets mounted).
+- A `sys.addaudithook` hook gives a friendly early error for the common mistakes (connecting a socket,
+  opening files outside the working directory, subprocess/os.system/os.fork/os.exec*, killing another
+  pid, setrlimit). It is NOT a boundary: ctypes, native code, `dir_fd` and races get past it; under
+  bwrap the namespaces and mounts stop what gets past it, under none nothing does.
 
 Statuses (closed set): "ok" (exit 0), "error" (non-zero exit, uncaught exception, refused operation, killed
-by a signal not ours), "timeout", "cpu_limit", "memory_limit", "output_limit"."""
+by a signal not ours), "timeout", "cpu_limit", "memory_limit", "output_limit". Under bwrap an exit status
+above 128 reads as a signal (bwrap's init reports a killed child as 128 + its number)."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import signal
+import site
 import sys
 import tempfile
 import time
 from dataclasses import dataclass
 
+from lean_rl.rollout import bwrap
+from lean_rl.rollout.bwrap import TOOL_SANDBOXES, BoundaryUnavailable
+
+logger = logging.getLogger(__name__)
+
 STATUSES = ("ok", "error", "timeout", "cpu_limit", "memory_limit", "output_limit")
 _MEMORY_EXIT = 86  # the bootstrap's exit code for an uncaught MemoryError
 
 _BOOTSTRAP = r'''
-import ctypes, json, linecache, os, resource, sys, traceback, types
+import json, linecache, os, resource, sys, traceback, types
 cfg = json.loads(sys.argv[1])
+sys.path.extend(cfg["site_dirs"])  # -S: site-packages without running their .pth files (lean_rl's is not there)
 with open(cfg["code_path"], encoding="utf-8") as f:
     code = f.read()
-if not cfg["network"]:  # CLONE_NEWUSER | CLONE_NEWNET; on failure only the audit hook guards the network
-    ctypes.CDLL(None, use_errno=True).unshare(0x10000000 | 0x40000000)
 cpu = cfg["cpu_seconds"]
-for kind, soft, hard in ((resource.RLIMIT_CPU, cpu, cpu + 1), (resource.RLIMIT_CORE, 0, 0),
-                         (resource.RLIMIT_AS, cfg["memory_mb"] << 20, cfg["memory_mb"] << 20),
-                         (resource.RLIMIT_FSIZE, cfg["max_file_bytes"], cfg["max_file_bytes"])):
+limits = [(resource.RLIMIT_CPU, cpu, cpu + 1), (resource.RLIMIT_CORE, 0, 0),
+          (resource.RLIMIT_AS, cfg["memory_mb"] << 20, cfg["memory_mb"] << 20),
+          (resource.RLIMIT_FSIZE, cfg["max_file_bytes"], cfg["max_file_bytes"])]
+if cfg["max_processes"]:  # bwrap only: counted for the sandbox's uid in its own user namespace
+    limits.append((resource.RLIMIT_NPROC, cfg["max_processes"], cfg["max_processes"]))
+for kind, soft, hard in limits:
     resource.setrlimit(kind, (soft, hard))
 work = os.path.realpath(cfg["workdir"])
 readable = (work, *[os.path.realpath(p) for p in sys.path if os.path.isdir(p)])
@@ -81,7 +96,7 @@ def hook(event, args):
         if os.fsdecode(path) != "/dev/null" and not inside(path, (work,) if writing else readable):
             raise PermissionError(f"sandbox: {'writing' if writing else 'reading'} {path!r} is not allowed "
                                   "outside the working directory")
-    elif event in REFUSED or (event in NETWORK and not cfg["network"]) or (
+    elif event in REFUSED or event in NETWORK or (
             event == "os.kill" and args[0] != os.getpid()):
         raise PermissionError(f"sandbox: {event} is not allowed")
     elif event in PATH_EVENTS:
@@ -112,7 +127,8 @@ class SandboxLimits:
     memory_mb: int = 512             # RLIMIT_AS
     max_output_bytes: int = 16_384   # stdout+stderr kept; past it the process group is killed
     max_file_bytes: int = 1_048_576  # RLIMIT_FSIZE
-    network: bool = False
+    max_processes: int = 16          # RLIMIT_NPROC in the sandbox's user namespace (bwrap): processes + threads
+    tmpfs_mb: int = 64               # bwrap: size of the working directory's tmpfs (and of /dev/shm's)
 
 
 @dataclass(frozen=True)
@@ -183,41 +199,106 @@ class _Collector(asyncio.SubprocessProtocol):
         self.finished.set_result(None)
 
 
+# The run's choice (--tool-sandbox, set once at start-up by preflight.check_tool_sandbox) and the bwrap
+# proven to build the boundary here (probed once per process, by that check or by the first call).
+_backend = "bwrap"
+_proven_bwrap: str | None = None
+
+
+def use_backend(name: str) -> None:
+    global _backend
+    if name not in TOOL_SANDBOXES:
+        raise ValueError(f"--tool-sandbox must be one of {TOOL_SANDBOXES}, got {name!r}")
+    _backend = name
+
+
+def check_boundary() -> str:
+    """The bwrap that builds the boundary here (probed once: bwrap.probe); BoundaryUnavailable otherwise."""
+    global _proven_bwrap
+    if _proven_bwrap is None:
+        path = bwrap.find_bwrap()
+        bwrap.probe(path)
+        _proven_bwrap = path
+    return _proven_bwrap
+
+
+def limits_in_force() -> str:
+    """One line for the start-up log: what isolates a call and what bounds its processes and memory."""
+    if _backend == "none":
+        return ("tool sandbox: NONE (--tool-sandbox none): tool code runs on the host with only rlimits and an "
+                "audit hook; it can read, write and connect wherever this process can")
+    path = check_boundary()
+    if os.geteuid() == 0:  # kernel/fork.c: root's processes pass RLIMIT_NPROC, in any user namespace
+        processes = ("NO process-count bound (lean_rl runs as root: the kernel exempts root's processes from "
+                     "RLIMIT_NPROC; only the wall clock ends a fork bomb, and memory is memory_mb per process "
+                     "times however many it forks: run lean_rl as an unprivileged user)")
+    else:
+        processes = ("RLIMIT_NPROC = SandboxLimits.max_processes in its user namespace, so at most max_processes x "
+                     "memory_mb of address space")
+    return (f"tool sandbox: {bwrap.version(path)} ({path}): new user/pid/net/ipc/uts/mount namespaces, read-only "
+            f"system and Python runtime, tmpfs working dir; per call: RLIMIT_AS = memory_mb per process, "
+            f"2 x tmpfs_mb of files, {processes}; no cgroup memory/pids limit ({bwrap.cgroup_v2_status()})")
+
+
+def _site_dirs() -> list[str]:
+    """This interpreter's site-packages (the venv's), for the child to import from."""
+    return [path for path in site.getsitepackages() if os.path.isdir(path)]
+
+
 async def run_python(code: str, limits: SandboxLimits = SandboxLimits(), stdin: str = "") -> SandboxResult:
-    """Run `code` in a sandboxed child interpreter (see the module docstring) and collect what it printed."""
+    """Run `code` in a sandboxed child interpreter (see the module docstring) and collect what it printed.
+    Under bwrap, BoundaryUnavailable when bwrap cannot build the boundary here (the code is not run)."""
+    if _backend == "none":
+        logger.warning("--tool-sandbox none: this tool call runs on the host, unisolated (only rlimits and an "
+                       "audit hook): it can read, write and connect wherever lean_rl can")
+        bwrap_path = None
+    else:
+        bwrap_path = _proven_bwrap or await asyncio.to_thread(check_boundary)
     start = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="lean_rl_sandbox_", ignore_cleanup_errors=True) as root:
-        workdir = os.path.join(root, "work")  # the code and stdin files stay outside the child's directory
-        os.mkdir(workdir, 0o700)
         code_path, stdin_path = os.path.join(root, "code.py"), os.path.join(root, "stdin.txt")
         with open(code_path, "w", encoding="utf-8") as f:
             f.write(code)
         with open(stdin_path, "w", encoding="utf-8") as f:
             f.write(stdin)
-        cfg = {"code_path": code_path, "workdir": workdir, "network": limits.network, "memory_exit": _MEMORY_EXIT,
-               "cpu_seconds": limits.cpu_seconds, "memory_mb": limits.memory_mb,
-               "max_file_bytes": limits.max_file_bytes}
+        if bwrap_path is None:
+            workdir = os.path.join(root, "work")  # the code and stdin files stay outside the child's directory
+            os.mkdir(workdir, 0o700)
+        else:
+            workdir = bwrap.WORKDIR  # a tmpfs inside the sandbox; the code is bound at bwrap.CODE_PATH
+        cfg = {"code_path": code_path if bwrap_path is None else bwrap.CODE_PATH, "workdir": workdir,
+               "memory_exit": _MEMORY_EXIT, "cpu_seconds": limits.cpu_seconds, "memory_mb": limits.memory_mb,
+               "max_file_bytes": limits.max_file_bytes, "site_dirs": _site_dirs(),
+               # per uid: on the host that would count (and starve) all of this user's processes
+               "max_processes": limits.max_processes if bwrap_path else None}
         env = {"PATH": os.defpath, "LANG": "C.UTF-8", "HOME": workdir, "TMPDIR": workdir,
                "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+        python = [sys.executable, "-I", "-S", "-B", "-u", "-X", "utf8", "-c", _BOOTSTRAP, json.dumps(cfg)]
+        if bwrap_path is None:
+            argv, spawn_env, cwd = python, env, workdir
+        else:
+            argv = bwrap.bwrap_argv(bwrap_path, code_path, limits.tmpfs_mb << 20, env) + python
+            spawn_env, cwd = {"PATH": os.defpath}, root
         with open(stdin_path, "rb") as stdin_file:
             transport, collector = await asyncio.get_running_loop().subprocess_exec(
-                lambda: _Collector(limits.max_output_bytes),
-                sys.executable, "-I", "-B", "-u", "-X", "utf8", "-c", _BOOTSTRAP, json.dumps(cfg),
+                lambda: _Collector(limits.max_output_bytes), *argv,
                 stdin=stdin_file, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-                cwd=workdir, env=env, start_new_session=True)
+                cwd=cwd, env=spawn_env, start_new_session=True)
         timed_out = False
         try:
             try:
                 await asyncio.wait_for(asyncio.shield(collector.exited), limits.wall_timeout_s)
             except asyncio.TimeoutError:
                 timed_out = True
-        finally:  # also on cancellation: nothing of the group survives the call
+        finally:  # also on cancellation: nothing of the group (under bwrap: of the namespace) survives the call
             _kill_group(collector.pid)  # whatever the child left behind would hold the pipes open
             try:  # reap it before the loop may close; all SIGKILLed: prompt
                 await asyncio.wait_for(asyncio.shield(collector.finished), 10.0)
             finally:
                 transport.close()
     rc = transport.get_returncode()
+    if bwrap_path is not None and rc is not None:
+        rc = bwrap.exit_code(rc)
     if collector.over_cap:
         status = "output_limit"
     elif timed_out:

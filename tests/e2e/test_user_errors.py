@@ -34,10 +34,11 @@ def processes_with(marker: str) -> set[int]:
     return found
 
 
-def run_watched(module: str, args: list[str], timeout_s: float = 120) -> tuple[int, str, set[int]]:
+def run_watched(module: str, args: list[str], timeout_s: float = 120,
+                env: dict[str, str] | None = None) -> tuple[int, str, set[int]]:
     """(exit status, stderr, pids of the processes it started) of `python -m module args`."""
     marker = uuid.uuid4().hex
-    env = {**os.environ, "OMP_NUM_THREADS": "1", MARKER: marker}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {}), MARKER: marker}
     env.pop("LEAN_RL_DEBUG", None)
     proc = subprocess.Popen([sys.executable, "-m", module, *args], cwd=REPO, env=env, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
@@ -160,3 +161,12 @@ def test_save_on_a_full_disk_is_refused(tmp_path):
         check_save_dir(str(tmp_path / "ckpt"), "--save", free // CHECKPOINT_BYTES_PER_PARAM + 1)
     check_save_dir(str(tmp_path / "ckpt"), "--save", 1000)  # room for a small one
     assert Path(tmp_path / "ckpt").is_dir()
+
+
+def test_tool_sandbox_that_cannot_be_built(base, tmp_path):
+    """The tool-calling example's environment uses lean_rl.rollout.sandbox; with no bwrap on PATH the run
+    refuses to start, naming the cause and both fixes (before the model, the data or Ray are touched)."""
+    env = {"PATH": str(tmp_path), "PYTHONPATH": f"{REPO}:{REPO / 'examples' / 'tool_calling'}"}
+    result = run_watched("lean_rl.train", [*base, "--environment-path", "calculator_env.CalculatorEnv"], env=env)
+    assert_one_line_error(*result, "--tool-sandbox bwrap", "no `bwrap` on PATH", "apt-get install bubblewrap",
+                          "--tool-sandbox none")
