@@ -45,7 +45,9 @@ def prompts(tmp_path_factory):
 def make_cfg(engine_group, prompts, *flags):
     cfg = parse_config(["--hf-checkpoint", engine_group.config.model_path, "--prompt-data", str(prompts),
                         "--rollout-max-response-len", "64", "--rollout-temperature", "1.0", *flags])
-    return install_hooks(dataclasses.replace(cfg, engines=engine_group.config))
+    cfg = dataclasses.replace(cfg, engines=engine_group.config)
+    install_hooks(cfg)  # what a run does at start-up
+    return cfg
 
 
 def new_sample(index=0, group_index=0) -> Sample:

@@ -71,7 +71,9 @@ def make_cfg(engine_group, prompts_file, *flags):
     cfg = parse_config(["--hf-checkpoint", engine_group.config.model_path, "--prompt-data", str(prompts_file),
                         "--rollout-batch-size", "16", "--n-samples-per-prompt", "4",
                         "--rollout-max-response-len", "24", *flags])
-    return install_hooks(dataclasses.replace(cfg, engines=engine_group.config))
+    cfg = dataclasses.replace(cfg, engines=engine_group.config)
+    install_hooks(cfg)  # what a run does at start-up
+    return cfg
 
 
 def ready_samples(buffer):
