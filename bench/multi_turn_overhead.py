@@ -28,6 +28,7 @@ from pathlib import Path
 import httpx
 
 from bench_common import NO_GOAL, at_least, bench_parser, command_line, parse_bench_args, row, run_bench, write_rows
+from lean_rl.extensions import install as install_hooks
 from lean_rl.backends.sglang.client import EngineClient
 from lean_rl.backends.sglang.engines import EngineGroup
 from lean_rl.buffer.data_buffer import create_data_buffer
@@ -122,6 +123,7 @@ def main(argv: list[str]) -> int:
                         "--rollout-ignore-eos", "--rollout-max-concurrency", str(args.concurrency),
                         "--environment-path", "bench_env.Fixed", "--max-turns", str(args.turns)])
     cfg = dataclasses.replace(cfg, engines=engines_cfg)
+    install_hooks(cfg)  # what a run does at start-up
     params = {**cfg.rollout.sampling.to_sglang(), "max_new_tokens": args.tokens_per_turn}
     expected = args.trajectories * args.turns * args.tokens_per_turn
 

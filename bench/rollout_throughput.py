@@ -24,6 +24,7 @@ from pathlib import Path
 import httpx
 
 from bench_common import at_least, bench_parser, command_line, parse_bench_args, row, run_bench, write_rows
+from lean_rl.extensions import install as install_hooks
 from lean_rl.backends.sglang.engines import EngineGroup
 from lean_rl.buffer.data_buffer import create_data_buffer
 from lean_rl.config import parse_config
@@ -95,6 +96,7 @@ def main(argv: list[str]) -> int:
                         "--rollout-max-response-len", str(args.max_new_tokens), "--rollout-ignore-eos",
                         "--rollout-max-concurrency", str(args.concurrency), "--rm-type", "exact"])
     cfg = dataclasses.replace(cfg, engines=engines_cfg)
+    install_hooks(cfg)  # what a run does at start-up
     tokenizer = load_tokenizer(str(model))
     prompt_ids = [tokenizer(json.loads(line)["prompt"], add_special_tokens=False)["input_ids"]
                   for line in prompts_path.read_text().splitlines()]

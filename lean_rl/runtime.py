@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
-import dataclasses
 import functools
 import inspect
 import json
@@ -34,9 +33,10 @@ from lean_rl.config import Config
 from lean_rl.debug_rollout import load_debug_rollout
 from lean_rl.plot import write_run_curves
 from lean_rl.preflight import check_before_start, dataset_errors_as_config_errors
-from lean_rl.rollout.base import RolloutOutput, load_extensions, rollout_function_path, rollout_output
+from lean_rl.extensions import install
+from lean_rl.rollout.base import RolloutOutput, rollout_function_path, rollout_output
 from lean_rl.rollout.evaluation import load_eval_datasets
-from lean_rl.rollout.default import rollout_metrics
+from lean_rl.rollout.metrics import rollout_metrics
 from lean_rl.sample import Sample
 from lean_rl.stop import RunStopped, StopSignals
 from lean_rl.train_hooks import before_training
@@ -49,7 +49,7 @@ logger = logging.getLogger(__name__)
 class Runtime:
     def __init__(self, cfg: Config):
         self.cfg = cfg
-        self.extensions = load_extensions(cfg)
+        self.extensions = install(cfg)  # loaded and checked once; the rollout finds them installed
         self.timers = Timers()
         self.output_dir = Path(cfg.run.output_dir)
         self.buffer: DataBuffer | None = None
@@ -175,9 +175,6 @@ class Runtime:
                 teacher_error = teacher.exception() if teacher is not None else None  # waits for it
         if teacher_error is not None:
             raise teacher_error
-        if self.teacher_engines is not None:  # the rollout reaches the teacher by its group's reported URLs
-            self.cfg = dataclasses.replace(self.cfg, distillation=dataclasses.replace(
-                opd, teacher_engines=self.teacher_engines.config))
         if self.cfg.engines.on_cluster:
             from urllib.parse import urlparse
 
@@ -185,10 +182,8 @@ class Runtime:
                         [urlparse(url).hostname for url in self.engines.engine_urls],
                         self.trainer.rank_nodes() if self.trainer is not None else [],
                         " (colocated: engines in the trainer's bundles)" if self._colocated else "")
-        # The engines' URLs are known only now (on a cluster each actor picked its node's address and
-        # port): the rollout functions read cfg.engines.engine_urls / router_url, so hand them the
-        # group's config, which carries the reported URLs.
-        self.cfg = dataclasses.replace(self.cfg, engines=self.engines.config)
+        # On a cluster the engines' URLs are known only now: the groups published them in their configs'
+        # LiveEndpoints (cfg.engines.live, cfg.distillation.teacher_engines.live), which the rollout reads.
         self.monitor = EngineMonitor(self.engines).start()
 
     @property
@@ -299,8 +294,6 @@ class Runtime:
         """probe=False while the engines are paused (the probe generates): call probe_weights after resuming.
         An engine lost during the sync is waited for and synced again (engine_weights.py)."""
         report = self.weight_sync.sync(version, probe=probe)
-        if self.engines.config is not self.cfg.engines:  # an engine restarted elsewhere: its new URL
-            self.cfg = dataclasses.replace(self.cfg, engines=self.engines.config)
         if probe:
             self.timers.add("sync_probe", report.probe_seconds)
         return report

@@ -2,7 +2,7 @@
 advantage estimator (called once per rollout on the driver) and --custom-loss-function-path the policy
 loss (called per micro-batch on every trainer rank). Both get the AlgorithmConfig (`algo`, with the
 --custom-config-path settings as `algo.custom`), as the built-ins do: the ranks never hold the whole
-run Config. Loaded and checked here, at start-up in the driver (rollout/base.load_extensions) and
+run Config. Loaded and checked here, at start-up in the driver (lean_rl/extensions.py load_extensions) and
 again where they are called; what they return is checked on every call."""
 
 from __future__ import annotations

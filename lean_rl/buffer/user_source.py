@@ -22,7 +22,7 @@ METHODS = ("next", "state_dict", "load_state_dict")
 
 
 def load_source_factory(path: str):
-    """Import and check the factory (start-up: rollout/base.load_extensions, and create_data_buffer)."""
+    """Import and check the factory (start-up: lean_rl/extensions.py load_extensions, and create_data_buffer)."""
     return load_function(path, FLAG, num_args=1, must_be_sync=True)
 
 

@@ -1,5 +1,6 @@
-"""What every rollout function shares: its result type, the router client, the tokenizer, and the user
-extension points resolved (and checked) once at start-up."""
+"""What every rollout function shares: its result type, the checks of what user hooks return, the
+run's installed hooks (loaded by lean_rl/extensions.py), engine clients and retries, and the
+surplus-work signal."""
 
 from __future__ import annotations
 
@@ -10,20 +11,18 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol, TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from lean_rl.backends.sglang.client import (EngineClient, EngineConnectionError, EngineError, EngineHTTPError,
                                             EngineTimeoutError)
-from lean_rl.rollout import rewards
-from lean_rl.rollout.config import MULTI_TURN_GENERATE
 from lean_rl.sample import Sample
-from lean_rl.utils.plugins import accepts_positional, hook_return_error, keyword_only, load_function
+from lean_rl.utils.plugins import hook_return_error
 
 logger = logging.getLogger(__name__)
 
 if TYPE_CHECKING:  # not at run time: lean_rl.config imports every flag group (Megatron's included)
-    from lean_rl.buffer.data_buffer import DataBuffer
     from lean_rl.config import Config
+    from lean_rl.extensions import Extensions
 
 
 @dataclass
@@ -35,147 +34,26 @@ class RolloutOutput:
     samples: dict[str, list] = field(default_factory=dict)
 
 
-# ---------------------------------------------------------------- the user hooks (docs/extending.md)
-# Arguments are positional (`/`): a hook may name its parameters as it likes. `cfg` is the run's frozen
-# Config (lean_rl/config.py).
-class RolloutFunction(Protocol):
-    """--rollout-function-path: `def` or `async def`; finished groups go into `buffer` (None when
-    evaluation=True)."""
-
-    def __call__(self, cfg: Config, rollout_id: int, buffer: DataBuffer | None, evaluation: bool = False, /
-                 ) -> RolloutOutput | Awaitable[RolloutOutput]: ...
+# ---------------------------------------------------------------- the run's user hooks
+# Loaded and checked once at start-up (lean_rl/extensions.py: load_extensions) and installed here by
+# the run, so that a rollout function of slime's signature (cfg, rollout_id, buffer, evaluation)
+# finds them without reloading them each step. Keyed by the run's Config, which is never replaced.
+_INSTALLED: dict[int, tuple[Config, Extensions]] = {}
 
 
-class GenerateFunction(Protocol):
-    """--custom-generate-function-path: `async def`, one sample in, the sample (or several: all of one
-    group) out. `evaluation` (True in evaluation) may be left out of the signature: a function of three
-    parameters is called with three."""
-
-    def __call__(self, cfg: Config, sample: Sample, sampling_params: dict, evaluation: bool = False, /
-                 ) -> Awaitable[Sample | list[Sample]]: ...
+def install_extensions(cfg: Config, extensions: Extensions) -> Extensions:
+    """Make `extensions` what installed_extensions(cfg) returns (Runtime, at start-up)."""
+    _INSTALLED[id(cfg)] = (cfg, extensions)  # the Config is held too: its id is not reused meanwhile
+    return extensions
 
 
-class RewardFunction(Protocol):
-    """--custom-rm-path and the --rm-type built-ins: `async def`, one sample's reward (a dict of
-    rewards: --reward-key names the trained entry)."""
-
-    def __call__(self, cfg: Config, sample: Sample, /) -> Awaitable[float | dict[str, float]]: ...
-
-
-class GroupRewardFunction(Protocol):
-    """--custom-rm-path with --group-rm: `async def`, one reward per sample of the group, in order."""
-
-    def __call__(self, cfg: Config, samples: list[Sample], /) -> Awaitable[list[float | dict[str, float]]]: ...
-
-
-class DynamicFilter(Protocol):
-    """--dynamic-sampling-filter-path: plain `def`, True keeps the scored group."""
-
-    def __call__(self, cfg: Config, group: list[Sample], /) -> bool: ...
-
-
-class SampleFilter(Protocol):
-    """--rollout-sample-filter-path: plain `def`, one verdict per sample of a group about to be trained
-    on (True: train on it); rejected samples stay in their group's statistics (lean_rl/train_hooks.py)."""
-
-    def __call__(self, cfg: Config, group: list[Sample], /) -> list[bool]: ...
-
-
-class AllSamplesProcess(Protocol):
-    """--rollout-all-samples-process-path: `def` or `async def`, called by the default rollout with every
-    group it finished, kept or filtered out; its return value is ignored."""
-
-    def __call__(self, cfg: Config, groups: list[list[Sample]], rollout_id: int, /) -> None | Awaitable[None]: ...
-
-
-class RewardPostProcess(Protocol):
-    """--custom-reward-post-process-path: plain `def`, a group's raw rewards -> the rewards the advantage
-    estimator gets, one per sample (lean_rl/train_hooks.py)."""
-
-    def __call__(self, cfg: Config, group: list[Sample], /) -> list[float]: ...
-
-
-@dataclass(frozen=True)
-class Extensions:
-    rollout: RolloutFunction
-    generate: GenerateFunction | None  # None: the default per-sample generate
-    reward: RewardFunction | GroupRewardFunction | None  # None: no reward (e.g. --debug-rollout-only with no rm)
-    group_reward: bool  # True: `reward` is a GroupRewardFunction
-    dynamic_filter: DynamicFilter | None
-    eval_rollout: RolloutFunction | None = None  # --eval-function-path; None: `rollout`
-    sample_filter: SampleFilter | None = None
-    all_samples_process: AllSamplesProcess | None = None
-    reward_post_process: RewardPostProcess | None = None
-    # checked at start-up only; the buffer (data source), the driver (advantages) and the ranks (loss)
-    # load them again from the flags (buffer/user_source.py, algorithms/hooks.py)
-    data_source: Callable | None = None
-    custom_advantage: Callable | None = None
-    custom_loss: Callable | None = None
-    # `generate` as the rollout calls it: (cfg, sample, sampling_params, evaluation), whatever of these
-    # the user's signature takes (inspected once, here)
-    generate_call: Callable[..., Awaitable] | None = field(init=False, default=None)
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "generate_call", None if self.generate is None else generate_caller(self.generate))
-
-    @property
-    def evaluation_rollout(self) -> RolloutFunction:
-        return self.eval_rollout or self.rollout
-
-
-def generate_caller(fn: Callable) -> Callable[..., Awaitable]:
-    """`fn` as a call of (cfg, sample, sampling_params, evaluation): passes `evaluation` as the fourth
-    positional argument or the keyword-only `evaluation` (slime's way) when the signature has one,
-    else calls it with three."""
-    if accepts_positional(fn, 4):
-        return fn
-    if keyword_only(fn, "evaluation"):
-        return lambda cfg, sample, params, evaluation=False: fn(cfg, sample, params, evaluation=evaluation)
-    return lambda cfg, sample, params, evaluation=False: fn(cfg, sample, params)
-
-
-def load_extensions(cfg: Config) -> Extensions:
-    """Import and check every dotted-path extension; called at start-up, before any engine starts."""
-    from lean_rl.algorithms.hooks import load_advantage_function, load_loss_function
-    from lean_rl.buffer.user_source import load_source_factory
-
-    r = cfg.rollout
-    rollout_fn = load_function(r.rollout_function_path, "--rollout-function-path", num_args=4, must_be_sync=False)
-    eval_fn = None
-    if cfg.eval.function_path:
-        eval_fn = load_function(cfg.eval.function_path, "--eval-function-path", num_args=4, must_be_sync=False)
-    generate_fn = None
-    if r.custom_generate_function_path:
-        generate_fn = load_function(r.custom_generate_function_path, "--custom-generate-function-path",
-                                    num_args=(3, 4), must_be_async=True)
-    if r.multi_turn.environment_path or r.custom_generate_function_path == MULTI_TURN_GENERATE:
-        from lean_rl.rollout.multi_turn import check_environment  # multi_turn builds on this module
-
-        check_environment(cfg)
-    if cfg.reward.custom_rm_path:
-        reward_fn = load_function(cfg.reward.custom_rm_path, "--custom-rm-path", num_args=2, must_be_async=True)
-    elif cfg.reward.rm_type:
-        reward_fn = rewards.BUILTIN_REWARDS[cfg.reward.rm_type]
-    else:
-        reward_fn = None
-
-    def optional(path: str | None, flag: str, num_args: int, **checks) -> Callable | None:
-        return load_function(path, flag, num_args=num_args, **checks) if path else None
-
-    return Extensions(
-        rollout_fn, generate_fn, reward_fn, cfg.reward.group_rm,
-        dynamic_filter=optional(r.dynamic_sampling_filter_path, "--dynamic-sampling-filter-path", 2, must_be_sync=True),
-        eval_rollout=eval_fn,
-        sample_filter=optional(r.rollout_sample_filter_path, "--rollout-sample-filter-path", 2, must_be_sync=True),
-        all_samples_process=optional(r.rollout_all_samples_process_path, "--rollout-all-samples-process-path", 3),
-        reward_post_process=optional(cfg.reward.custom_reward_post_process_path, "--custom-reward-post-process-path",
-                                     2, must_be_sync=True),
-        data_source=load_source_factory(cfg.data.data_source_path) if cfg.data.data_source_path else None,
-        custom_advantage=load_advantage_function(cfg.algorithm.custom_advantage_function_path)
-        if cfg.algorithm.custom_advantage_function_path else None,
-        custom_loss=load_loss_function(cfg.algorithm.custom_loss_function_path)
-        if cfg.algorithm.custom_loss_function_path else None,
-    )
+def installed_extensions(cfg: Config) -> Extensions:
+    """The user hooks of the run whose Config is `cfg`."""
+    entry = _INSTALLED.get(id(cfg))
+    if entry is None or entry[0] is not cfg:
+        raise RuntimeError("no user hooks installed for this Config: a run installs them at start-up; outside a "
+                           "run call lean_rl.extensions.install(cfg) before the rollout")
+    return entry[1]
 
 
 # ---------------------------------------------------------------- what the hooks return

@@ -17,7 +17,7 @@ import asyncio
 import time
 
 from lean_rl.rollout.base import on_every_engine
-from lean_rl.rollout.default import GroupRunner
+from lean_rl.rollout.group_runner import GroupRunner
 from lean_rl.sample import Sample
 
 

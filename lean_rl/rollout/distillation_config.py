@@ -8,7 +8,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from lean_rl.backends.sglang.config import EngineConfig, resolve_ports
+from lean_rl.backends.sglang.config import EngineConfig, LiveEndpoints, resolve_ports
 from lean_rl.buffer.prompt_source import load_tokenizer
 from lean_rl.options import ConfigError, option
 
@@ -116,8 +116,8 @@ def teacher_engine_config(student: EngineConfig, model_path: str, num_engines: i
     for _ in range(20):  # neither group's ports are bound yet: a free port may have gone to both
         teacher = resolve_ports(dataclasses.replace(
             student, model_path=str(model_path), num_engines=num_engines, num_gpus=None, base_port=None,
-            router_port=None, engine_ports=(), resolved_router_port=None, engine_nodes=(), reported_engine_urls=(),
-            reported_router_url=None, other_cpu_engines=student.num_engines,
+            router_port=None, engine_ports=(), resolved_router_port=None, engine_nodes=(), live=LiveEndpoints(),
+            other_cpu_engines=student.num_engines,
             colocated=False))  # never released: the teacher keeps its weights and its own devices
         if not taken & {*teacher.engine_ports, teacher.resolved_router_port}:
             return teacher

@@ -10,12 +10,13 @@ import math
 from typing import TYPE_CHECKING
 
 from lean_rl.buffer.prompt_source import PromptRecord, load_prompts, load_tokenizer
-from lean_rl.rollout.base import Extensions, GenerateFunction, RolloutOutput, generated_samples
+from lean_rl.rollout.base import RolloutOutput, generated_samples
 from lean_rl.rollout.rewards import reward_entry_means, score_group
 from lean_rl.sample import Sample
 
 if TYPE_CHECKING:  # not at run time: lean_rl.config imports every flag group (Megatron's included)
     from lean_rl.config import Config
+    from lean_rl.extensions import Extensions, GenerateFunction
 
 
 def pass_at_k(n: int, correct: int, k: int) -> float:

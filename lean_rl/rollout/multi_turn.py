@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING
 from lean_rl.backends.sglang.client import EngineClient
 from lean_rl.buffer.prompt_source import load_tokenizer
 from lean_rl.rollout.base import engine_client, rollout_stopping, serving_engine_urls
-from lean_rl.rollout.default import count_retry, generate_with_retries, token_versions
+from lean_rl.rollout.generate import count_retry, generate_with_retries, token_versions
 from lean_rl.rollout.environment import ObservationRenderer, as_observation, as_step_result
 from lean_rl.sample import Sample, Status
 from lean_rl.rollout.config import MULTI_TURN_GENERATE

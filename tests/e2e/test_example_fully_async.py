@@ -20,6 +20,8 @@ _spec.loader.exec_module(long_tail)
 response_budget = long_tail.response_budget
 
 
+# slow (suite time, issue 24): full async with its staleness bound runs by default in test_train_loops.py
+@pytest.mark.slow
 def test_fully_async_example_bounds_staleness_on_a_long_tail(tmp_path):
     env = {**os.environ, "OUT": str(tmp_path), "PYTHONUNBUFFERED": "1"}
     result = subprocess.run(["bash", str(REPO / "examples/fully_async/run.sh"), "--num-rollout", str(STEPS),

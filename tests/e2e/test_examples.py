@@ -47,6 +47,8 @@ def test_tool_calling_example_trains(tmp_path):
     assert all("<tools>" in s["prompt"][0]["content"] for s in samples)  # the tools were described
 
 
+# slow (suite time, issue 24): the default agent example is the tool-calling one above
+@pytest.mark.slow
 def test_search_env_example_trains(tmp_path):
     samples = run_example("search_env", tmp_path)
     check_trajectories(samples)

@@ -35,6 +35,8 @@ def test_tp2_over_two_nodes_with_the_engine_on_a_third(tiny_qwen2, toy_data, tmp
     assert all(r["sync/probe_max_abs_diff"] < 1e-3 for r in rows)
 
 
+# slow (suite time, issue 24): the default multi-node run is the TP=2 one above
+@pytest.mark.slow
 def test_colocate_across_two_nodes(simulated_cluster, tiny_qwen2, toy_data, tmp_path):
     # --colocate on a cluster: the engines go into the trainer's placement group, engine i into the
     # bundle of trainer node i (2 engines over 2 trainer nodes), so the third node stays empty.

@@ -34,6 +34,8 @@ def _wait_node_alive(address: str, ip: str, timeout_s: float = 90.0) -> None:
     assert result.returncode == 0, result.stderr[-2000:]
 
 
+# slow (suite time, issue 24): multi-node runs by default in test_multinode.py, engine loss and recovery in test_engine_faults.py
+@pytest.mark.slow
 def test_node_lost_mid_run_then_resume(simulated_cluster, tiny_qwen2, toy_data, tmp_path):
     cluster = simulated_cluster
     ckpt = tmp_path / "ckpt"

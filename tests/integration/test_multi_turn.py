@@ -10,6 +10,7 @@ import textwrap
 
 import pytest
 
+from lean_rl.extensions import install as install_hooks
 from lean_rl.backends.sglang.client import EngineClient
 from lean_rl.buffer.data_buffer import create_data_buffer
 from lean_rl.buffer.prompt_source import load_tokenizer
@@ -81,6 +82,7 @@ def rollout(engine_group, prompts, env, *flags):
                         "--rollout-max-response-len", "96", "--max-tokens-per-turn", "12",
                         "--environment-path", f"turn_envs.{env}", *flags])
     cfg = dataclasses.replace(cfg, engines=engine_group.config)
+    install_hooks(cfg)  # what a run does at start-up
     buffer = create_data_buffer(cfg)
     out = asyncio.run(generate_rollout(cfg, 0, buffer))
     return cfg, out, [s for g in buffer.get_train_groups(100) for s in g]

@@ -92,6 +92,8 @@ _DRIVER = textwrap.dedent("""
 """)
 
 
+# slow (suite time, issue 24): an engine on another node serves by default in tests/e2e/test_multinode.py
+@pytest.mark.slow
 def test_engine_actor_on_a_cluster_node_serves_restarts_and_stops(simulated_cluster, tiny_qwen2, tmp_path):
     node = simulated_cluster.node_ips[2]  # 127.0.0.4
     result = subprocess.run([sys.executable, "-c", _DRIVER, simulated_cluster.address, str(tiny_qwen2),

@@ -14,7 +14,9 @@ import httpx
 import openai
 import pytest
 
+from lean_rl.extensions import install as install_hooks
 from lean_rl.backends.sglang.client import EngineClient
+from lean_rl.backends.sglang.config import LiveEndpoints
 from lean_rl.buffer.data_buffer import create_data_buffer
 from lean_rl.buffer.prompt_source import load_tokenizer
 from lean_rl.config import parse_config
@@ -43,7 +45,9 @@ def prompts(tmp_path_factory):
 def make_cfg(engine_group, prompts, *flags):
     cfg = parse_config(["--hf-checkpoint", engine_group.config.model_path, "--prompt-data", str(prompts),
                         "--rollout-max-response-len", "64", "--rollout-temperature", "1.0", *flags])
-    return dataclasses.replace(cfg, engines=engine_group.config)
+    cfg = dataclasses.replace(cfg, engines=engine_group.config)
+    install_hooks(cfg)  # what a run does at start-up
+    return cfg
 
 
 def new_sample(index=0, group_index=0) -> Sample:
@@ -222,7 +226,9 @@ def test_a_session_without_calls_fails_its_sample(engine_group, prompts):
 def test_a_router_failure_is_a_502_naming_it(engine_group, prompts):
     dead = f"http://127.0.0.1:{find_free_port()}"
     cfg = make_cfg(engine_group, prompts, "--rollout-request-retries", "0")
-    cfg = dataclasses.replace(cfg, engines=dataclasses.replace(cfg.engines, reported_router_url=dead))
+    live = LiveEndpoints()  # not the shared group's own: it serves the other tests
+    live.publish(cfg.engines.engine_urls, dead)
+    cfg = dataclasses.replace(cfg, engines=dataclasses.replace(cfg.engines, live=live))
 
     async def scenario():
         async with CaptureSession(cfg, new_sample(), cfg.rollout.sampling.to_sglang()) as session:

@@ -12,6 +12,7 @@ import time
 
 import pytest
 
+from lean_rl.extensions import install as install_hooks
 from lean_rl.backends.sglang.client import BlockingEngineClient
 from lean_rl.backends.sglang.health import EngineMonitor
 from lean_rl.buffer.data_buffer import create_data_buffer
@@ -70,7 +71,9 @@ def make_cfg(engine_group, prompts_file, *flags):
     cfg = parse_config(["--hf-checkpoint", engine_group.config.model_path, "--prompt-data", str(prompts_file),
                         "--rollout-batch-size", "16", "--n-samples-per-prompt", "4",
                         "--rollout-max-response-len", "24", *flags])
-    return dataclasses.replace(cfg, engines=engine_group.config)
+    cfg = dataclasses.replace(cfg, engines=engine_group.config)
+    install_hooks(cfg)  # what a run does at start-up
+    return cfg
 
 
 def ready_samples(buffer):

@@ -27,7 +27,7 @@ from lean_rl.backends.megatron.train_config import BatchConfig, BatchPlan
 from lean_rl.backends.megatron.train_driver import forward_rollout, train_on_rollout
 from lean_rl.backends.sglang.client import BlockingEngineClient
 from lean_rl.backends.sglang.engines import EngineGroup
-from lean_rl.rollout.default import token_versions
+from lean_rl.rollout.generate import token_versions
 from lean_rl.sample import Sample, Status
 from lean_rl.testing.sglang_engines import engine_config_for_tests
 

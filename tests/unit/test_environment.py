@@ -92,7 +92,7 @@ def test_environment_path_turns_on_the_multi_turn_generate(tiny_qwen2, tmp_path)
 
 def test_environment_path_is_checked_at_start_up(tiny_qwen2, tmp_path, monkeypatch):
     from lean_rl.config import parse_config
-    from lean_rl.rollout.base import load_extensions
+    from lean_rl.extensions import load_extensions
     from lean_rl.utils.plugins import PluginError
 
     data = tmp_path / "p.jsonl"

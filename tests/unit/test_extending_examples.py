@@ -1,7 +1,7 @@
 """docs/extending.md is tested, so its examples cannot drift from the API: the ```python blocks, as
 written, become the user module `my_hooks`; each hook is loaded with the flags of its ```bash block
 (the ones after `...`; the page's ```yaml block is the file my_config.yaml) through the run's own
-start-up checks (parse_config, then load_extensions), then called on samples with a stand-in for the
+start-up checks (parse_config, then load_extensions, installed as a run does), then called on samples with a stand-in for the
 engines (no server starts)."""
 
 import asyncio
@@ -22,11 +22,13 @@ from lean_rl.backends.sglang.responses import GenerateResult
 from lean_rl.buffer.data_buffer import create_data_buffer
 from lean_rl.buffer.prompt_source import load_tokenizer
 from lean_rl.config import parse_config
+from lean_rl.extensions import install
 from lean_rl.rollout import default
-from lean_rl.rollout.base import load_extensions
+from lean_rl.rollout import generate as generate_module
+from lean_rl.rollout.metrics import rollout_metrics
 from lean_rl.rollout.rewards import score_group
-from lean_rl.train_hooks import before_training
 from lean_rl.runtime import Runtime
+from lean_rl.train_hooks import before_training
 from lean_rl.sample import NOT_GENERATED, Sample, Status
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "extending.md"
@@ -89,7 +91,7 @@ def load(tiny_qwen2, prompts, my_hooks, tmp_path):
                             "--rollout-batch-size", "2", "--n-samples-per-prompt", "2",
                             "--rollout-max-response-len", "64", "--output-dir", str(tmp_path / "run"),
                             *flags, *extra])
-        return cfg, load_extensions(cfg)
+        return cfg, install(cfg)
     return load
 
 
@@ -107,7 +109,7 @@ def engine(monkeypatch, tiny_qwen2):
                               weight_version="3", weight_version_spans=(), prompt_tokens=len(input_ids),
                               completion_tokens=len(ids), cached_tokens=0, rid=rid, text=None)
 
-    monkeypatch.setattr(default, "generate_with_retries", generate_with_retries)
+    monkeypatch.setattr(generate_module, "generate_with_retries", generate_with_retries)
     return requests
 
 
@@ -197,7 +199,7 @@ def test_dict_reward_example(load):
     assert boxed_wrong.metadata["rewards"] == {"score": pytest.approx(0.1), "correct": 0.0, "boxed": 1.0}
     [evaluated] = _score(cfg, ext, [_sample(2, "so \\boxed{5}")], evaluation=True)
     assert evaluated.reward == 0.0  # --eval-reward-key correct
-    metrics = default.rollout_metrics([[right, boxed_wrong]])
+    metrics = rollout_metrics([[right, boxed_wrong]])
     assert metrics["rollout/reward/boxed_mean"] == 1.0 and metrics["rollout/reward/correct_mean"] == 0.5
 
 

@@ -13,8 +13,9 @@ import types
 import numpy as np
 import pytest
 
-from lean_rl.rollout.base import Extensions, RolloutOutput, rollout_output
-from lean_rl.rollout.default import GroupRunner
+from lean_rl.extensions import Extensions
+from lean_rl.rollout.base import RolloutOutput, rollout_output
+from lean_rl.rollout.group_runner import GroupRunner
 from lean_rl.rollout.rewards import score_group
 from lean_rl.sample import Sample, Status
 from lean_rl.utils.plugins import HookReturnError

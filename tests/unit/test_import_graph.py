@@ -40,7 +40,8 @@ class Rule:
 RULES = (
     Rule(("lean_rl.algorithms", "lean_rl.buffer", "lean_rl.sample"), ("lean_rl.backends",),
          "algorithms, buffer and samples are backend-free"),
-    Rule(("lean_rl.rollout",), ("lean_rl.backends.megatron",), "rollout does not know the trainer"),
+    Rule(("lean_rl.rollout",), ("lean_rl.backends.megatron", "lean_rl.algorithms"),
+         "rollout knows neither the trainer nor the algorithms (the hooks are loaded by lean_rl/extensions.py)"),
     Rule(("lean_rl.backends.sglang",), ("lean_rl.backends.megatron", "lean_rl.rollout"),
          "the SGLang backend knows neither the trainer nor the rollout"),
     Rule(("lean_rl.backends.megatron",), ("lean_rl.convert",),
@@ -128,6 +129,19 @@ def package_graph(root: Path = ROOT) -> dict[tuple[str, str], list[Site]]:
     return dict(edges)
 
 
+def module_graph(root: Path = ROOT) -> dict[tuple[str, str], list[Site]]:
+    """(module, module) -> import sites, for imports between two modules of the same package node: the
+    edges a circle inside a package would be made of."""
+    modules = all_modules(root)
+    known = set(modules)
+    edges: dict[tuple[str, str], list[Site]] = defaultdict(list)
+    for module, path in modules.items():
+        for target, line in imported_modules(path.read_text(), module, path.name == "__init__.py", known):
+            if target in known and target not in (module, node_of(module)) and node_of(target) == node_of(module):
+                edges[(module, target)].append(Site(module, line))
+    return dict(edges)
+
+
 def cycles(edges) -> list[list[str]]:
     """The strongly connected components with more than one node (Tarjan), each sorted, in order."""
     graph: dict[str, set[str]] = defaultdict(set)
@@ -207,6 +221,11 @@ def test_every_package_node_exists():
 def test_no_cycles_between_packages(edges):
     found = describe_cycles(edges)
     assert not found, "import cycles between lean_rl packages:\n" + "\n".join(found)
+
+
+def test_no_cycles_within_a_package():
+    found = describe_cycles(module_graph())
+    assert not found, "import cycles between modules of one package:\n" + "\n".join(found)
 
 
 def test_layering_rules(edges):
@@ -311,3 +330,33 @@ def test_the_config_layer_loads_no_torch_and_no_run_code():
                             cwd=ROOT.parent, env={"PYTHONPATH": str(ROOT.parent), "PATH": "/usr/bin:/bin"})
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "[]"
+
+
+# ---------------------------------------------------------------- the config is frozen after start-up
+def config_replacements(root: Path = ROOT) -> list[str]:
+    """Assignments to an attribute named `cfg` (`self.cfg = ...`, `rt.cfg = ...`) outside an
+    `__init__`: a run's Config is built once (parse_config) and never replaced; what changes while it
+    runs (engine URLs after a restart) lives in objects the config holds (EngineConfig.live)."""
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        tree = ast.parse(path.read_text(), filename=str(path))
+        for function in ast.walk(tree):
+            if not isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)) or function.name == "__init__":
+                continue
+            for node in ast.walk(function):
+                targets = node.targets if isinstance(node, ast.Assign) else \
+                    [node.target] if isinstance(node, (ast.AnnAssign, ast.AugAssign)) else []
+                if any(isinstance(t, ast.Attribute) and t.attr == "cfg" for t in targets):
+                    found.append(f"{path.relative_to(root.parent)}:{node.lineno}")
+    return found
+
+
+def test_the_config_is_never_replaced_after_start_up():
+    assert config_replacements() == []
+
+
+def test_the_replacement_checker_finds_one(tmp_path):
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "m.py").write_text("class R:\n    def __init__(self, cfg):\n        self.cfg = cfg\n"
+                                           "    def start(self):\n        self.cfg = 1\n")
+    assert config_replacements(tmp_path / "pkg") == ["pkg/m.py:5"]

@@ -200,7 +200,7 @@ def test_a_preset_reward_of_the_wrong_type_names_the_generate_function():
 
 
 def test_every_entry_of_dict_rewards_is_a_rollout_metric():
-    from lean_rl.rollout.default import rollout_metrics
+    from lean_rl.rollout.metrics import rollout_metrics
 
     samples = [_sample("4", "4"), _sample("5", "4"), _sample("4", "4")]
     samples[2].status = Status.FAILED  # left out of the means

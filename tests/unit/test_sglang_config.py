@@ -194,9 +194,8 @@ def test_on_a_cluster_the_urls_are_the_ones_the_engines_reported():
     assert config.on_cluster is False and config.engine_urls[0].startswith("http://127.0.0.1:")
     import dataclasses
 
-    reported = dataclasses.replace(config, on_cluster=True,
-                                   reported_engine_urls=("http://10.0.0.2:4000", "http://10.0.0.3:4000"),
-                                   reported_router_url="http://10.0.0.1:5000")
+    reported = dataclasses.replace(config, on_cluster=True)
+    reported.live.publish(("http://10.0.0.2:4000", "http://10.0.0.3:4000"), "http://10.0.0.1:5000")
     assert reported.engine_urls == ("http://10.0.0.2:4000", "http://10.0.0.3:4000")
     assert reported.router_url == "http://10.0.0.1:5000"
 

@@ -164,6 +164,22 @@ def _merge_flags(defaults: dict[str, list[str]], overrides: dict[str, list[str]]
     return [token for name, values in merged.items() for token in (name, *values)]
 
 
+class LiveEndpoints:
+    """The URLs an engine group's servers and router reported once they run (on a cluster each actor
+    binds its node's address on a port free there). The group writes them (start, restart); whoever
+    holds the run's EngineConfig reads them through engine_urls / router_url, so the config itself is
+    never replaced after start-up. A copy sent to another process is a snapshot."""
+
+    __slots__ = ("engine_urls", "router_url")
+
+    def __init__(self) -> None:
+        self.engine_urls: tuple[str, ...] = ()
+        self.router_url: str | None = None
+
+    def publish(self, engine_urls: tuple[str, ...] | list[str], router_url: str) -> None:
+        self.engine_urls, self.router_url = tuple(engine_urls), router_url
+
+
 @dataclass(frozen=True)
 class EngineConfig:
     # The user's flags (--help order). num_engines and gpus_per_engine are final after __post_init__:
@@ -227,12 +243,11 @@ class EngineConfig:
     # Multi-node (--ray-address): every engine is a Ray actor (engine_actor.py) that binds its node's
     # Ray address on a port free there, and the router binds the driver's; the ports above are then
     # not used. engine_nodes pins engine i to the Ray node at that IP (tests) instead of a SPREAD
-    # placement group. Once the group runs, it records the URLs its engines reported here
-    # (EngineGroup.config), and engine_urls / router_url return those.
+    # placement group. Once the group runs, it publishes the URLs its engines reported in `live`
+    # (EngineGroup), and engine_urls / router_url return those.
     on_cluster: bool = field(default=False, kw_only=True)
     engine_nodes: tuple[str, ...] = field(default=(), kw_only=True)
-    reported_engine_urls: tuple[str, ...] = field(default=(), kw_only=True)
-    reported_router_url: str | None = field(default=None, kw_only=True)
+    live: LiveEndpoints = field(default_factory=LiveEndpoints, kw_only=True, compare=False, repr=False)
 
     def __post_init__(self):
         if self.device == "cpu":
@@ -249,15 +264,15 @@ class EngineConfig:
 
     @property
     def router_url(self) -> str:
-        if self.reported_router_url is not None:
-            return self.reported_router_url
+        if self.live.router_url is not None:
+            return self.live.router_url
         self._require_ports()
         return f"http://{self.host}:{self.resolved_router_port}"
 
     @property
     def engine_urls(self) -> tuple[str, ...]:
-        if self.reported_engine_urls:
-            return self.reported_engine_urls
+        if self.live.engine_urls:
+            return self.live.engine_urls
         self._require_ports()
         return tuple(f"http://{self.host}:{port}" for port in self.engine_ports)
 

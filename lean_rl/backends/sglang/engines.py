@@ -261,8 +261,7 @@ class EngineGroup:
         return port
 
     def _publish_urls(self) -> None:
-        self.config = dataclasses.replace(self.config, reported_engine_urls=tuple(self._urls),
-                                          reported_router_url=self.router_url)
+        self.config.live.publish(self._urls, self.router_url)
 
     def _spawn_router(self) -> ChildProcess:
         # Its metrics port is nobody else's business: chosen now, not in the config, so that it has

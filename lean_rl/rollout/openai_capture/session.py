@@ -53,7 +53,7 @@ import jinja2
 from lean_rl.backends.sglang.client import EngineError, EngineHTTPError
 from lean_rl.buffer.prompt_source import load_tokenizer
 from lean_rl.rollout.base import stopping_event
-from lean_rl.rollout.default import generate_with_retries, token_versions
+from lean_rl.rollout.generate import generate_with_retries, token_versions
 from lean_rl.rollout.openai_capture.chat import (ChatRequest, RequestError, as_sampled, chat_completion_body,
                                                  completion_from_output, error_body, message_signature,
                                                  parse_chat_request)

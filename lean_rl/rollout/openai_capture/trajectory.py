@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from lean_rl.rollout.default import FINISH_TO_STATUS
+from lean_rl.rollout.generate import FINISH_TO_STATUS
 from lean_rl.sample import Sample, Status
 
 FANOUT_STRIDE = 2**40
