@@ -103,6 +103,10 @@ def _megatron_config(argv: list[str], args: argparse.Namespace, parallel: Parall
 
     if not args.hf_checkpoint:
         raise ConfigError("--hf-checkpoint is required (the model the engines serve and the trainer starts from)")
+    if not (Path(args.hf_checkpoint) / "config.json").is_file():  # checked before anything reads it
+        what = "no config.json there" if Path(args.hf_checkpoint).is_dir() else "not a directory"
+        raise ConfigError(f"--hf-checkpoint {args.hf_checkpoint}: {what} (an HF checkpoint: config.json, tokenizer, "
+                          "*.safetensors)")
     model = read_options(ModelFlags, args)
     hf_arch = arch_from_hf_config(args.hf_checkpoint, model.make_vocab_size_divisible_by, model.seq_length)
     given, _ = given_model_flags_parser().parse_known_args(argv)

@@ -117,6 +117,11 @@ def check_resume_checkpoints(cfg: Config) -> None:
     ckpt = cfg.train.checkpoint
     if cfg.run.debug_rollout_only:
         return
+    if ckpt.load and not Path(ckpt.load).exists() and not _same_dir(ckpt.load, ckpt.save):
+        # --load == --save is how a run resumes itself, and its first start finds nothing there yet; any
+        # other missing --load is a typo that would silently start from scratch
+        raise ConfigError(f"--load {ckpt.load}: no such directory (and it is not --save's, where this run would "
+                          "write its first checkpoint): fix the path, or drop --load to start from --hf-checkpoint")
     step = latest_resume_step(ckpt.load, "--load") if ckpt.load else None
     if ckpt.ref_load is not None and not Path(ckpt.ref_load).is_dir():
         raise ConfigError(f"--ref-load {ckpt.ref_load}: not a directory (a Megatron checkpoint root)")
@@ -127,6 +132,10 @@ def check_resume_checkpoints(cfg: Config) -> None:
         if critic is None or not has_step(critic, step):
             raise ConfigError(f"--load resumes the actor at step {step}, but the critic has no checkpoint of that step "
                               f"(--critic-load {critic}); point --critic-load at the critic saved with it")
+
+
+def _same_dir(a: str, b: str | None) -> bool:
+    return b is not None and os.path.abspath(a) == os.path.abspath(b)
 
 
 def check_ports(cfg: Config) -> None:

@@ -37,6 +37,7 @@ from lean_rl.extensions import install
 from lean_rl.rollout.base import RolloutOutput, rollout_function_path, rollout_output
 from lean_rl.rollout.evaluation import load_eval_datasets
 from lean_rl.rollout.metrics import rollout_metrics
+from lean_rl.run_lock import lock_run_directories
 from lean_rl.sample import Sample
 from lean_rl.stop import RunStopped, StopSignals
 from lean_rl.train_hooks import before_training
@@ -66,6 +67,7 @@ class Runtime:
         self._saved_step: int | None = None
         self._trainer_turn = False  # inside trainer_turn (colocated on GPU: the devices are the trainer's)
         self._ray_started = False
+        self._locks: list = []  # of --output-dir and --save (run_lock.py), held until close
 
     @property
     def finished(self) -> bool:
@@ -85,6 +87,8 @@ class Runtime:
         from lean_rl.utils.ray_utils import init_ray
 
         cfg = self.cfg
+        # first: no other run writes into this run's directories (lean_rl/run_lock.py)
+        self._locks = lock_run_directories(cfg.run.output_dir, cfg.train.checkpoint.save)
         # before any process starts: the model dir, checkpoints, ports, --save (preflight.py), the datasets
         check_before_start(cfg)
         with dataset_errors_as_config_errors():
@@ -229,6 +233,8 @@ class Runtime:
             import ray
 
             ray.shutdown()
+        for lock in self._locks:  # last: nothing of this run writes into its directories any more
+            lock.release()
 
     # ------------------------------------------------------------ the steps of the algorithm
     async def rollout(self, step: int) -> RolloutOutput:

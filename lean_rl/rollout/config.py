@@ -164,8 +164,15 @@ class EvalConfig:
     function_path: str | None = option(None, flag="--eval-function-path",
                                        help="rollout function of evaluation; default: --rollout-function-path")
     reward_key: str | None = option(None, flag="--eval-reward-key", help="default: --reward-key")
+    max_failed_fraction: float = option(0.5, flag="--eval-max-failed-fraction", help=(
+        "an evaluation sample whose generation failed (an engine fault past the retries) is counted "
+        "(eval/<name>/failed) and scored by no metric; past this fraction of a set the run stops"))
     # Derived once by config.parse_config (with_rollout_sampling): the rollout's sampling with the two eval overrides.
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.max_failed_fraction <= 1:
+            raise ConfigError(f"--eval-max-failed-fraction must be in [0, 1], got {self.max_failed_fraction}")
 
     def with_rollout_sampling(self, rollout: SamplingConfig) -> "EvalConfig":
         """This config with `sampling` derived from the rollout's: --eval-temperature and

@@ -6,17 +6,20 @@ from __future__ import annotations
 import asyncio
 import collections
 import functools
+import logging
 import math
 from typing import TYPE_CHECKING
 
 from lean_rl.buffer.prompt_source import PromptRecord, load_prompts, load_tokenizer
 from lean_rl.rollout.base import RolloutOutput, generated_samples
 from lean_rl.rollout.rewards import reward_entry_means, score_group
-from lean_rl.sample import Sample
+from lean_rl.sample import Sample, Status
 
 if TYPE_CHECKING:  # not at run time: lean_rl.config imports every flag group (Megatron's included)
     from lean_rl.config import Config
     from lean_rl.extensions import Extensions, GenerateFunction
+
+logger = logging.getLogger(__name__)
 
 
 def pass_at_k(n: int, correct: int, k: int) -> float:
@@ -39,6 +42,22 @@ def load_eval_datasets(cfg: Config) -> dict[str, int]:
     return {name: len(_eval_records(name, path, cfg.data, cfg.engines.model_path)) for name, path in cfg.eval.datasets}
 
 
+class EvaluationFailedError(RuntimeError):
+    """More than --eval-max-failed-fraction of an evaluation set failed to generate."""
+
+
+def check_failed_evaluation(cfg: Config, name: str, failed: list[Sample], total: int) -> None:
+    """Log the failed samples of evaluation set `name`; EvaluationFailedError past the threshold."""
+    if not failed:
+        return
+    logger.warning("evaluation %s: %d of %d samples failed to generate (first: %s)", name, len(failed), total,
+                   failed[0].metadata.get("generate_error"))
+    if len(failed) > cfg.eval.max_failed_fraction * total:
+        raise EvaluationFailedError(f"evaluation {name}: {len(failed)} of {total} samples failed to generate, more than "
+                                    f"--eval-max-failed-fraction {cfg.eval.max_failed_fraction} (first: "
+                                    f"{failed[0].metadata.get('generate_error')})")
+
+
 async def run_evaluation(cfg: Config, rollout_id: int, extensions: Extensions,
                          default_generate: GenerateFunction) -> RolloutOutput:
     """Generate and score every prompt of each --eval-prompt-data set. The generate function gets
@@ -56,7 +75,12 @@ async def run_evaluation(cfg: Config, rollout_id: int, extensions: Extensions,
 
     async def one(sample: Sample) -> list[Sample]:
         async with semaphore:
-            result = await generate_call(cfg, sample, dict(params), True)
+            try:
+                result = await generate_call(cfg, sample, dict(params), True)
+            except Exception as err:  # noqa: BLE001 - one failed request must not end the run (it is counted)
+                sample.status = Status.FAILED
+                sample.metadata["generate_error"] = f"{type(err).__name__}: {err}"[:500]
+                return [sample]
         return generated_samples(cfg, generate_fn, result, sample.group_index)
 
     for name, path in cfg.eval.datasets:
@@ -65,9 +89,18 @@ async def run_evaluation(cfg: Config, rollout_id: int, extensions: Extensions,
         groups = [[Sample(index=i * n + j, group_index=i, prompt=r.prompt, tokens=list(r.tokens), label=r.label,
                           metadata=dict(r.metadata)) for j in range(n)] for i, r in enumerate(records)]
         attempts = await asyncio.gather(*(asyncio.gather(*(one(s) for s in g)) for g in groups))
+        failed = [s for g in attempts for attempt in g for s in attempt if s.status == Status.FAILED]
+        check_failed_evaluation(cfg, name, failed, sum(len(attempt) for g in attempts for attempt in g))
+        # what failed says nothing about the policy: no metric scores it (a failed attempt counts as not
+        # passed in pass@k, which keeps its k attempts per prompt)
+        attempts = [[[s for s in attempt if s.status != Status.FAILED] for attempt in g] for g in attempts]
         finished = [[s for attempt in g for s in attempt] for g in attempts]
+        finished = [g for g in finished if g]
         await asyncio.gather(*(score_group(cfg, g, extensions.reward, extensions.group_reward, counters,
                                            evaluation=True) for g in finished))
+        output.metrics[f"eval/{name}/failed"] = float(len(failed))
+        if not finished:  # every sample failed (--eval-max-failed-fraction 1): nothing to score
+            continue
         unscored = [s.index for g in finished for s in g if s.reward is None]
         if unscored:
             raise ValueError(f"evaluation {name}: {len(unscored)} sample(s) have no reward (e.g. sample {unscored[0]}): "

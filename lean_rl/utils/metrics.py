@@ -13,6 +13,7 @@ import json
 import logging
 import math
 import os
+import secrets
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -52,6 +53,17 @@ class Timers:
         return out
 
 
+def wandb_run_id(run_dir: Path) -> str:
+    """The W&B run id of the run in `run_dir`: the one it wrote there at its first start, else a new one
+    (written now), so that a resumed run logs into the same W&B run."""
+    path = run_dir / "wandb_run_id"
+    if path.is_file() and path.read_text().strip():
+        return path.read_text().strip()
+    run_id = secrets.token_hex(8)  # W&B ids: up to 64 of [a-z0-9_-]
+    path.write_text(run_id + "\n")
+    return run_id
+
+
 class MetricsLogger:
     def __init__(self, run_dir: str | Path, resume_step: int = 0, tensorboard: bool = True,
                  wandb_project: str | None = None, wandb_run_name: str | None = None, config: dict | None = None,
@@ -74,8 +86,9 @@ class MetricsLogger:
         if wandb_project:
             import wandb  # optional: installed by the user when they ask for --use-wandb
 
+            # a rerun on the same --output-dir (a resume) continues the same W&B run
             self._wandb = wandb.init(project=wandb_project, name=wandb_run_name, config=config or {},
-                                     dir=str(self.run_dir), resume="allow")
+                                     dir=str(self.run_dir), id=wandb_run_id(self.run_dir), resume="allow")
 
     def _truncate_from(self, step: int) -> None:
         """Keep the rows of steps before `step`; drop the rest and any torn line (logged)."""

@@ -170,3 +170,35 @@ def test_tool_sandbox_that_cannot_be_built(base, tmp_path):
     result = run_watched("lean_rl.train", [*base, "--environment-path", "calculator_env.CalculatorEnv"], env=env)
     assert_one_line_error(*result, "--tool-sandbox bwrap", "no `bwrap` on PATH", "apt-get install bubblewrap",
                           "--tool-sandbox none")
+
+
+def test_hf_checkpoint_that_does_not_exist(toy_data, tmp_path):
+    result = run_watched("lean_rl.train", ["--hf-checkpoint", str(tmp_path / "no-such-model"),
+                                           "--prompt-data", str(toy_data / "train.jsonl")])
+    assert_one_line_error(*result, f"--hf-checkpoint {tmp_path / 'no-such-model'}: not a directory")
+
+
+def test_load_that_does_not_exist_and_is_not_save(base, tmp_path):
+    result = run_watched("lean_rl.train", [*base, "--load", str(tmp_path / "typo"), "--save", str(tmp_path / "ckpt")])
+    assert_one_line_error(*result, f"--load {tmp_path / 'typo'}: no such directory")
+
+
+HOLD_LOCK = """
+import sys, time
+from lean_rl.run_lock import DirectoryLock
+DirectoryLock(sys.argv[1], "--output-dir").acquire()
+print("held", flush=True)
+time.sleep(120)
+"""
+
+
+def test_a_second_run_on_the_same_directory_is_refused(base, tmp_path):
+    first = subprocess.Popen([sys.executable, "-c", HOLD_LOCK, str(tmp_path / "run")], cwd=REPO, text=True,
+                             stdout=subprocess.PIPE)
+    try:
+        assert first.stdout.readline().strip() == "held"
+        result = run_watched("lean_rl.train", [*base, "--output-dir", str(tmp_path / "run")])
+        assert_one_line_error(*result, f"--output-dir {tmp_path / 'run'}: in use by another run (pid {first.pid})")
+    finally:
+        first.kill()
+        first.wait(timeout=30)

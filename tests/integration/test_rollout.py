@@ -18,6 +18,7 @@ from lean_rl.backends.sglang.health import EngineMonitor
 from lean_rl.buffer.data_buffer import create_data_buffer
 from lean_rl.config import parse_config
 from lean_rl.rollout.default import generate, generate_rollout
+from lean_rl.rollout.evaluation import EvaluationFailedError
 from lean_rl.sample import NOT_GENERATED, Status
 
 pytestmark = pytest.mark.integration
@@ -61,6 +62,12 @@ def user_plugins(tmp_path_factory):
 
         async def token_checksum_rm(cfg, sample):  # tells responses apart by their tokens
             return float(sum((i + 1) * t for i, t in enumerate(sample.response_tokens)))
+
+        async def sometimes_bad_request_generate(cfg, sample, sampling_params, evaluation=False):
+            # every third prompt asks the engine for something it refuses (a real HTTP 400)
+            if sample.group_index % 3 == 0:
+                sampling_params = dict(sampling_params, temperature=-1.0)
+            return await default_generate(cfg, sample, sampling_params)
     """))
     sys.path.insert(0, str(root))
     yield
@@ -250,6 +257,19 @@ def test_evaluation_reports_mean_reward_and_pass_at_k_per_set(engine_group, prom
         assert out.metrics[f"eval/{name}/reward_mean"] == pytest.approx(sum(rewards) / len(rewards))
         assert 0.0 <= out.metrics[f"eval/{name}/pass@1"] <= out.metrics[f"eval/{name}/pass@3"] <= 1.0
         assert all(s.response_length <= 8 for s in out.samples[name])
+
+
+def test_evaluation_counts_failed_generations_and_stops_past_its_threshold(engine_group, prompts_file,
+                                                                           user_plugins):
+    flags = ("--custom-rm-path", "rollout_plugins.length_rm", "--custom-generate-function-path",
+             "rollout_plugins.sometimes_bad_request_generate", "--eval-prompt-data", "main", str(prompts_file),
+             "--eval-max-response-len", "4")
+    out = asyncio.run(generate_rollout(make_cfg(engine_group, prompts_file, *flags), 0, buffer=None, evaluation=True))
+    assert out.metrics["eval/main/failed"] == 6.0  # prompts 0, 3, ..., 15 of 16
+    assert len(out.samples["main"]) == 10 and all(s.reward is not None for s in out.samples["main"])
+    strict = make_cfg(engine_group, prompts_file, *flags, "--eval-max-failed-fraction", "0.25")
+    with pytest.raises(EvaluationFailedError, match="evaluation main: 6 of 16 samples failed to generate"):
+        asyncio.run(generate_rollout(strict, 0, buffer=None, evaluation=True))
 
 
 def test_kill_9_the_router_mid_rollout_it_is_restarted_and_every_sample_arrives(engine_group, prompts_file):

@@ -15,6 +15,7 @@ FAILED samples are no training data (rollout_batch.py): a rollout where more tha
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import TYPE_CHECKING
 
@@ -37,6 +38,8 @@ from lean_rl.sample import Sample, Status
 if TYPE_CHECKING:
     from lean_rl.backends.megatron.group import MegatronGroup
 
+
+logger = logging.getLogger(__name__)
 
 class NonFiniteStepsError(RuntimeError):
     """Too many optimizer steps in a row had a non-finite loss or gradient."""
@@ -274,5 +277,9 @@ def initialize_for_training(group: "MegatronGroup", train: TrainConfig, algo: Al
         else:
             group.call_all(RankTrainer.snapshot_reference)
     if resume:
-        return group.load_checkpoint(load_root, step=actor_step or None)
+        step, extra = group.load_checkpoint(load_root, step=actor_step or None)
+        logger.info("%s: resumed from %s %s at step %d", role, load_flag, load_root, step)
+        return step, extra
+    logger.info("%s: started from --hf-checkpoint %s%s", role, hf,
+                f" ({load_flag} {load_root} holds no checkpoint yet)" if load_root else "")
     return 0, None
