@@ -6,7 +6,7 @@ stand-in whose save_checkpoint sleeps, so the save's length is known exactly; th
 loop around a save, not about Megatron's checkpoint writer (tested in
 tests/integration/test_megatron_checkpoint.py).
 
-Prints, flushed: `saving STEP` / `saved STEP` around each save, and `tick` every 0.1 s from a task on
+Writes, one line at a time: `saving STEP` / `saved STEP` around each save, and `tick` every 0.1 s from a task on
 the event loop, so the test sees whether the loop ran while a save was being written.
 """
 
@@ -19,16 +19,23 @@ from lean_rl.config import parse_config
 from lean_rl.runtime import Runtime
 
 
+def say(line: str) -> None:
+    """One line in one write: print() writes the text and the newline apart, so lines printed by the
+    loop and by the saving thread at once could run into each other."""
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
+
+
 class SlowSavingTrainer:
     def __init__(self, seconds: float):
         self.seconds = seconds
 
     def save_checkpoint(self, root: str, step: int, extra_state: dict) -> None:
-        print(f"saving {step}", flush=True)
+        say(f"saving {step}")
         time.sleep(self.seconds)
         Path(root).mkdir(parents=True, exist_ok=True)
         (Path(root) / f"step_{step}").write_text("done")
-        print(f"saved {step}", flush=True)
+        say(f"saved {step}")
 
     def shutdown(self) -> None:
         pass
@@ -45,7 +52,7 @@ class SlowSaveRuntime(Runtime):
 async def saving_loop(rt: Runtime) -> None:
     async def tick():
         while True:
-            print("tick", flush=True)
+            say("tick")
             await asyncio.sleep(0.1)
 
     ticker = asyncio.create_task(tick())

@@ -83,7 +83,7 @@ def test_sigint_during_a_save_stops_after_it_and_the_loop_keeps_running(flags):
 
 
 def test_a_second_sigint_during_a_save_exits_at_once(flags):
-    run = SlowSave(flags)
+    run = SlowSave(flags, save_s=30)
     run.wait_for("saving 1")
     run.proc.send_signal(signal.SIGINT)
     time.sleep(1.0)
@@ -94,11 +94,11 @@ def test_a_second_sigint_during_a_save_exits_at_once(flags):
     assert status == 128 + signal.SIGINT, out
     assert "SIGINT again: exiting now" in out
     assert "saved 1" not in out
-    assert ended - second < 2.0, f"{ended - second:.2f} s"
+    assert ended - second < 5.0, f"{ended - second:.2f} s"  # the save had 29 s to go (a loaded machine: slack)
 
 
 def test_the_stop_timeout_watchdog_fires_during_a_save(flags):
-    run = SlowSave([*flags, "--stop-timeout", "1"], save_s=30)
+    run = SlowSave([*flags, "--stop-timeout", "1"], save_s=60)
     run.wait_for("saving 1")
     sent = time.monotonic()
     run.proc.send_signal(signal.SIGTERM)
@@ -107,4 +107,4 @@ def test_the_stop_timeout_watchdog_fires_during_a_save(flags):
     assert status == 128 + signal.SIGTERM, out
     assert "not stopped within --stop-timeout 1 s: exiting now" in out
     assert "saved 1" not in out
-    assert 0.9 < ended - sent < 4.0, f"{ended - sent:.2f} s"
+    assert 0.9 < ended - sent < 10.0, f"{ended - sent:.2f} s"  # the save had 60 s to go (slack: a loaded machine)
