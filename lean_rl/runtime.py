@@ -347,7 +347,10 @@ class Runtime:
             if not rt.finished:
                 stopped = asyncio.run(rt.run_until_stopped(loop))
         finally:
-            rt.close()
+            try:
+                rt.close()  # still under the signal watcher: a second signal exits at once
+            finally:
+                rt.stop.uninstall()
         print_run_summary(cfg.run.output_dir)
         write_run_curves(cfg.run.output_dir)  # OUTPUT_DIR/curves.png; a failure is only a warning
         if stopped is not None:
@@ -356,12 +359,12 @@ class Runtime:
     async def run_until_stopped(self, loop) -> RunStopped | None:
         """`await loop(self)` with SIGTERM / SIGINT handled (lean_rl/stop.py): on a signal the loop
         stops at a step boundary and that step is saved (with --save). Returns the RunStopped, if any."""
-        self.stop.install()
+        self.stop.install()  # until Runtime.run has closed everything (stop.uninstall)
         try:
             await loop(self)
         except RunStopped as stopped:
             logger.warning("%s", stopped)
-            self.save(stopped.step)
+            await self.save(stopped.step)
             return stopped
         finally:
             capture = sys.modules.get("lean_rl.rollout.openai_capture.server")
@@ -369,27 +372,36 @@ class Runtime:
                 await capture.stop_capture_servers()
         return None
 
-    def maybe_save(self, step: int) -> None:
+    async def maybe_save(self, step: int) -> None:
         """Every --save-interval rollouts and after the last."""
         ckpt = self.cfg.train.checkpoint
         if self.trainer is None or not ckpt.should_save(step, last=step == self.cfg.run.num_rollout):
             return
-        self.save(step)
+        await self.save(step)
 
-    def save(self, step: int) -> None:
+    async def save(self, step: int) -> None:
         """A checkpoint at `step` (rollouts trained), once, when --save is set. The critic first: the
         actor's checkpoint (which holds the buffer state) is what a resume starts from, so its step must
-        have a critic. In-flight groups are saved as pending: a resume generates them again."""
+        have a critic. In-flight groups are saved as pending: a resume generates them again.
+
+        The buffer's state is taken here, on the event loop (the only writer of the buffer), and the
+        checkpoint is written on a thread: meanwhile the loop keeps serving (fully async generation and
+        the capture endpoint go on; a signal is noted and the run stops after this save)."""
         ckpt = self.cfg.train.checkpoint
         if self.trainer is None or not ckpt.save or self._saved_step == step or step <= self.start_step:
             return
         self._saved_step = step
+        state = {"buffer": self.buffer.state_dict()} if self.buffer is not None else {}
+        with self.timers("save"):
+            await asyncio.to_thread(self._write_checkpoint, step, state)
+
+    def _write_checkpoint(self, step: int, state: dict) -> None:
+        ckpt = self.cfg.train.checkpoint
         # a save after a signal comes outside a trainer turn: colocated on GPU the trainer is offloaded
         # then, and takes the devices back for it (the run ends right after)
-        with self.trainer_turn(), self.timers("save"):
+        with self.trainer_turn():
             if self.critic is not None:
                 self.critic.save_checkpoint(ckpt.critic_save_dir, step)
-            state = {"buffer": self.buffer.state_dict()} if self.buffer is not None else {}
             self.trainer.save_checkpoint(ckpt.save, step, state)
 
     async def maybe_evaluate(self, step: int) -> dict[str, float]:

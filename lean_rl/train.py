@@ -40,7 +40,7 @@ async def train(rt: Runtime) -> None:
             if rt.trainer is not None:
                 with rt.timers("train"):
                     train_metrics = await asyncio.to_thread(train_rollout, rt.trainer, groups, step, rt.train_options)
-            rt.maybe_save(step + 1)  # before the sync: colocated on GPU the trainer leaves the devices then
+            await rt.maybe_save(step + 1)  # before the sync: colocated on GPU the trainer leaves the devices then
 
             # 3. sync: the engines serve version step + 1, proven by the probe (the trainer offloads first)
             if rt.weight_sync is not None:

@@ -62,7 +62,7 @@ async def train_one_step_off(rt: Runtime) -> None:
         train_metrics.update(probe_metrics(report.probe))
 
         # 4. checkpoint, evaluate, log
-        rt.maybe_save(step + 1)
+        await rt.maybe_save(step + 1)
         eval_metrics = await rt.maybe_evaluate(step + 1)
         rt.log(step, step_metrics(time.perf_counter() - step_started, rt.timers.pop(), rollout, train_metrics,
                                   eval_metrics, generate_active_s=generate_s))
@@ -110,7 +110,7 @@ async def train_fully_async(rt: Runtime) -> None:
             train_metrics.update(probe_metrics(probe))
 
             # 4. checkpoint, evaluate, log
-            rt.maybe_save(step + 1)
+            await rt.maybe_save(step + 1)
             eval_metrics = await rt.maybe_evaluate(step + 1)
             timers = rt.timers.pop()
             step_s = time.perf_counter() - step_started

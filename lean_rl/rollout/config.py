@@ -98,9 +98,16 @@ class RolloutConfig:
     custom_config: CustomConfigFlags = group(CustomConfigFlags, title="user functions")
     request_retries: int = option(5, flag="--rollout-request-retries", at_least=0,
                                   help="retries of one /generate call when an engine fails under it")
+    blocking_threads: int = option(
+        32, flag="--rollout-blocking-threads", positive=True,
+        help="threads for blocking user code: environment methods written as plain `def`, and agent code run "
+             "with lean_rl.rollout.blocking.run_blocking; a call that hangs holds one of them until it returns, "
+             "never a train step, a weight sync nor the process at exit")
     timeout_s: float = option(3600.0, flag="--rollout-timeout", positive=True,
                               help="seconds one rollout (or evaluation) may take, the rollout function's own "
-                                   "included; past it the run stops with an error (nothing of that step trained)")
+                                   "included; past it the run stops with an error (nothing of that step trained). "
+                                   "--async-mode full: the wait for a batch, and each group's generation (a group "
+                                   "past it fails and is dropped, counted in rollout/groups_timed_out)")
     tool_sandbox: str = option("bwrap", choices=TOOL_SANDBOXES, help=(
         "what isolates tool code run by lean_rl.rollout.sandbox: bwrap (bubblewrap namespaces; a run whose hooks "
         "use the sandbox refuses to start without it) or none (unisolated, a warning on every call)"))

@@ -18,7 +18,7 @@ import time
 
 from lean_rl.rollout.base import on_every_engine
 from lean_rl.rollout.group_runner import GroupRunner
-from lean_rl.sample import Sample
+from lean_rl.sample import Sample, Status
 
 
 class ContinuousGenerator:
@@ -54,7 +54,8 @@ class ContinuousGenerator:
     async def next_batch(self, step: int) -> tuple[list[list[Sample]], dict[str, float]]:
         """The groups of a batch fresh enough for policy version `step` (the buffer requeues stale
         ones), waiting (bounded) while they generate; and the runner's counters since the last batch."""
-        need, timeout_s = self.cfg.rollout.rollout_batch_size, self.cfg.engines.request_timeout_s * 2
+        # --rollout-timeout, as in the per-step modes: what one rollout (a batch) may take
+        need, timeout_s = self.cfg.rollout.rollout_batch_size, self.cfg.rollout.timeout_s
         deadline = time.monotonic() + timeout_s
         groups: list[list[Sample]] = []
         while len(groups) < need:
@@ -65,8 +66,9 @@ class ContinuousGenerator:
             if self.data_exhausted and self.buffer.num_ready() == 0 and self.buffer.num_in_flight() == 0:
                 raise RuntimeError(f"step {step}: the prompt data is used up ({len(groups)} of {need} groups)")
             if time.monotonic() > deadline:
-                raise TimeoutError(f"step {step}: no batch of {need} groups within {timeout_s:.0f} s "
-                                   f"(have {len(groups)})")
+                raise TimeoutError(f"step {step}: no batch of {need} groups within --rollout-timeout {timeout_s:g} s "
+                                   f"(have {len(groups)}); nothing of it was trained (raise --rollout-timeout if "
+                                   "rollouts are this long)")
             await asyncio.sleep(0.05)
         counters = dict(self.counters)
         self.counters.clear()
@@ -106,6 +108,22 @@ class ContinuousGenerator:
         return self.runner.counters
 
     # ------------------------------------------------------------ the loop
+    async def _run_group_within_deadline(self, group: list[Sample]) -> None:
+        """One group, bounded by --rollout-timeout as a whole rollout is in the per-step modes. Past it
+        the group is cancelled (its HTTP requests are closed: SGLang aborts a request whose client went
+        away), its samples are FAILED and it is dropped: counted (rollout/groups_timed_out), never
+        trained. Its prompt is not handed out again, as a failed sample's is not."""
+        timeout_s = self.cfg.rollout.timeout_s
+        try:
+            await asyncio.wait_for(self.runner.run_group(group), timeout_s)
+        except asyncio.TimeoutError:
+            for sample in group:
+                sample.reset_response()  # cut anywhere: whatever it held is not kept
+                sample.status = Status.FAILED
+                sample.metadata["generate_error"] = f"the group did not finish within --rollout-timeout {timeout_s:g} s"
+            self.buffer.drop_groups([group], "timed_out")
+            self.counters["groups_timed_out"] += 1
+
     def admissible_new_groups(self) -> int:
         allowed = (self.version - self.start_version + self.cfg.rollout.max_staleness + 1) * self.cfg.rollout.rollout_batch_size
         issued = self.buffer.get_counters().get("prompts_issued", 0) - self._issued_at_start
@@ -120,7 +138,7 @@ class ContinuousGenerator:
             if room > 0:
                 groups = self.buffer.get_prompt_groups(room, max_new=self.admissible_new_groups())
                 for group in groups:
-                    task = asyncio.create_task(self.runner.run_group(group))
+                    task = asyncio.create_task(self._run_group_within_deadline(group))
                     self._tasks.add(task)
                 if not groups and not self._tasks and self.admissible_new_groups() > 0:
                     self.data_exhausted = True  # allowed to start more, but the data is used up

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING
 from lean_rl.backends.sglang.client import EngineClient
 from lean_rl.buffer.prompt_source import load_tokenizer
 from lean_rl.rollout.base import engine_client, rollout_stopping, serving_engine_urls
+from lean_rl.rollout.blocking import run_blocking
 from lean_rl.rollout.generate import count_retry, generate_with_retries, token_versions
 from lean_rl.rollout.environment import ObservationRenderer, as_observation, as_step_result
 from lean_rl.sample import Sample, Status
@@ -57,8 +58,8 @@ async def generate(cfg: Config, sample: Sample, sampling_params: dict, evaluatio
     rewards: list[float] = []
     env = None
     try:
-        env = await _call(mt, "make_env", _make_env(mt.environment_path), cfg, sample)
-        first = await _call(mt, "reset", getattr(env, "reset", None), sample)
+        env = await _call(cfg, "make_env", _make_env(mt.environment_path), cfg, sample)
+        first = await _call(cfg, "reset", getattr(env, "reset", None), sample)
         if (first := _checked(as_observation, first, "reset")) is not None:
             prompt = _checked(renderer.prompt_with, sample.tokens, first)
             sample.metadata["prompt_length_before_reset"] = len(sample.tokens)
@@ -90,7 +91,7 @@ async def generate(cfg: Config, sample: Sample, sampling_params: dict, evaluatio
             if result.finish_reason == "length" and max_new == left:
                 return _end(cfg, sample, Status.TRUNCATED, "response_budget", rewards, tokenizer)
             action = tokenizer.decode(result.output_ids, skip_special_tokens=True)
-            step = _checked(as_step_result, await _call(mt, "step", getattr(env, "step", None), action))
+            step = _checked(as_step_result, await _call(cfg, "step", getattr(env, "step", None), action))
             if step.reward is not None:
                 rewards.append(float(step.reward))
             if step.info:
@@ -112,7 +113,7 @@ async def generate(cfg: Config, sample: Sample, sampling_params: dict, evaluatio
     finally:
         if env is not None and hasattr(env, "close"):
             try:
-                await _call(mt, "close", env.close)
+                await _call(cfg, "close", env.close)
             except EnvironmentFailed as err:
                 sample.metadata["environment_close_error"] = str(err)[:1000]
 
@@ -153,17 +154,19 @@ def _end(cfg: Config, sample: Sample, status: Status, reason: str, rewards: list
     return sample
 
 
-async def _call(mt, what: str, fn, *args):
-    """One environment call, bounded by --environment-timeout (a plain `def` runs in a thread, so it
-    neither blocks the rollout's event loop nor escapes the deadline); its failures become
-    EnvironmentFailed."""
+async def _call(cfg: Config, what: str, fn, *args):
+    """One environment call, bounded by --environment-timeout; its failures become EnvironmentFailed.
+    A plain `def` runs on the pool of threads for blocking user code (rollout/blocking.py), so it
+    neither blocks the rollout's event loop nor escapes the deadline, and one that hangs takes no
+    thread a train step, a sync or the exit needs."""
+    mt = cfg.rollout.multi_turn
     if not callable(fn):
         raise EnvironmentFailed(f"the environment has no {what}() method (--environment-path: see "
                                 "lean_rl/rollout/environment.py)")
     try:
         if inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(getattr(fn, "__call__", None)):
             return await asyncio.wait_for(fn(*args), mt.environment_timeout)
-        result = await asyncio.wait_for(asyncio.to_thread(fn, *args), mt.environment_timeout)
+        result = await asyncio.wait_for(run_blocking(cfg, fn, *args), mt.environment_timeout)
         if inspect.isawaitable(result):  # a plain function that returned a coroutine
             result = await asyncio.wait_for(result, mt.environment_timeout)
         return result

@@ -9,7 +9,9 @@ weights" and the callback is tried again every round, or a full sync delivers th
 (weights_delivered). Without a callback (an engine group on its own) it goes back at once.
 
 Runs on its own thread for the life of the group; the replacement servers are started by their engine
-actors (engine_actor.py), so the thread may stop before the group does.
+actors (engine_actor.py), so the thread may stop before the group does. A restart (tens of seconds) and
+the rejoin after it run on a thread of their own per engine: meanwhile the monitor goes on watching the
+other engines and the router, and the run goes on with the engines that serve.
 """
 
 from __future__ import annotations
@@ -52,6 +54,7 @@ class EngineMonitor:
         # called with an engine's index after its restart, before it rejoins the router (see above)
         self.rejoin: Callable[[int], None] | None = None
         self._restarting: set[int] = set()
+        self._working: dict[int, threading.Thread] = {}  # engine -> the thread restarting or rejoining it
         self._state_lock = threading.Lock()
         self._stop = threading.Event()
         self._holds = 0  # hold_health_checks nests (a sync inside the async loop's pause)
@@ -70,10 +73,15 @@ class EngineMonitor:
 
     def stop(self, timeout_s: float = 60.0) -> None:
         self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout_s)
-            if self._thread.is_alive():
-                logger.warning("engine monitor did not stop within %.0f s (a restart in progress?)", timeout_s)
+        deadline = time.monotonic() + timeout_s
+        with self._state_lock:
+            workers = list(self._working.values())
+        for thread in [self._thread, *workers]:
+            if thread is not None:
+                thread.join(max(deadline - time.monotonic(), 0.0))
+                if thread.is_alive():
+                    logger.warning("engine monitor: %s did not stop within %.0f s (a restart in progress?)",
+                                   thread.name, timeout_s)
         self._http.close()
 
     def __enter__(self) -> EngineMonitor:
@@ -134,23 +142,47 @@ class EngineMonitor:
                                    f"{[state.events[-1:] for state in self.health]}")
             time.sleep(0.5)
 
-    def check_once(self) -> None:
+    def check_once(self, background: bool = False) -> None:
+        """One round over the router and every engine. `background` (the monitor's own thread): each
+        restart or rejoin runs on a thread of its own and the round goes on; otherwise (called by hand)
+        they are done in place."""
+        run = self._in_background if background else lambda index, fn, *args: fn(*args)
         self._check_router()
         for index, state in enumerate(self.health):
-            if self._stop.is_set() or state.gave_up:
+            with self._state_lock:
+                working = index in self._working
+            if self._stop.is_set() or state.gave_up or working:
                 continue
             if not self.group.engine_alive(index):
-                self._restart(index, state, "its process exited")
+                run(index, self._restart, index, state, "its process exited")
             elif state.awaiting_weights:
-                self._try_rejoin(index, state)
+                run(index, self._try_rejoin, index, state)
             elif self._holds:
                 continue
             elif not self._healthy(index):
                 state.consecutive_failures += 1
                 if state.consecutive_failures >= self.failures_before_restart:
-                    self._restart(index, state, f"{state.consecutive_failures} failed health checks in a row")
+                    run(index, self._restart, index, state,
+                        f"{state.consecutive_failures} failed health checks in a row")
             else:
                 state.consecutive_failures = 0
+
+    def _in_background(self, index: int, fn, *args) -> None:
+        """`fn(*args)` (engine `index`'s restart or rejoin) on a thread of its own; the engine is skipped
+        by later rounds until it is done."""
+        def work() -> None:
+            try:
+                fn(*args)
+            except Exception:  # noqa: BLE001 - a monitor that dies silently is worse than a noisy one
+                logger.exception("engine monitor: work on engine %d failed", index)
+            finally:
+                with self._state_lock:
+                    self._working.pop(index, None)
+
+        thread = threading.Thread(target=work, name=f"lean_rl-engine-monitor-{index}", daemon=True)
+        with self._state_lock:
+            self._working[index] = thread
+        thread.start()
 
     def _check_router(self) -> None:
         if self._stop.is_set() or self.router_restarts >= self.max_restarts:
@@ -249,6 +281,6 @@ class EngineMonitor:
     def _run(self) -> None:
         while not self._stop.wait(self.interval_s):
             try:
-                self.check_once()
+                self.check_once(background=True)
             except Exception:  # noqa: BLE001 - a monitor that dies silently is worse than a noisy one
                 logger.exception("engine monitor check failed")

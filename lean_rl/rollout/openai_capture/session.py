@@ -9,7 +9,8 @@ token-exact, and the trajectory turned into Samples.
         return session.samples()
 
 The endpoint runs on the event loop of the code that opened the session: an agent written with the
-blocking `openai.OpenAI` client must run in a thread (`await asyncio.to_thread(agent, ...)`), or its
+blocking `openai.OpenAI` client must run in a thread (`await run_blocking(cfg, agent, ...)`, rollout/blocking.py: the
+run's bounded daemon threads, which a hung agent cannot take from a train step nor the exit), or its
 first call would block the loop that has to answer it.
 
 One chat completion: the messages (and tools) are rendered with the model's chat template
