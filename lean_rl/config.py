@@ -19,6 +19,7 @@ flags, when given (e.g. from scripts/models/*.sh), must agree with it.
 from __future__ import annotations
 
 import argparse
+import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -29,7 +30,7 @@ from lean_rl.backends.megatron.config import MegatronConfig, ModelFlags, Paralle
 from lean_rl.backends.megatron.hf_config import checkpoint_dtype
 from lean_rl.backends.megatron.train_config import (BatchPlan, CheckpointConfig, TrainConfig, TrainerLayout,
                                                     training_temperature)
-from lean_rl.backends.sglang.config import (EngineConfig, engines_dtype, resolve_api_key, resolve_ports,
+from lean_rl.backends.sglang.config import (API_KEY_ENV, EngineConfig, engines_dtype, resolve_api_key, resolve_ports,
                                            split_passthrough)
 from lean_rl.buffer.config import DataConfig
 from lean_rl.buffer.prompt_source import check_prompt_file_type
@@ -41,6 +42,8 @@ from lean_rl.run_config import RunConfig
 from lean_rl.utils.custom_config import ReadOnlyMapping, load_custom_config
 from lean_rl.utils.device import detect_device
 from lean_rl.weight_sync.config import WeightSyncConfig
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -173,6 +176,10 @@ def parse_config(argv: list[str]) -> Config:
         other_cpu_engines=distillation.teacher_engine_count,
         colocated=run.colocate and not (run.debug_rollout_only or run.debug_train_only),
         dtype=engines_dtype(passthrough.server, megatron.params_dtype, checkpoint_dtype(args.hf_checkpoint)))))
+    typed_key = any(a == "--sglang-api-key" or a.startswith("--sglang-api-key=") for a in argv)
+    if typed_key and engines.api_key:  # a key on the command line ('none' stores "": nothing to hide)
+        logger.warning("--sglang-api-key: a key typed on the command line shows in `ps` and in Ray's job table; "
+                       "prefer --sglang-api-key-file FILE or $%s", API_KEY_ENV)
     distillation = distillation.with_teacher_engines(engines)  # the teacher's tokenizer must be the student's
     if megatron.use_rollout_routing_replay:  # the policy's engines only (not the teacher's, derived above)
         engines = replace(engines, return_routed_experts=True)

@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import logging
+import os
+
+logger = logging.getLogger(__name__)
+
 
 def init_ray(address: str | None = None, num_cpus: int | None = None) -> bool:
     """Join the cluster at `address` (--ray-address), or start a local Ray of this process's own.
@@ -15,6 +20,8 @@ def init_ray(address: str | None = None, num_cpus: int | None = None) -> bool:
 
     if ray.is_initialized():
         return False
+    if (warning := ray_auth_warning(os.environ)) is not None:
+        logger.warning("%s", warning)
     if address:
         check_ray_address_reachable(address)
         _use_token_auth_if_available()
@@ -29,6 +36,16 @@ def init_ray(address: str | None = None, num_cpus: int | None = None) -> bool:
     ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=True,
              configure_logging=False)
     return True
+
+
+def ray_auth_warning(environ) -> str | None:
+    """What to tell the user when Ray's token auth is off: every process that reaches a Ray port of this
+    cluster (GCS, raylet, dashboard: they listen on all interfaces) can then run code as this user."""
+    if environ.get("RAY_AUTH_MODE", "").strip().lower() != "disabled":
+        return None
+    return ("RAY_AUTH_MODE=disabled: Ray's ports (GCS, raylet, dashboard, on every interface) accept anyone who "
+            "reaches them, who can then run code as this user; leave it unset (token auth) unless the network is "
+            "trusted")
 
 
 def check_ray_address_reachable(address: str, timeout_s: float = 10.0) -> None:

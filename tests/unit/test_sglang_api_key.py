@@ -153,3 +153,49 @@ def test_engine_client_sends_the_key(monkeypatch):
 
     assert asyncio.run(versions()) == ("3", "3")
     assert seen == [f"Bearer {KEY}", None]
+
+
+def test_the_key_file_is_the_documented_way(tmp_path):
+    (tmp_path / "key").write_text(f"{KEY}\n")
+    config = parse(["--sglang-api-key-file", str(tmp_path / "key")], environ={API_KEY_ENV: "other"})[0]
+    assert config.api_key == KEY and config.api_key_file is None
+    assert KEY not in " ".join(all_argv(config)) and KEY not in repr(config)
+
+
+@pytest.mark.parametrize("content, error", [(None, "cannot read it"), ("", "the file is empty"),
+                                            ("two words\n", "an API key is printable ASCII without spaces")])
+def test_a_bad_key_file_is_one_line_naming_the_flag_and_the_file(tmp_path, content, error):
+    path = tmp_path / "key"
+    if content is not None:
+        path.write_text(content)
+    with pytest.raises(ConfigError, match=f"--sglang-api-key-file {path}: {error}"):
+        parse(["--sglang-api-key-file", str(path)])
+
+
+def test_the_flag_and_the_file_exclude_each_other(tmp_path):
+    (tmp_path / "key").write_text(KEY)
+    with pytest.raises(ConfigError, match="not both"):
+        parse(["--sglang-api-key", KEY, "--sglang-api-key-file", str(tmp_path / "key")])
+
+
+def test_a_key_typed_on_the_command_line_warns(tiny_qwen2, tmp_path, caplog):
+    from lean_rl.config import parse_config
+
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(json.dumps({"prompt": "hi", "label": "x"}) + "\n")
+    base = ["--hf-checkpoint", str(tiny_qwen2), "--prompt-data", str(prompts)]
+    with caplog.at_level("WARNING", logger="lean_rl.config"):
+        parse_config([*base, "--sglang-api-key", KEY])
+    assert any("shows in `ps`" in r.getMessage() and KEY not in r.getMessage() for r in caplog.records)
+    caplog.clear()
+    (tmp_path / "key").write_text(KEY)
+    with caplog.at_level("WARNING", logger="lean_rl.config"):
+        parse_config([*base, "--sglang-api-key-file", str(tmp_path / "key")])
+    assert not [r for r in caplog.records if "shows in `ps`" in r.getMessage()]
+
+
+def test_ray_without_token_auth_is_named():
+    from lean_rl.utils.ray_utils import ray_auth_warning
+
+    assert "RAY_AUTH_MODE=disabled" in ray_auth_warning({"RAY_AUTH_MODE": "disabled"})
+    assert ray_auth_warning({}) is None and ray_auth_warning({"RAY_AUTH_MODE": "token"}) is None

@@ -199,8 +199,12 @@ class EngineConfig:
     api_key: str | None = option(None, flag="--sglang-api-key", metavar="KEY", secret=True,
                                  convert=lambda value: _api_key_value(value, "--sglang-api-key"),
                                  help=f"key every SGLang server and the router require (Authorization: Bearer "
-                                      f"KEY); default ${API_KEY_ENV}, else a random key per run; "
-                                      f"'{API_KEY_OFF}': no authentication")
+                                      f"KEY); default --sglang-api-key-file, else ${API_KEY_ENV}, else a random "
+                                      f"key per run; '{API_KEY_OFF}': no authentication. A key typed here shows in "
+                                      "`ps` and Ray's job table: prefer the file or the variable")
+    api_key_file: str | None = option(None, flag="--sglang-api-key-file", metavar="FILE", help=(
+        "read the API key from this file (its first line; the documented way, with "
+        f"${API_KEY_ENV}: neither shows in `ps`)"))
     base_port: int | None = option(None, flag="--sglang-base-port",
                                    help="engine i listens on this + i (default: free ports)")
     router_port: int | None = option(None, flag="--router-port", help="sglang-router port (default: a free port)")
@@ -458,12 +462,32 @@ def _api_key_value(value: str | None, source: str) -> str | None:
     return value
 
 
+def read_api_key_file(path: str) -> str:
+    """The key in `path` (its first line, stripped), or a ConfigError naming the flag and the file
+    (never the key)."""
+    flag = f"--sglang-api-key-file {path}"
+    try:
+        with open(path, encoding="utf-8") as f:
+            first = f.readline().strip()
+    except OSError as err:
+        raise ConfigError(f"{flag}: cannot read it ({err.strerror})") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"{flag}: not a text file") from None
+    if not first:
+        raise ConfigError(f"{flag}: the file is empty (write the key on its first line, or '{API_KEY_OFF}')")
+    return _api_key_value(first, flag)
+
+
 def resolve_api_key(config: EngineConfig, environ: dict[str, str] | None = None) -> EngineConfig:
-    """`config` with its API key chosen: --sglang-api-key when given, else $LEAN_RL_API_KEY, else a
-    random key (secrets.token_urlsafe(32)). Call it once (config.parse_config does); a config whose key
+    """`config` with its API key chosen: --sglang-api-key when given, else --sglang-api-key-file, else
+    $LEAN_RL_API_KEY, else a random key (secrets.token_urlsafe(32)). Call it once (config.parse_config does); a config whose key
     is chosen (or turned off) is returned as is."""
-    if config.api_key_resolved:
+    if config.api_key_resolved and config.api_key_file is None:
         return config
+    if config.api_key_file is not None:
+        if config.api_key is not None:
+            raise ConfigError("give one of --sglang-api-key and --sglang-api-key-file, not both")
+        return dataclasses.replace(config, api_key=read_api_key_file(config.api_key_file), api_key_file=None)
     environ = os.environ if environ is None else environ
     key = _api_key_value(environ.get(API_KEY_ENV) or None, f"${API_KEY_ENV}")
     return dataclasses.replace(config, api_key=secrets.token_urlsafe(32) if key is None else key)
