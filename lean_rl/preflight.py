@@ -16,7 +16,7 @@ opened, keys checked, rendered with the chat template) and calls `check_before_s
   with LoRA, about the weights);
 - --ray-address answers;
 - first of all, when the run's hooks use lean_rl.rollout.sandbox: --tool-sandbox bwrap builds its
-  boundary here (check_tool_sandbox).
+  boundary here (check_tool_sandbox; it also logs whether a cgroup bounds each call's processes and memory).
 """
 
 from __future__ import annotations
@@ -70,7 +70,8 @@ def check_before_start(cfg: Config) -> None:
 def check_tool_sandbox(cfg: Config) -> None:
     """--tool-sandbox: set it for the sandbox module; when the run's hooks use the sandbox (load_extensions
     imported them, and they import lean_rl.rollout.sandbox), prove bwrap builds the boundary here, by
-    running it, and log what bounds a call, or stop with one line naming the cause and the fix."""
+    running it, and log what bounds a call, or stop with one line naming the cause and the fix. The
+    per-call cgroup is probed too, but fails open: the line says whether it is in force, or why not."""
     uses_tools = "lean_rl.rollout.sandbox" in sys.modules  # looked up before the import below adds it
     from lean_rl.rollout import sandbox
 

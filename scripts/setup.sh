@@ -12,23 +12,30 @@ python_bin=${PYTHON:-python3.11}
 venv=${LEAN_RL_VENV:-.venv}
 
 # Tool code (lean_rl.rollout.sandbox) runs inside bubblewrap; a run whose hooks use the sandbox refuses to
-# start without it. Checked on every setup run (also when the venv is up to date): it is outside the venv.
-if command -v bwrap >/dev/null 2>&1; then
-  echo "setup.sh: bubblewrap is installed ($(command -v bwrap)): tool code runs isolated"
-elif [[ $(id -u) == 0 ]] && command -v apt-get >/dev/null 2>&1; then
-  echo "setup.sh: installing bubblewrap (apt-get install -y bubblewrap): it isolates tool code"
-  if DEBIAN_FRONTEND=noninteractive apt-get install -y -q bubblewrap >/dev/null 2>&1 \
-     || { apt-get update -q >/dev/null 2>&1 && DEBIAN_FRONTEND=noninteractive apt-get install -y -q bubblewrap >/dev/null; }; then
-    echo "setup.sh: bubblewrap installed ($(command -v bwrap))"
+# start without it. cgroup-tools puts each call in a cgroup that bounds its processes and memory together
+# (without it calls run with rlimits only, and the run's start-up line says so). Checked on every setup run
+# (also when the venv is up to date): they are outside the venv.
+system_package() {  # PACKAGE BINARY WHAT-IT-DOES WHAT-HAPPENS-WITHOUT-IT
+  local package=$1 binary=$2 does=$3 without=$4
+  if command -v "$binary" >/dev/null 2>&1; then
+    echo "setup.sh: $package is installed ($(command -v "$binary")): $does"
+  elif [[ $(id -u) == 0 ]] && command -v apt-get >/dev/null 2>&1; then
+    echo "setup.sh: installing $package (apt-get install -y $package): $does"
+    if DEBIAN_FRONTEND=noninteractive apt-get install -y -q "$package" >/dev/null 2>&1 \
+       || { apt-get update -q >/dev/null 2>&1 && DEBIAN_FRONTEND=noninteractive apt-get install -y -q "$package" >/dev/null; }; then
+      echo "setup.sh: $package installed ($(command -v "$binary"))"
+    else
+      echo "setup.sh: WARNING: apt-get could not install $package; $without" >&2
+    fi
   else
-    echo "setup.sh: WARNING: apt-get could not install bubblewrap; runs whose tools use lean_rl.rollout.sandbox" \
-         "will refuse to start until it is installed (or they pass --tool-sandbox none: unisolated)" >&2
+    echo "setup.sh: WARNING: $package ($binary) is not installed and setup cannot install it (needs root and apt-get):" \
+         "ask for \`apt-get install $package\` (dnf/pacman: $package); until then $without" >&2
   fi
-else
-  echo "setup.sh: WARNING: bubblewrap (bwrap) is not installed and setup cannot install it (needs root and apt-get):" \
-       "ask for \`apt-get install bubblewrap\` (dnf/pacman: bubblewrap); until then runs whose tools use" \
-       "lean_rl.rollout.sandbox refuse to start (or pass --tool-sandbox none: unisolated)" >&2
-fi
+}
+system_package bubblewrap bwrap "it isolates tool code" \
+  "runs whose tools use lean_rl.rollout.sandbox refuse to start (or pass --tool-sandbox none: unisolated)"
+system_package cgroup-tools cgexec "it bounds each tool call's processes and memory with a cgroup" \
+  "tool calls run without a cgroup limit (rlimits only; as root no process-count bound), and the run's start-up line says so"
 
 if ! command -v "$python_bin" >/dev/null 2>&1; then
   echo "setup.sh: $python_bin not found; install Python 3.11 or set PYTHON=/path/to/python3.11" >&2

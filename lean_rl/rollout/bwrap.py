@@ -130,28 +130,3 @@ def probe(bwrap: str, timeout_s: float = 30.0) -> None:
 def version(bwrap: str) -> str:
     done = subprocess.run([bwrap, "--version"], capture_output=True, text=True, timeout=10)
     return done.stdout.strip() or "bubblewrap"
-
-
-def cgroup_v2_status() -> str:
-    """Why no cgroup v2 memory/pids limit bounds a call on this machine (for the start-up line): lean_rl
-    does not place tool calls into cgroups, and says whether this machine would offer the controllers."""
-    mounts = [line.split(" - ")[0].split()[4] for line in _read("/proc/self/mountinfo").splitlines()
-              if " - cgroup2 " in line]
-    if not mounts:
-        return "no cgroup v2 hierarchy is mounted here"
-    own = next((line[3:] for line in _read("/proc/self/cgroup").splitlines() if line.startswith("0::")), "/")
-    directory = os.path.join(mounts[0], own.lstrip("/"))
-    controllers = _read(os.path.join(directory, "cgroup.controllers")).split()
-    missing = [c for c in ("memory", "pids") if c not in controllers]
-    if missing:
-        return f"this machine's cgroup v2 hierarchy ({directory}) offers no {'/'.join(missing)} controller"
-    return (f"{directory} offers memory/pids controllers, but lean_rl does not create cgroups for tool calls; "
-            "the per-process rlimits above are the bound")
-
-
-def _read(path: str) -> str:
-    try:
-        with open(path, encoding="utf-8") as f:
-            return f.read()
-    except OSError:
-        return ""

@@ -19,9 +19,13 @@ Enforced on every call, and how:
   RLIMIT_CORE=0, and under bwrap RLIMIT_NPROC = `max_processes` (counted for the sandbox's uid in its own
   user namespace, so only the call's processes and threads count; NOT in force when lean_rl runs as root:
   the kernel exempts root's processes from it). The child cannot raise a hard limit.
-  RLIMIT_CPU and RLIMIT_AS are per process: a call's processes together hold at most
-  max_processes x memory_mb of address space (plus 2 x tmpfs_mb of files under bwrap). No cgroup
-  memory/pids limit is applied (`limits_in_force` says why on this machine).
+  RLIMIT_CPU and RLIMIT_AS are per process.
+- A cgroup per call (under bwrap, where the machine offers one: lean_rl/rollout/cgroups.py, made with
+  cgroup-tools): pids.max = max_processes + 1 and a memory limit of `call_memory_mb` (resident memory
+  and tmpfs files) for all of the call's processes together, whoever they run as, root included. A call
+  the OOM killer hit ends "memory_limit"; a fork past pids.max fails with EAGAIN. This part alone fails
+  open: where no cgroup can be made (no cgroup-tools, no pids/memory hierarchy, no permission) calls run
+  without it, and the start-up line (`limits_in_force`) and a warning say so and why.
 - Wall clock: past `wall_timeout_s` the process group lean_rl started (bwrap, or the child under none) gets
   SIGKILL, also when the child exits early or the call is cancelled. Under bwrap that kills the PID
   namespace's init (--die-with-parent) and with it every process of the namespace, setsid'd grandchildren
@@ -34,7 +38,10 @@ Enforced on every call, and how:
   bwrap the namespaces and mounts stop what gets past it, under none nothing does.
 
 Statuses (closed set): "ok" (exit 0), "error" (non-zero exit, uncaught exception, refused operation, killed
-by a signal not ours), "timeout", "cpu_limit", "memory_limit", "output_limit". Under bwrap an exit status
+by a signal not ours), "timeout", "cpu_limit", "memory_limit" (a MemoryError at RLIMIT_AS, or the call's
+cgroup OOM-killed one of its processes and it did not exit 0; before "timeout": a memory hog that the OOM
+killer keeps down until the wall clock ends it reads as what went wrong), "output_limit". A fork bomb held
+at pids.max or RLIMIT_NPROC runs until the wall clock: "timeout". Under bwrap an exit status
 above 128 reads as a signal (bwrap's init reports a killed child as 128 + its number)."""
 
 from __future__ import annotations
@@ -50,8 +57,9 @@ import tempfile
 import time
 from dataclasses import dataclass
 
-from lean_rl.rollout import bwrap
+from lean_rl.rollout import bwrap, cgroups
 from lean_rl.rollout.bwrap import TOOL_SANDBOXES, BoundaryUnavailable
+from lean_rl.rollout.cgroups import CallCgroup, CgroupUnavailable
 
 logger = logging.getLogger(__name__)
 
@@ -127,7 +135,10 @@ class SandboxLimits:
     memory_mb: int = 512             # RLIMIT_AS
     max_output_bytes: int = 16_384   # stdout+stderr kept; past it the process group is killed
     max_file_bytes: int = 1_048_576  # RLIMIT_FSIZE
-    max_processes: int = 16          # RLIMIT_NPROC in the sandbox's user namespace (bwrap): processes + threads
+    max_processes: int = 16          # bwrap: RLIMIT_NPROC in its user namespace, and the cgroup's pids.max
+                                     # (+1: bwrap itself): processes + threads
+    call_memory_mb: int = 1024       # bwrap, where a cgroup is in force: memory of all the call's processes
+                                     # together (resident + its tmpfs files); past it the OOM killer acts
     tmpfs_mb: int = 64               # bwrap: size of the working directory's tmpfs (and of /dev/shm's)
 
 
@@ -203,6 +214,9 @@ class _Collector(asyncio.SubprocessProtocol):
 # proven to build the boundary here (probed once per process, by that check or by the first call).
 _backend = "bwrap"
 _proven_bwrap: str | None = None
+# The cgroup hierarchy proven to bound calls here (cgroups.probe, once per process), or why none does.
+_cgroup: cgroups.Hierarchy | None = None
+_no_cgroup_because: str | None = None
 
 
 def use_backend(name: str) -> None:
@@ -222,22 +236,70 @@ def check_boundary() -> str:
     return _proven_bwrap
 
 
+async def check_cgroups() -> cgroups.Hierarchy | None:
+    """The hierarchy that bounds each call here (probed once per process), or None: then a warning (once)
+    says why, and calls run without a cgroup (this part alone fails open)."""
+    global _cgroup, _no_cgroup_because
+    if _cgroup is None and _no_cgroup_because is None:
+        try:
+            _cgroup = await cgroups.probe()
+        except CgroupUnavailable as err:
+            _no_cgroup_because = str(err)
+            logger.warning("tool sandbox: NO cgroup pids/memory limit on tool calls (%s); calls run without it",
+                           _no_cgroup_because)
+    return _cgroup
+
+
 def limits_in_force() -> str:
-    """One line for the start-up log: what isolates a call and what bounds its processes and memory."""
+    """One line for the start-up log: what isolates a call and what bounds its processes and memory.
+    Called outside an event loop (start-up)."""
     if _backend == "none":
         return ("tool sandbox: NONE (--tool-sandbox none): tool code runs on the host with only rlimits and an "
                 "audit hook; it can read, write and connect wherever this process can")
     path = check_boundary()
-    if os.geteuid() == 0:  # kernel/fork.c: root's processes pass RLIMIT_NPROC, in any user namespace
+    hierarchy = asyncio.run(check_cgroups())
+    if hierarchy is not None:
+        cgroup = (f"cgroup pids/memory limit IN FORCE ({hierarchy.describe()}, via cgroup-tools): pids.max = "
+                  "max_processes + 1 and call_memory_mb for all of a call's processes together")
+    else:
+        cgroup = (f"NO cgroup pids/memory limit ({_no_cgroup_because}): fail-open for this part only, calls run "
+                  "without it (the namespace boundary above stays required)")
+    if os.geteuid() != 0:
+        processes = "RLIMIT_NPROC = max_processes in its user namespace"
+    elif hierarchy is not None:  # kernel/fork.c: root's processes pass RLIMIT_NPROC, in any user namespace
+        processes = "RLIMIT_NPROC not in force (lean_rl runs as root: the kernel exempts root), pids.max is the bound"
+    else:
         processes = ("NO process-count bound (lean_rl runs as root: the kernel exempts root's processes from "
                      "RLIMIT_NPROC; only the wall clock ends a fork bomb, and memory is memory_mb per process "
-                     "times however many it forks: run lean_rl as an unprivileged user)")
-    else:
-        processes = ("RLIMIT_NPROC = SandboxLimits.max_processes in its user namespace, so at most max_processes x "
-                     "memory_mb of address space")
+                     "times however many it forks: install cgroup-tools or run lean_rl as an unprivileged user)")
     return (f"tool sandbox: {bwrap.version(path)} ({path}): new user/pid/net/ipc/uts/mount namespaces, read-only "
             f"system and Python runtime, tmpfs working dir; per call: RLIMIT_AS = memory_mb per process, "
-            f"2 x tmpfs_mb of files, {processes}; no cgroup memory/pids limit ({bwrap.cgroup_v2_status()})")
+            f"2 x tmpfs_mb of files, {processes}; {cgroup}")
+
+
+async def _call_cgroup(limits: SandboxLimits) -> CallCgroup | None:
+    """A new cgroup for one call, or None (with a warning when a cgroup was in force but cannot be made now)."""
+    hierarchy = await check_cgroups()
+    if hierarchy is None:
+        return None
+    call = CallCgroup(hierarchy, limits.max_processes, limits.call_memory_mb)
+    try:
+        await call.create()
+    except CgroupUnavailable as err:
+        logger.warning("tool sandbox: this call runs WITHOUT its cgroup pids/memory limit: %s", err)
+        return None
+    return call
+
+
+async def _release(call: CallCgroup) -> int:
+    """After the call (its namespace killed): how many of its processes the OOM killer killed; delete the cgroup."""
+    try:
+        return await call.oom_kills()
+    except CgroupUnavailable as err:
+        logger.warning("tool sandbox: could not read a call's OOM kills: %s", err)
+        return 0
+    finally:
+        await call.delete()
 
 
 def _site_dirs() -> list[str]:
@@ -255,6 +317,33 @@ async def run_python(code: str, limits: SandboxLimits = SandboxLimits(), stdin: 
     else:
         bwrap_path = _proven_bwrap or await asyncio.to_thread(check_boundary)
     start = time.monotonic()
+    call_cgroup = await _call_cgroup(limits) if bwrap_path is not None else None
+    oom_kills = 0
+    try:
+        collector, rc, timed_out = await _run(code, limits, stdin, bwrap_path, call_cgroup)
+    finally:  # the namespace is dead by now (also after a timeout or a cancellation)
+        if call_cgroup is not None:
+            oom_kills = await _release(call_cgroup)
+    if collector.over_cap:
+        status = "output_limit"
+    elif oom_kills and rc != 0:
+        status = "memory_limit"
+    elif timed_out:
+        status = "timeout"
+    elif rc == -signal.SIGXCPU:
+        status = "cpu_limit"
+    elif rc == _MEMORY_EXIT:
+        status = "memory_limit"
+    else:
+        status = "ok" if rc == 0 else "error"
+    out, err = (collector.kept[fd].decode("utf-8", "replace") for fd in (1, 2))
+    return SandboxResult(status, out, err, rc, collector.over_cap, time.monotonic() - start)
+
+
+async def _run(code: str, limits: SandboxLimits, stdin: str, bwrap_path: str | None,
+               call_cgroup: CallCgroup | None) -> tuple[_Collector, int | None, bool]:
+    """Start the child (under bwrap: in the call's cgroup, when there is one) and wait for it: what it
+    printed, its exit status (negative: a signal) and whether the wall clock ended it."""
     with tempfile.TemporaryDirectory(prefix="lean_rl_sandbox_", ignore_cleanup_errors=True) as root:
         code_path, stdin_path = os.path.join(root, "code.py"), os.path.join(root, "stdin.txt")
         with open(code_path, "w", encoding="utf-8") as f:
@@ -278,6 +367,8 @@ async def run_python(code: str, limits: SandboxLimits = SandboxLimits(), stdin: 
             argv, spawn_env, cwd = python, env, workdir
         else:
             argv = bwrap.bwrap_argv(bwrap_path, code_path, limits.tmpfs_mb << 20, env) + python
+            if call_cgroup is not None:
+                argv = call_cgroup.exec_prefix + argv
             spawn_env, cwd = {"PATH": os.defpath}, root
         with open(stdin_path, "rb") as stdin_file:
             transport, collector = await asyncio.get_running_loop().subprocess_exec(
@@ -299,15 +390,4 @@ async def run_python(code: str, limits: SandboxLimits = SandboxLimits(), stdin: 
     rc = transport.get_returncode()
     if bwrap_path is not None and rc is not None:
         rc = bwrap.exit_code(rc)
-    if collector.over_cap:
-        status = "output_limit"
-    elif timed_out:
-        status = "timeout"
-    elif rc == -signal.SIGXCPU:
-        status = "cpu_limit"
-    elif rc == _MEMORY_EXIT:
-        status = "memory_limit"
-    else:
-        status = "ok" if rc == 0 else "error"
-    out, err = (collector.kept[fd].decode("utf-8", "replace") for fd in (1, 2))
-    return SandboxResult(status, out, err, rc, collector.over_cap, time.monotonic() - start)
+    return collector, rc, timed_out

@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from lean_rl.rollout import cgroups
+from lean_rl.rollout.cgroups import CgroupUnavailable
 from lean_rl.rollout.sandbox import SandboxLimits, SandboxResult, run_python
 
 # ctypes' libc, an errno reporter, and struct: what each snippet below starts with
@@ -204,13 +206,18 @@ print('exit', os.waitpid(pid, 0)[1] >> 8)""", wall_timeout_s=20.0)
 
 
 class HostWatch:
-    """While a call runs: how late a 50 ms sleep of the host wakes up (responsiveness), and the most
-    processes and resident memory the call's processes (this process's new descendants) hold at once."""
+    """While a call runs, seen from outside: how late a 50 ms sleep of the host wakes up and how long the
+    host takes to fork/exec `true` (responsiveness); the most processes and memory (proportional set size)
+    the call's processes (this process's new descendants) hold at once; the host's whole process count;
+    and the cgroups the call's processes were in, with the limits read from those cgroups then."""
 
     def __init__(self):
         self.before = descendants(os.getpid())
-        self.max_lag_s, self.max_processes, self.max_rss_mb = 0.0, 0, 0.0
+        self.host_baseline = host_process_count()
+        self.max_lag_s = self.max_true_s = 0.0
+        self.max_processes, self.max_pss_mb, self.max_host_processes = 0, 0.0, self.host_baseline
         self.seen: set[int] = set()
+        self.cgroups: dict[str, dict[str, str]] = {}  # "controller:path" -> its limit files read during the call
         self.done = threading.Event()
         self.thread = threading.Thread(target=self._watch, daemon=True)
 
@@ -219,10 +226,18 @@ class HostWatch:
             start = time.monotonic()
             time.sleep(0.05)
             self.max_lag_s = max(self.max_lag_s, time.monotonic() - start - 0.05)
+            start = time.monotonic()
+            subprocess.run(["true"], check=True, timeout=30)
+            self.max_true_s = max(self.max_true_s, time.monotonic() - start)
             pids = descendants(os.getpid()) - self.before
             self.seen |= pids
             self.max_processes = max(self.max_processes, len(pids))
-            self.max_rss_mb = max(self.max_rss_mb, sum(rss_mb(pid) for pid in pids))
+            self.max_pss_mb = max(self.max_pss_mb, sum(pss_mb(pid) for pid in pids))
+            self.max_host_processes = max(self.max_host_processes, host_process_count())
+            for pid in pids:
+                for group in cgroups_of(pid):
+                    if group not in self.cgroups:
+                        self.cgroups[group] = limits_of(group)
 
     def __enter__(self):
         self.thread.start()
@@ -231,6 +246,47 @@ class HostWatch:
     def __exit__(self, *exc):
         self.done.set()
         self.thread.join()
+
+
+def host_process_count() -> int:
+    return sum(1 for _ in Path("/proc").glob("[0-9]*"))
+
+
+def cgroups_of(pid: int) -> set[str]:
+    """"controller:path" of the pids and memory cgroups `pid` is in (v2: both controllers, one path)."""
+    found = set()
+    try:
+        lines = Path(f"/proc/{pid}/cgroup").read_text().splitlines()
+    except OSError:
+        return found
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        if CGROUP is None or CGROUP.version != (1 if controllers else 2):
+            continue
+        for controller in controllers.split(",") if controllers else cgroups.CONTROLLERS:
+            # children of lean_rl's own cgroup, where calls' cgroups are made (not that cgroup itself: cgexec
+            # starts there before it moves itself; nor the root a reaped process reads as)
+            parent = CGROUP.parents.get(controller)
+            if parent is not None and os.path.dirname(path) == parent and path != parent:
+                found.add(f"{controller}:{path}")
+    return found
+
+
+def cgroup_dir(group: str) -> Path:
+    """A call's cgroup (a child of this process's own, where lean_rl makes them) as a directory."""
+    controller, path = group.split(":", 1)
+    return Path(CGROUP.dirs[controller]) / os.path.basename(path)
+
+
+def limits_of(group: str) -> dict[str, str]:
+    names = {"pids": ("pids.max",), "memory": ("memory.limit_in_bytes", "memory.max")}[group.split(":")[0]]
+    found = {}
+    for name in names:
+        try:
+            found[name] = (cgroup_dir(group) / name).read_text().strip()
+        except OSError:
+            continue
+    return found
 
 
 def descendants(pid: int) -> set[int]:
@@ -247,38 +303,74 @@ def descendants(pid: int) -> set[int]:
     return found
 
 
-def rss_mb(pid: int) -> float:
+def pss_mb(pid: int) -> float:
+    """Proportional set size: pages a forked child shares with its parent count once, not per process."""
     try:
-        return int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+        for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+            if line.startswith("Pss:"):
+                return int(line.split()[1]) / 1024
     except (OSError, IndexError, ValueError):
-        return 0.0
+        pass
+    return 0.0
 
 
-# The kernel exempts root's processes from RLIMIT_NPROC (kernel/fork.c: the INIT_USER check), in any user
-# namespace: a sandbox started by root has no process-count bound, only the wall clock (the start-up line
-# and docs/agents.md say so), and a fork bomb there reaches a load of hundreds on a shared machine. These
-# tests need a caller the limit applies to; that the wall clock kills the whole namespace, grandchildren
-# included, is tested for any caller (test_double_forked_setsid_grandchild..., tests/unit/test_sandbox.py).
-NPROC_APPLIES = pytest.mark.skipif(os.geteuid() == 0, reason="running as root: the kernel exempts root's processes "
-                                                              "from RLIMIT_NPROC, so no process bound to test")
+def _cgroup_or_why() -> tuple[cgroups.Hierarchy | None, str]:
+    """The cgroup every call gets here (what sandbox.check_cgroups proves the same way), or why none."""
+    try:
+        return asyncio.run(cgroups.probe()), ""
+    except CgroupUnavailable as err:
+        return None, str(err)
 
 
-@NPROC_APPLIES
+CGROUP, NO_CGROUP_BECAUSE = _cgroup_or_why()
+# What bounds a call's processes: the cgroup's pids.max where a cgroup is in force; otherwise RLIMIT_NPROC,
+# which the kernel does not apply to root's processes (kernel/fork.c, in any user namespace): as root with
+# no cgroup only the wall clock ends a fork bomb (the start-up line and docs/agents.md say so), and it
+# reaches a load of hundreds on a shared machine, so these tests do not run then. That the wall clock kills
+# the whole namespace, grandchildren included, is tested for any caller (test_double_forked_setsid...,
+# tests/unit/test_sandbox.py).
+PROCESSES_BOUNDED = pytest.mark.skipif(
+    CGROUP is None and os.geteuid() == 0,
+    reason=f"no bound on a call's processes here: no cgroup pids/memory limit ({NO_CGROUP_BECAUSE}), and running "
+           "as root, so RLIMIT_NPROC does not apply either")
+
+
+def assert_in_a_cgroup_now_gone(watch: HostWatch, limits: dict) -> None:
+    """With a cgroup in force: the call's processes were in one cgroup per controller, made for the call
+    with the call's limits (read from the cgroup during the call), and both are gone now."""
+    if CGROUP is None:
+        return
+    assert sorted(group.split(":")[0] for group in watch.cgroups) == sorted(cgroups.CONTROLLERS), watch.cgroups
+    for group, found in watch.cgroups.items():
+        assert os.path.basename(group).startswith("lean_rl-"), group
+        expected = {"pids": str(limits["max_processes"] + 1),
+                    "memory": str(limits.get("call_memory_mb", SandboxLimits.call_memory_mb) << 20)}
+        assert list(found.values()) == [expected[group.split(":")[0]]], (group, found)
+        assert not cgroup_dir(group).exists(), group
+
+
+def assert_host_responsive(watch: HostWatch) -> None:
+    assert watch.max_lag_s < 1.0 and watch.max_true_s < 1.0, (watch.max_lag_s, watch.max_true_s)
+    # other sessions share this machine: a margin for their processes; an unbounded fork bomb makes thousands
+    assert watch.max_host_processes - watch.host_baseline < 100, (watch.host_baseline, watch.max_host_processes)
+    assert host_process_count() - watch.host_baseline < 100, (watch.host_baseline, host_process_count())
+
+
+@PROCESSES_BOUNDED
 def test_fork_bomb_is_bounded():
     limits = dict(max_processes=8, wall_timeout_s=4.0, cpu_seconds=10)
     with HostWatch() as watch:
         result = run("while True: libc.fork()", **limits)
+    # forks past the bound fail (EAGAIN) and the bomb spins on until the wall clock ends the call
     assert result.status == "timeout" and result.seconds < 10, result
-    # bwrap itself runs as the caller; the namespace's init, the interpreter and its forks share the limit
+    # pids.max (cgroup) counts bwrap itself too; RLIMIT_NPROC counts the namespace's init, the interpreter, its forks
     assert 2 < watch.max_processes <= 1 + limits["max_processes"], watch.max_processes
     assert all(gone(pid) for pid in watch.seen)  # the whole PID namespace died with the call
-    assert watch.max_lag_s < 1.0, watch.max_lag_s
+    assert_host_responsive(watch)
+    assert_in_a_cgroup_now_gone(watch, limits)
 
 
-@NPROC_APPLIES
-def test_memory_hog_over_many_processes_is_bounded():
-    limits = dict(max_processes=6, memory_mb=160, wall_timeout_s=5.0, cpu_seconds=10)
-    hog = """held = []
+HOG = """held = []
 while True:
     pid = libc.fork()
     if pid == 0:
@@ -290,14 +382,28 @@ while True:
         time.sleep(60)
     if pid < 0:
         time.sleep(0.1)"""
+
+
+@PROCESSES_BOUNDED
+def test_memory_hog_over_many_processes_is_bounded():
+    # up to 6 x 100 MB held; with a cgroup the call's 300 MB are reached first, without one 6 x 160 MB
+    limits = dict(max_processes=6, memory_mb=160, call_memory_mb=300, wall_timeout_s=5.0, cpu_seconds=10)
     with HostWatch() as watch:
-        result = run(hog, **limits)
-    assert result.status == "timeout", result
+        result = run(HOG, **limits)
     assert watch.max_processes <= 1 + limits["max_processes"], watch.max_processes
-    # each process holds at most memory_mb of address space: the call's whole resident memory stays below
-    assert watch.max_rss_mb <= limits["max_processes"] * limits["memory_mb"], watch.max_rss_mb
-    assert watch.max_rss_mb >= 200, watch.max_rss_mb  # the hogs did get their first 100 MB each
-    assert watch.max_lag_s < 1.0, watch.max_lag_s
+    assert watch.max_pss_mb >= 150, watch.max_pss_mb  # the hogs did get their first 100 MB each
+    if CGROUP is not None:
+        # the OOM killer kept the call inside its cgroup's memory; the call says so
+        assert result.status == "memory_limit" and "memory limit exceeded" in result.as_observation(), result
+        # 30 MB: file pages (the interpreter, libraries) that another process brought into memory count
+        # in each mapping process's PSS but not in this cgroup
+        assert watch.max_pss_mb <= limits["call_memory_mb"] + 30, watch.max_pss_mb
+    else:  # RLIMIT_AS per process x RLIMIT_NPROC (not root)
+        assert result.status == "timeout", result
+        assert watch.max_pss_mb <= limits["max_processes"] * limits["memory_mb"], watch.max_pss_mb
+    assert all(gone(pid) for pid in watch.seen)
+    assert_host_responsive(watch)
+    assert_in_a_cgroup_now_gone(watch, limits)
 
 
 def gone(pid: int, deadline_s: float = 5.0) -> bool:

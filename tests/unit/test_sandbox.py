@@ -14,8 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from lean_rl.rollout import sandbox
+from lean_rl.rollout import cgroups, sandbox
 from lean_rl.rollout.bwrap import BoundaryUnavailable, exit_code
+from lean_rl.rollout.cgroups import CgroupUnavailable
 from lean_rl.rollout.sandbox import STATUSES, SandboxLimits, SandboxResult, run_python
 
 
@@ -37,6 +38,25 @@ def gone(pid: int, deadline_s: float = 5.0) -> bool:
             return True
         time.sleep(0.05)
     return False
+
+
+def _cgroup_or_why() -> tuple[cgroups.Hierarchy | None, str]:
+    try:
+        return asyncio.run(cgroups.probe()), ""
+    except CgroupUnavailable as err:
+        return None, str(err)
+
+
+CGROUP, NO_CGROUP_BECAUSE = _cgroup_or_why()
+NEEDS_CGROUP = pytest.mark.skipif(CGROUP is None, reason=f"no cgroup pids/memory limit here: {NO_CGROUP_BECAUSE}")
+
+
+def calls_cgroups_left() -> list[str]:
+    """This process's calls' cgroups that still exist (each call deletes its own)."""
+    if CGROUP is None:
+        return []
+    return [name for c in cgroups.CONTROLLERS for name in os.listdir(CGROUP.dirs[c])
+            if name.startswith(f"lean_rl-{os.getpid()}-")]
 
 
 @pytest.fixture
@@ -109,6 +129,7 @@ def test_timeout_kills_a_forked_grandchild():
     spawned, result = spawned_by(RAW_FORK + "time.sleep(100)", SandboxLimits(wall_timeout_s=2.0), 4, cancel=False)
     assert result.status == "timeout"
     assert len(spawned) >= 4 and all(gone(pid) for pid in spawned)
+    assert calls_cgroups_left() == []
 
 
 def test_grandchild_left_behind_does_not_hold_the_call():
@@ -120,6 +141,7 @@ def test_grandchild_left_behind_does_not_hold_the_call():
 def test_cancelled_call_kills_the_namespace():
     spawned, _ = spawned_by(RAW_FORK + "time.sleep(100)", SandboxLimits(wall_timeout_s=60.0), 4, cancel=True)
     assert len(spawned) >= 4 and all(gone(pid) for pid in spawned)
+    assert calls_cgroups_left() == []  # deleted also when the call is cancelled
 
 
 def test_cpu_limit():
@@ -130,6 +152,40 @@ def test_cpu_limit():
 def test_memory_limit():
     result = run("x = bytearray(2 * 1024**3)", memory_mb=256)
     assert result.status == "memory_limit" and "MemoryError" in result.stderr
+
+
+# one process within its own RLIMIT_AS (memory_mb) but past the whole call's cgroup memory (call_memory_mb)
+OVER_CALL_MEMORY = dict(code="x = b'x' * (200 << 20); print('survived')", memory_mb=512, call_memory_mb=100)
+
+
+@NEEDS_CGROUP
+def test_call_memory_is_bounded_by_its_cgroup_and_the_start_up_line_says_so():
+    code, limits = OVER_CALL_MEMORY["code"], {k: v for k, v in OVER_CALL_MEMORY.items() if k != "code"}
+    result = run(code, **limits)
+    assert result.status == "memory_limit" and "survived" not in result.stdout, result
+    assert result.exit_code == -9 and "memory limit exceeded" in result.as_observation()  # the OOM killer's SIGKILL
+    assert run("x = b'x' * (50 << 20); print('fine')", **limits).status == "ok"
+    line = sandbox.limits_in_force()
+    assert f"cgroup pids/memory limit IN FORCE (cgroup v{CGROUP.version}" in line, line
+    assert calls_cgroups_left() == []
+
+
+def test_without_cgroup_tools_calls_run_unbounded_and_say_so(monkeypatch, tmp_path, caplog):
+    """The cgroup alone fails open: the call still runs in the namespace boundary, and it is not silent."""
+    sandbox.check_boundary()  # bwrap proven with the real PATH (as at start-up)
+    monkeypatch.setattr(sandbox, "_cgroup", None)  # as in a fresh process
+    monkeypatch.setattr(sandbox, "_no_cgroup_because", None)
+    monkeypatch.setenv("PATH", str(tmp_path))  # no cgroup-tools there
+    code, limits = OVER_CALL_MEMORY["code"], {k: v for k, v in OVER_CALL_MEMORY.items() if k != "code"}
+    with caplog.at_level(logging.WARNING, logger="lean_rl.rollout.sandbox"):
+        result = run(code, **limits)
+    assert result.status == "ok" and "survived" in result.stdout, result
+    assert any("NO cgroup pids/memory limit" in r.getMessage() and "cgroup-tools is not installed" in r.getMessage()
+               and "apt-get install cgroup-tools" in r.getMessage() for r in caplog.records)
+    line = sandbox.limits_in_force()
+    assert "NO cgroup pids/memory limit (cgroup-tools is not installed" in line and "fail-open" in line, line
+    if os.geteuid() == 0:
+        assert "NO process-count bound" in line, line
 
 
 def test_file_size_limit():
