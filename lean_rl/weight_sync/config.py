@@ -68,11 +68,7 @@ class WeightSyncConfig:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "transport", resolve_transport(
-            self.transport, self.colocate, self.device, self.ipc_unserved))
-        if self.on_cluster and self.transport == "disk" and not self.disk_dir:
-            # the trainer's stage leads write the files on their nodes and each engine reads them on its own
-            raise ConfigError("--weight-sync-transport disk on a Ray cluster (--ray-address) needs "
-                              "--weight-sync-disk-dir: a directory on a filesystem every node shares")
+            self.transport, self.colocate, self.device, self.ipc_unserved, self.on_cluster, self.disk_dir))
         if not isinstance(self.buffer_size_bytes, int) or self.buffer_size_bytes < 1:
             raise ConfigError(f"--update-weight-buffer-size must be a positive number of bytes, "
                               f"got {self.buffer_size_bytes!r}")
@@ -93,28 +89,33 @@ class WeightSyncConfig:
         return max(DEFAULT_PROBE_TOL[trainer_dtype], DEFAULT_PROBE_TOL[engine_dtype])
 
 
-def resolve_transport(requested: str, colocate: bool, device: str = "cpu", ipc_unserved: str | None = None) -> str:
-    """The transport for --weight-sync-transport `requested` (see the module docstring).
-    `ipc_unserved`: on GPU, why CUDA IPC cannot reach every engine (None: it can)."""
+def resolve_transport(requested: str, colocate: bool, device: str = "cpu", ipc_unserved: str | None = None,
+                      on_cluster: bool = False, disk_dir: str | None = None) -> str:
+    """The transport for --weight-sync-transport `requested` (see the module docstring); the name of
+    one class in transports/ (transports.transport_for). `ipc_unserved`: on GPU, why CUDA IPC cannot
+    reach every engine (None: it can). The only place that compares transport names."""
     if requested not in TRANSPORT_CHOICES:
         raise ConfigError(f"--weight-sync-transport: expected one of {', '.join(TRANSPORT_CHOICES)}, "
                           f"got {requested!r}")
-    if device != "cuda":
-        if requested == "auto":
-            return "tensor" if colocate else "distributed"
-        return requested
-    if requested == "tensor" and not colocate:
-        raise ConfigError("--weight-sync-transport tensor (CUDA IPC) needs --colocate: an engine on GPUs of its "
-                          "own cannot open memory of the trainer's GPUs; use distributed (the default) or disk")
-    if requested == "tensor" and ipc_unserved:
-        raise ConfigError(f"--weight-sync-transport tensor (CUDA IPC) cannot reach every engine: {ipc_unserved}; "
-                          "use disk (auto picks it), or one engine over the GPUs of every pipeline stage's lead")
-    if requested == "distributed" and colocate:
-        raise ConfigError("--weight-sync-transport distributed with --colocate on GPU would put an engine and the "
-                          "trainer rank on the same GPU into one NCCL group, which NCCL refuses; use tensor or disk "
-                          "(auto picks one)")
-    if requested == "auto":
-        if not colocate:
-            return "distributed"
-        return "disk" if ipc_unserved else "tensor"
-    return requested
+    if device == "cuda":
+        if requested == "tensor" and not colocate:
+            raise ConfigError("--weight-sync-transport tensor (CUDA IPC) needs --colocate: an engine on GPUs of its "
+                              "own cannot open memory of the trainer's GPUs; use distributed (the default) or disk")
+        if requested == "tensor" and ipc_unserved:
+            raise ConfigError(f"--weight-sync-transport tensor (CUDA IPC) cannot reach every engine: {ipc_unserved}; "
+                              "use disk (auto picks it), or one engine over the GPUs of every pipeline stage's lead")
+        if requested == "distributed" and colocate:
+            raise ConfigError("--weight-sync-transport distributed with --colocate on GPU would put an engine and the "
+                              "trainer rank on the same GPU into one NCCL group, which NCCL refuses; use tensor or "
+                              "disk (auto picks one)")
+    if requested != "auto":
+        resolved = requested
+    elif not colocate:
+        resolved = "distributed"
+    else:  # on CPU tensor reaches any engine; on GPU never distributed (C5)
+        resolved = "disk" if device == "cuda" and ipc_unserved else "tensor"
+    if on_cluster and resolved == "disk" and not disk_dir:
+        # the trainer's stage leads write the files on their nodes and each engine reads them on its own
+        raise ConfigError("--weight-sync-transport disk on a Ray cluster (--ray-address) needs "
+                          "--weight-sync-disk-dir: a directory on a filesystem every node shares")
+    return resolved

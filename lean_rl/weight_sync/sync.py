@@ -4,19 +4,13 @@
     report = sync.update(step)       # every engine serves the trainer's weights as version str(step)
     sync.close()
 
-One interface, three transports (cfg.transport; see config.py for how `auto` chooses):
-- distributed: each pipeline stage's lead rank broadcasts its buckets to every engine over a process
-  group it shares with them (gloo on CPU, NCCL on GPU), while the engines'
-  /update_weights_from_distributed calls for that bucket are in flight;
-- tensor: the stage leads post /update_weights_from_tensor per bucket (CUDA IPC handles on GPU, an
-  inline pickled payload on CPU);
-- disk: the stage leads write safetensors shards, the driver publishes a complete HF checkpoint
-  directory and every engine loads it with /update_weights_from_disk.
-Streamed transports send all buckets inside one /begin_weight_update ... /end_weight_update session
-per engine (SGLang 0.5.23 rejects tensor/distributed updates outside one); the last bucket carries
-weight_version=str(step) and flushes the prefix cache, so an engine never reports the new version
-with half the new weights. Then the probe (probe.py) checks every engine; a failure raises.
-Generation is not paused here: callers pause the engines (or sync between rollouts).
+One interface, one class per transport (transports/: base.py says what a transport is; config.py
+how `auto` chooses one): distributed.py (a process group per pipeline stage with the engines),
+tensor.py (/update_weights_from_tensor: CUDA IPC on GPU, an inline payload on CPU), disk.py
+(safetensors + /update_weights_from_disk). WeightSync does what every transport needs (engine facts,
+the ranks' setup, the engines' memory, the probe) and hands the rest to its transport's driver half:
+check, connect, deliver, close. After a delivery the probe (probe.py) checks every engine; a failure
+raises. Generation is not paused here: callers pause the engines (or sync between rollouts).
 """
 
 from __future__ import annotations
@@ -28,12 +22,12 @@ from typing import Callable
 
 from lean_rl.backends.sglang.client import EngineClient
 from lean_rl.weight_sync.config import WeightSyncConfig, probe_statistic
-from lean_rl.weight_sync.disk import DiskStaging
-from lean_rl.weight_sync.engine_calls import call_all, submit_all
+from lean_rl.weight_sync.engine_calls import call_all
 from lean_rl.weight_sync.errors import WeightSyncError
 from lean_rl.weight_sync.memory import KV_CACHE_AND_GRAPHS, WEIGHTS, EngineMemory
 from lean_rl.weight_sync.probe import ProbeResult, probe_token_ids, raise_on_failure, run_probe
 from lean_rl.weight_sync.rank import RankSyncPlan, RankWeightSync, StageSent
+from lean_rl.weight_sync.transports import transport_for
 
 
 @dataclass(frozen=True)
@@ -72,6 +66,7 @@ class WeightSync:
         if not engine_urls:
             raise WeightSyncError("weight sync needs at least one engine URL")
         self.cfg = cfg
+        self.transport = transport_for(cfg.transport)  # its driver half
         self.actor_group = actor_group
         self.engine_urls = tuple(str(u).rstrip("/") for u in engine_urls)
         self.tokenizer_path = tokenizer_path
@@ -86,9 +81,7 @@ class WeightSync:
         self._released = released
         self._after_send = after_send
         self._client_factory = client_factory
-        self._staging: DiskStaging | None = None
         self._probe_ids: list[int] | None = None
-        self._groups_joined = 0
 
     @classmethod
     def create(cls, cfg: WeightSyncConfig, actor_group, engine_urls, **kwargs) -> "WeightSync":
@@ -128,13 +121,9 @@ class WeightSync:
         if len(engine_dtypes) != 1:
             raise WeightSyncError(f"engines serve different dtypes: {[(e.url, e.dtype) for e in self.engines]}")
         self.engine_dtype = engine_dtypes.pop()
-        if self.cfg.transport == "distributed" and engine_device != self.actor_group.device:
-            raise WeightSyncError(f"--weight-sync-transport distributed: the trainer is on {self.actor_group.device}, "
-                                  f"the engines on {engine_device}; one process group cannot span both")
-        if self.cfg.transport == "tensor" and self.actor_group.device == "cuda" and engine_device != "cuda":
-            raise WeightSyncError("--weight-sync-transport tensor: CUDA IPC needs the engines on the GPU too")
+        self.transport.check(self.actor_group.device, engine_device)
         self.plan = RankSyncPlan(
-            transport=self.cfg.transport, engine_urls=self.engine_urls,
+            transport=type(self.transport), engine_urls=self.engine_urls,
             engine_tp_sizes=tuple(e.tp_size for e in self.engines), buffer_size_bytes=self.cfg.buffer_size_bytes,
             timeout_s=timeout, family=self.actor_group.family, group_prefix=f"lean_rl_ws_{uuid.uuid4().hex[:8]}",
             backend="nccl" if self.actor_group.device == "cuda" else "gloo", api_key=self.api_key,
@@ -142,7 +131,7 @@ class WeightSync:
         # each rank hosts one RankWeightSync (shared by every WeightSync of the group), built from the
         # class given here: the Megatron backend does not import the weight sync
         self.actor_group.attach(RankWeightSync)
-        ranks = self._ranks(RankWeightSync.setup, self.plan)
+        ranks = self.on_ranks(RankWeightSync.setup, self.plan)
         # tensors travel in the engines' dtype (plan.dtype); the probe compares the trainer's forward in
         # its own dtype with the engines' in theirs, so its default tolerance follows both
         dtypes = {d for r in ranks for d in r["dtypes"]}
@@ -150,12 +139,7 @@ class WeightSync:
             raise WeightSyncError(f"the trainer's weights are in several dtypes {sorted(dtypes)}; expected one")
         self.trainer_dtype = dtypes.pop()
         self.tolerance = self.cfg.probe_tolerance(self.trainer_dtype, self.engine_dtype)
-        if self.cfg.transport == "distributed":
-            for stage in range(self.num_stages):  # one stage at a time: an engine joins one group at a time
-                self._ranks(RankWeightSync.connect_stage, self.plan.group_prefix, stage)
-                self._groups_joined += 1
-        if self.cfg.transport == "disk":
-            self._staging = DiskStaging(self.cfg.disk_dir, self.engines[0].model_path)
+        self.transport.connect(self)
         self.memory = EngineMemory(self.clients, engine_device, timeout, self._released)
         self._probe_ids = probe_token_ids(self.tokenizer_path or self.engines[0].tokenizer_path
                                           or self.engines[0].model_path)
@@ -187,7 +171,7 @@ class WeightSync:
         version = str(version)
         started = time.perf_counter()
         self.memory.resume(WEIGHTS)
-        sent = self._write_and_load(version) if self.cfg.transport == "disk" else self._stream(version)
+        sent = self.transport.deliver(self, version)
         seconds = time.perf_counter() - started
         probe_started = time.perf_counter()
         # the trainer scores the probe while its weights are still on its devices (see after_send)
@@ -199,7 +183,7 @@ class WeightSync:
         probe_started = time.perf_counter()
         result = self._probe(version, trainer_log_probs) if probe else None
         probe_seconds += time.perf_counter() - probe_started
-        return SyncReport(version=version, transport=self.cfg.transport, seconds=seconds,
+        return SyncReport(version=version, transport=self.transport.name, seconds=seconds,
                           bytes=sum(s.bytes for s in sent), buckets=sum(s.buckets for s in sent),
                           tensors=sum(s.tensors for s in sent), export_seconds=sum(s.export_seconds for s in sent),
                           probe=result, probe_seconds=probe_seconds)
@@ -224,55 +208,23 @@ class WeightSync:
         False (skipped) when not colocated or the engines are on CPU."""
         return self.cfg.colocate and self.memory.release()
 
-    def _stream(self, version: str) -> list[StageSent]:
-        opened, errors = [], []
-        for client, (_, future) in zip(self.clients, submit_all(self.clients, EngineClient.begin_weight_update)):
-            try:
-                future.result(timeout=self.cfg.timeout_s)
-                opened.append(client)
-            except Exception as exc:
-                errors.append(WeightSyncError(f"begin_weight_update: {exc}"))
-        try:
-            if errors:
-                raise errors[0]
-            sent = self._per_stage(RankWeightSync.send_stage,
-                                   lambda stage: (stage, version, stage == self.num_stages - 1))
-        except BaseException:
-            # close the sessions that opened, or the next sync cannot begin; the first error wins
-            try:
-                call_all(opened, self.cfg.timeout_s, EngineClient.end_weight_update)
-            except WeightSyncError:
-                pass
-            raise
-        call_all(opened, self.cfg.timeout_s, EngineClient.end_weight_update)
-        return sent
-
-    def _write_and_load(self, version: str) -> list[StageSent]:
-        directory = self._staging.start(version)
-        sent = self._per_stage(RankWeightSync.write_stage, lambda stage: (stage, str(directory)))
-        weight_map: dict[str, str] = {}
-        for part in sent:
-            weight_map.update(part.weight_map)
-        published = self._staging.publish(directory, version, weight_map, sum(s.bytes for s in sent))
-        call_all(self.clients, self.cfg.timeout_s, EngineClient.update_weights_from_disk, str(published),
-                 weight_version=version, flush_cache=True, timeout_s=self.cfg.timeout_s)
-        self._staging.loaded(published)
-        return sent
-
-    def _per_stage(self, fn: Callable, args_for_stage) -> list[StageSent]:
-        what = fn.__name__
+    # ------------------------------------------------------------------ for the transports
+    def send_stages(self, args_for_stage: Callable[[int], tuple]) -> list[StageSent]:
+        """RankWeightSync.send_stage on every rank, one pipeline stage after another, with the
+        transport's arguments `args_for_stage(stage)`; the stage leads' reports, in stage order.
+        An engine's failure on a lead raises WeightSyncError here (the trainer ranks are fine)."""
         sent = []
         for stage in range(self.num_stages):
-            per_rank = self._ranks(fn, self.plan.group_prefix, *args_for_stage(stage))
+            per_rank = self.on_ranks(RankWeightSync.send_stage, self.plan.group_prefix, stage, *args_for_stage(stage))
             results = [r for r in per_rank if r is not None]
             if len(results) != 1:
-                raise WeightSyncError(f"{what}: stage {stage} reported from {len(results)} lead ranks, expected 1")
+                raise WeightSyncError(f"send_stage: stage {stage} reported from {len(results)} lead ranks, expected 1")
             if results[0].error is not None:  # an engine failed; the trainer ranks are fine
-                raise WeightSyncError(f"{what}: stage {stage}: {results[0].error}")
+                raise WeightSyncError(f"send_stage: stage {stage}: {results[0].error}")
             sent.append(results[0])
         return sent
 
-    def _ranks(self, fn: Callable, *args) -> list:
+    def on_ranks(self, fn: Callable, *args) -> list:
         """RankWeightSync.<fn>(*args) on every trainer rank, in lockstep; results in rank order."""
         return self.actor_group.call_all(fn, *args)
 
@@ -280,7 +232,7 @@ class WeightSync:
         checksums: dict[str, str] = {}
         sources: dict[str, list[str]] = {}
         for stage in range(self.num_stages):
-            for result in self._ranks(RankWeightSync.stage_checksums, self.plan.group_prefix, stage):
+            for result in self.on_ranks(RankWeightSync.stage_checksums, self.plan.group_prefix, stage):
                 if result is not None:
                     checksums.update(result[0])
                     sources.update(result[1])
@@ -288,29 +240,18 @@ class WeightSync:
 
     # ------------------------------------------------------------------ close
     def close(self) -> None:
-        """Leave the process groups, close the clients, remove a temporary disk directory. Best effort
-        for every part (the trainer or an engine may already be gone); idempotent."""
-        problems = []
-        if self.plan is not None and self._groups_joined:
-            for stage in range(self._groups_joined):
-                try:
-                    call_all(self.clients, self.cfg.timeout_s, EngineClient.destroy_weights_update_group,
-                             self.plan.group_name(stage))
-                except WeightSyncError as exc:
-                    problems.append(str(exc))
-            self._groups_joined = 0
+        """Close the transport (process groups, a temporary disk directory), the ranks' side and the
+        clients. Best effort for every part (the trainer or an engine may already be gone); idempotent."""
+        problems = self.transport.close(self)
         if self.plan is not None:
             try:
-                self._ranks(RankWeightSync.close, self.plan.group_prefix)
+                self.on_ranks(RankWeightSync.close, self.plan.group_prefix)
             except Exception as exc:  # the group may be shut down already
                 problems.append(f"trainer: {exc}")
         self.plan = None
         for client in self.clients:
             client.close()
         self.clients = []
-        if self._staging is not None:
-            self._staging.close()
-            self._staging = None
         if problems:
             import logging
 

@@ -1,0 +1,63 @@
+"""What a weight-sync transport is: one class that carries the trainer's weights to the engines,
+with both of its halves in one place, so that a new transport is one new class in one file.
+
+- The driver half runs in the driver, one instance per WeightSync (sync.py builds it from
+  cfg.transport through transports.transport_for): `check` the devices, `connect` what must exist
+  before the first delivery, `deliver` one version, `close` what connect opened.
+- The rank half runs on every trainer rank, one instance per weight sync (rank.py RankSync builds it
+  from the class that travels in RankSyncPlan.transport): `setup_rank`, `connect_stage` (on a stage's
+  lead), `send_stage` (on a stage's lead, given the stage's exported tensors), `close_rank`.
+
+The driver half reaches the rank half only through RankWeightSync's methods, called by reference
+(WeightSync.on_ranks(RankWeightSync.connect_stage, ...), WeightSync.send_stages): the rank resolves
+them to its hosted RankWeightSync, which hands them to this sync's transport. Each half keeps its
+own state on its own instance (an instance plays one half only).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import TYPE_CHECKING, ClassVar
+
+if TYPE_CHECKING:
+    from lean_rl.weight_sync.rank import RankSync, StageSent, TimedExport
+    from lean_rl.weight_sync.sync import WeightSync
+
+
+class Transport(ABC):
+    name: ClassVar[str]  # its --weight-sync-transport value (config.TRANSPORTS); SyncReport.transport
+
+    # ------------------------------------------------------------------ driver half
+    def check(self, trainer_device: str, engine_device: str) -> None:
+        """Raise WeightSyncError when this transport cannot carry weights from a trainer on
+        `trainer_device` to engines on `engine_device` ("cpu", "cuda")."""
+
+    def connect(self, sync: WeightSync) -> None:
+        """After every rank's setup_rank: what must exist before the first delivery."""
+
+    @abstractmethod
+    def deliver(self, sync: WeightSync, version: str) -> list[StageSent]:
+        """Every engine holds the trainer's weights as `version` (weight_version set, prefix cache
+        flushed) on return; one StageSent per pipeline stage."""
+
+    def close(self, sync: WeightSync) -> list[str]:
+        """Undo connect, best effort (the trainer or an engine may be gone): the problems met, which
+        WeightSync.close logs. Called once the engine clients may be used no more than for that."""
+        return []
+
+    # ------------------------------------------------------------------ rank half
+    def setup_rank(self, rank: RankSync) -> None:
+        """On every rank, once per weight sync, with rank.plan set."""
+
+    def connect_stage(self, rank: RankSync, stage: int) -> None:
+        """On the lead rank of `stage` only (connect asks for it, one stage at a time)."""
+
+    @abstractmethod
+    def send_stage(self, rank: RankSync, export: TimedExport, *args) -> StageSent:
+        """On the lead rank of `export.stage` only: send the stage's tensors (iterate `export`; its
+        TP/EP peers take part in the same all-gathers meanwhile). `args`: what this transport's
+        deliver gave WeightSync.send_stages for the stage. An engine's failure is reported in
+        StageSent.error, not raised, after exporting to the end (the peers' all-gathers complete)."""
+
+    def close_rank(self, rank: RankSync) -> None:
+        """Undo setup_rank and connect_stage; must not wait on a broken peer."""
