@@ -1,5 +1,6 @@
-"""--load-debug-rollout-data files: the groups a --save-debug-rollout-data run wrote, one JSON list of
-samples (Sample.to_dict) per line, read back with every error naming the file, the line and the field."""
+"""--save-debug-rollout-data / --load-debug-rollout-data files: the groups a run trained on, one JSON
+list of samples (Sample.to_dict) per line, read back with every error naming the file, the line and
+the field."""
 
 from __future__ import annotations
 
@@ -42,4 +43,19 @@ def load_debug_rollout(template: str, step: int) -> list[list[Sample]]:
             raise ValueError(f"{where}: {err}") from None
     if not groups:
         raise ValueError(f"{FLAG}: {path} holds no groups (rollout {step})")
+    return groups
+
+
+def record_train_groups(run, step: int, groups: list[list[Sample]]) -> list[list[Sample]]:
+    """What the run records of the groups step `step` trains on: --save-debug-rollout-data (the file
+    load_debug_rollout reads back) and --dump-samples-interval (utils/metrics.dump_samples). `run` is
+    the run's RunConfig."""
+    from lean_rl.utils.metrics import dump_samples
+
+    if run.save_debug_rollout_data:
+        path = Path(run.save_debug_rollout_data.format(rollout_id=step))
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("".join(json.dumps([s.to_dict() for s in g]) + "\n" for g in groups))
+    if run.dump_samples_interval and step % run.dump_samples_interval == 0:
+        dump_samples(Path(run.output_dir), step, groups)
     return groups

@@ -20,7 +20,6 @@ import concurrent.futures
 import contextlib
 import functools
 import inspect
-import json
 import logging
 import sys
 import time
@@ -30,7 +29,7 @@ from lean_rl.backends.megatron.train_options import TrainOptions
 from lean_rl.buffer.data_buffer import DataBuffer, create_data_buffer
 from lean_rl.ci_test import check_step
 from lean_rl.config import Config
-from lean_rl.debug_rollout import load_debug_rollout
+from lean_rl.debug_rollout import load_debug_rollout, record_train_groups
 from lean_rl.plot import write_run_curves
 from lean_rl.preflight import check_before_start, dataset_errors_as_config_errors
 from lean_rl.extensions import install
@@ -41,7 +40,7 @@ from lean_rl.run_lock import lock_run_directories
 from lean_rl.sample import Sample
 from lean_rl.stop import RunStopped, StopSignals
 from lean_rl.train_hooks import before_training
-from lean_rl.utils.metrics import MetricsLogger, Timers, dump_samples, print_run_summary
+from lean_rl.utils.metrics import MetricsLogger, Timers, print_run_summary
 from lean_rl.utils.threads import run_in_daemon_thread
 
 logger = logging.getLogger(__name__)
@@ -241,7 +240,7 @@ class Runtime:
         """One rollout by the (possibly user-supplied) rollout function; finished groups land in the buffer.
         With --load-debug-rollout-data: the saved rollout's metrics (take_train_groups reads its groups)."""
         if self.cfg.run.load_debug_rollout_data:
-            return RolloutOutput(metrics=rollout_metrics(self._load_debug_rollout(step)))
+            return RolloutOutput(metrics=rollout_metrics(load_debug_rollout(self.cfg.run.load_debug_rollout_data, step)))
         return await self._call_rollout_function(step, self.buffer, False)
 
     async def _call_rollout_function(self, step: int, buffer, evaluation: bool) -> RolloutOutput:
@@ -263,19 +262,13 @@ class Runtime:
 
     def take_train_groups(self, step: int) -> list[list[Sample]]:
         if self.cfg.run.load_debug_rollout_data:
-            return self._load_debug_rollout(step)
+            return load_debug_rollout(self.cfg.run.load_debug_rollout_data, step)
         return self.record_train_groups(
             step, self.buffer.get_train_groups(self.cfg.rollout.rollout_batch_size, policy_version=step))
 
     def record_train_groups(self, step: int, groups: list[list[Sample]]) -> list[list[Sample]]:
         """--save-debug-rollout-data and --dump-samples-interval, for the groups step `step` trains on."""
-        if self.cfg.run.save_debug_rollout_data:
-            path = Path(self.cfg.run.save_debug_rollout_data.format(rollout_id=step))
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text("".join(json.dumps([s.to_dict() for s in g]) + "\n" for g in groups))
-        if self.cfg.run.dump_samples_interval and step % self.cfg.run.dump_samples_interval == 0:
-            dump_samples(self.output_dir, step, groups)
-        return groups
+        return record_train_groups(self.cfg.run, step, groups)
 
     @property
     def train_options(self) -> TrainOptions:
@@ -424,42 +417,3 @@ class Runtime:
             metrics["sync/recoveries"] = self.weight_sync.recoveries  # syncs done again after losing an engine
         self.logger.log(step, metrics)
 
-    def _load_debug_rollout(self, step: int) -> list[list[Sample]]:
-        return load_debug_rollout(self.cfg.run.load_debug_rollout_data, step)
-
-
-# The phases a loop times; whatever else a step spends is framework overhead (data conversion in the
-# driver, bookkeeping, logging).
-PHASES = ("generate", "wait_for_data", "train", "sync", "save", "eval")
-
-
-def step_metrics(step_seconds: float, timers: dict[str, float], rollout: RolloutOutput, train: dict[str, float],
-                 extra: dict[str, float] | None = None, generate_active_s: float = 0.0) -> dict[str, float]:
-    """One step's metrics. Idle time per side: the trainer is idle whenever it is not training, the
-    engines whenever they are not generating (`generate_active_s` within this step)."""
-    clash = rollout.metrics.keys() & train.keys()
-    if clash:  # one key, one meaning: neither side may overwrite the other's
-        raise ValueError(f"metrics written by both the rollout and the trainer: {sorted(clash)}")
-    in_phases = sum(timers.get(f"time/{phase}", 0.0) for phase in PHASES)
-    train_s = timers.get("time/train", 0.0)
-    metrics = {**rollout.metrics, **train, **timers, **(extra or {}), "time/step": step_seconds,
-               "time/trainer_idle": max(step_seconds - train_s, 0.0),
-               "time/engine_idle": max(step_seconds - generate_active_s, 0.0),
-               "perf/overhead_frac": max(step_seconds - in_phases, 0.0) / max(step_seconds, 1e-9)}
-    tokens = rollout.metrics.get("rollout/response_tokens")
-    if tokens and step_seconds:
-        metrics["perf/tokens_per_s"] = tokens / step_seconds
-    return metrics
-
-
-def probe_metrics(probe) -> dict[str, float]:
-    """The probe of a sync (ProbeResult): the worst engine's max and mean |Δ log p| (the mean is what
-    a 16-bit sync is judged by: weight_sync/config.py probe_statistic)."""
-    return {"sync/probe_max_abs_diff": probe.max_abs_diff, "sync/probe_mean_abs_diff": probe.mean_abs_diff}
-
-
-def staleness_metrics(groups: list[list[Sample]], step: int) -> dict[str, float]:
-    """How many versions behind the trained policy (`step`) the oldest token of each sample was."""
-    ages = [step - s.oldest_version for g in groups for s in g if s.oldest_version is not None]
-    return {"train/staleness_max": float(max(ages, default=0)),
-            "train/staleness_mean": sum(ages) / len(ages) if ages else 0.0}

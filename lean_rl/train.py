@@ -16,7 +16,8 @@ import time
 from lean_rl.cli import run_command
 from lean_rl.config import parse_config
 from lean_rl.options import ConfigError
-from lean_rl.runtime import Runtime, probe_metrics, step_metrics
+from lean_rl.runtime import Runtime
+from lean_rl.step_metrics import probe_metrics, step_metrics
 from lean_rl.utils.metrics import setup_logging
 
 

@@ -25,7 +25,8 @@ from lean_rl.options import ConfigError
 from lean_rl.rollout.base import RolloutOutput
 from lean_rl.rollout.continuous import ContinuousGenerator
 from lean_rl.rollout.metrics import rollout_metrics
-from lean_rl.runtime import Runtime, probe_metrics, staleness_metrics, step_metrics
+from lean_rl.runtime import Runtime
+from lean_rl.step_metrics import probe_metrics, staleness_metrics, step_metrics
 from lean_rl.utils.metrics import setup_logging
 
 
