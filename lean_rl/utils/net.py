@@ -82,6 +82,13 @@ def interface_of(ip: str) -> str | None:
 SOCKET_IFNAME_VARS = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
 
 
+def socket_interface_env(ip: str, environ) -> dict[str, str]:
+    """GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME for a process reached at `ip`: the interface holding it,
+    unless `environ` already names one (the user's choice wins); {} when no interface holds `ip`."""
+    name = interface_of(ip)
+    return {var: environ.get(var, name) for var in SOCKET_IFNAME_VARS} if name is not None else {}
+
+
 def set_socket_interface_env(ip: str) -> dict[str, str]:
     """gloo and NCCL pick their network interface from GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME (else
     the hostname's address, which may be one other nodes cannot reach): point them at the interface

@@ -61,7 +61,8 @@ _DRIVER = textwrap.dedent("""
             out.append({"node_ip": ray.get(actor.node_ip.remote(), timeout=60), "visible": plan["env"].get("CUDA_VISIBLE_DEVICES"),
                         "tp": flags["--tp-size"], "base_gpu": flags["--base-gpu-id"],
                         "memory_saver": "--enable-memory-saver" in flags,
-                        "saver_env": plan["env"].get("SGLANG_MEMORY_SAVER_CUDA_GRAPH")})
+                        "saver_env": plan["env"].get("SGLANG_MEMORY_SAVER_CUDA_GRAPH"),
+                        "ifname": [plan["env"].get(v) for v in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")]})
             ray.kill(actor)
         scheduler.release()
         return out
@@ -122,6 +123,7 @@ def test_gpu_placement_on_a_cluster_that_declares_gpus(simulated_cluster):
         assert engine["visible"] == ",".join(r["gpu_ids"][0] for r in ranks)
         assert engine["tp"] == ["2"] and engine["base_gpu"] == ["0"]
         assert engine["memory_saver"] and engine["saver_env"] == "true"
+        assert engine["ifname"] == ["lo", "lo"]  # the interface of its node's address (127.0.0.x: loopback)
 
     # disaggregated: trainer, engines and teacher never share a GPU of a node
     taken = {}

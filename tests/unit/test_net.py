@@ -43,3 +43,11 @@ def test_socket_interface_is_the_one_holding_the_address(monkeypatch):
                 assert interface_of(address.address) == name
     monkeypatch.setattr("os.environ", {"NCCL_SOCKET_IFNAME": "ib0"})  # the user's choice wins
     assert set_socket_interface_env("127.0.0.2") == {"GLOO_SOCKET_IFNAME": "lo", "NCCL_SOCKET_IFNAME": "ib0"}
+
+
+def test_socket_interface_env_names_the_interface_of_the_address_unless_the_user_did():
+    from lean_rl.utils.net import socket_interface_env
+
+    assert socket_interface_env("127.0.0.3", {}) == {"GLOO_SOCKET_IFNAME": "lo", "NCCL_SOCKET_IFNAME": "lo"}
+    assert socket_interface_env("127.0.0.3", {"NCCL_SOCKET_IFNAME": "eth9"})["NCCL_SOCKET_IFNAME"] == "eth9"
+    assert socket_interface_env("203.0.113.77", {}) == {}  # no interface of this machine holds it

@@ -28,7 +28,7 @@ from pathlib import Path
 
 from lean_rl.backends.sglang.config import CHILD_API_KEY_ENV, EngineConfig, _merge_flags, flags_to_dict
 from lean_rl.backends.sglang.processes import ChildProcess, ChildStartError, stop_all, wait_until_healthy
-from lean_rl.utils.net import find_free_port, require_free_port, service_host
+from lean_rl.utils.net import find_free_port, require_free_port, service_host, socket_interface_env
 
 # Failures after which an SGLang server hangs instead of exiting (uvicorn fails to bind, then the
 # server waits forever in "Waiting for application shutdown"): detect them in the log.
@@ -140,11 +140,16 @@ class EngineActor:
             flags["--base-gpu-id"] = ["0"]
         return _merge_flags(flags, {})
 
+    def _network_env(self) -> dict[str, str]:
+        """On a cluster: gloo and NCCL in the server (weight-update groups with the trainer) on the
+        interface of the address this engine binds, as the trainer ranks do (utils/net.py)."""
+        return socket_interface_env(self.host, os.environ) if self.config.on_cluster else {}
+
     def launch_plan(self) -> dict:
         """What _spawn runs: the server's command line and the environment it adds to the actor's own
         (CUDA_VISIBLE_DEVICES: the colocated devices, else the GPUs Ray gave this actor), without the
         API key. Starts nothing: the placement tests read it on machines without GPUs."""
-        env = {**self.config.server_env()}
+        env = {**self.config.server_env(), **self._network_env()}
         env.pop(CHILD_API_KEY_ENV, None)
         visible = self.visible_devices if self.visible_devices is not None else os.environ.get("CUDA_VISIBLE_DEVICES")
         if visible is not None:
@@ -162,7 +167,7 @@ class EngineActor:
         self._tmp_dir = tempfile.mkdtemp(prefix=f"lean_rl_sglang{self.index}_",
                                          dir=base if len(str(base.resolve())) <= _MAX_TMP_BASE_LEN else None)
         env = {**os.environ, "PYTHONUNBUFFERED": "1", "NO_COLOR": "1", **self.config.server_env(),
-               "TMPDIR": self._tmp_dir}
+               **self._network_env(), "TMPDIR": self._tmp_dir}
         if self.visible_devices is not None:
             env["CUDA_VISIBLE_DEVICES"] = self.visible_devices
         return ChildProcess(f"engine-{self.index}", cmd, self.log_path, env=env)
