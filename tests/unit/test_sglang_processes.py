@@ -133,3 +133,50 @@ def test_a_restarted_child_sees_only_its_own_part_of_the_shared_log(tmp_path):
     assert not second.log_contains("first run failed")
     assert second.last_error_line() is None
     assert second.log_tail().startswith("$ ") and "second run ok" in second.log_tail()
+
+
+IMPOSTOR = textwrap.dedent("""
+    import sys
+    from http.server import BaseHTTPRequestHandler, HTTPServer
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self):
+            print("GOT", self.path, self.headers.get("Authorization"), flush=True)
+            self.send_response(200)
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    HTTPServer(("127.0.0.1", int(sys.argv[1])), Handler).serve_forever()
+""")
+
+
+def test_a_port_taken_by_another_process_is_refused_before_any_key_is_sent(tmp_path):
+    """A process that grabbed the server's port answers /health like the server would: the health wait
+    names it and stops, and it never sees a request with the key."""
+    port = find_free_port()
+    impostor = subprocess.Popen([sys.executable, "-c", IMPOSTOR, str(port)], stdout=subprocess.PIPE, text=True)
+    ours = ChildProcess("engine-0", [sys.executable, "-c", "import time; time.sleep(60)"], tmp_path / "e.log")
+    try:
+        deadline = time.monotonic() + 30
+        while port not in {c.laddr.port for c in psutil.net_connections("inet") if c.status == psutil.CONN_LISTEN}:
+            assert time.monotonic() < deadline, "the impostor never listened"
+            time.sleep(0.1)
+        with pytest.raises(ChildStartError, match=rf"engine-0: port {port} is held by pid {impostor.pid} .*nothing "
+                                                  "was sent to it"):
+            wait_until_healthy([(ours, f"http://127.0.0.1:{port}/health")], timeout_s=30)
+    finally:
+        stop_all([ours])
+        impostor.kill()
+    seen = impostor.communicate(timeout=30)[0].splitlines()
+    assert seen == ["GOT /health None"]  # the health probe only: no key ever reached it
+
+
+def test_our_own_listener_passes(tmp_path):
+    port = find_free_port()
+    ours = ChildProcess("engine-0", [sys.executable, "-c", IMPOSTOR, str(port)], tmp_path / "e.log")
+    try:
+        wait_until_healthy([(ours, f"http://127.0.0.1:{port}/health")], timeout_s=30)
+    finally:
+        stop_all([ours])

@@ -20,6 +20,7 @@ import sys
 import time
 from collections import deque
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import httpx
 import psutil
@@ -164,6 +165,37 @@ class ChildStartError(RuntimeError):
     """A child died or did not become healthy; the message holds the tail of its log."""
 
 
+def listener_pids(port: int) -> set[int | None]:
+    """The pids of the processes listening on TCP `port` (None for a socket whose owner this user
+    cannot see: another user's, when not root)."""
+    return {c.pid for c in psutil.net_connections(kind="inet")
+            if c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port}
+
+
+def require_own_listener(child: ChildProcess, url: str) -> None:
+    """ChildStartError unless what listens at `url`'s port is `child` or a process it started: a process
+    that took the port first (or in a restart's window) answers /health too, and must not be sent the
+    run's key (the engine group verifies this before any request that carries it)."""
+    port = urlsplit(url).port
+    try:
+        ours = {child.popen.pid, *(p.pid for p in psutil.Process(child.popen.pid).children(recursive=True))}
+    except psutil.NoSuchProcess:
+        ours = set()
+    foreign = listener_pids(port) - ours
+    if foreign or not ours:
+        owner = next(iter(foreign), None)
+        who = "a process this user cannot see" if owner is None else f"pid {owner} ({_process_name(owner)})"
+        raise ChildStartError(f"{child.name}: port {port} is held by {who}, not by the server lean_rl started "
+                              f"(pid {child.popen.pid}); nothing was sent to it: free the port or choose another")
+
+
+def _process_name(pid: int) -> str:
+    try:
+        return " ".join(" ".join(psutil.Process(pid).cmdline()).split())[:80] or psutil.Process(pid).name()
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return "gone"
+
+
 def wait_until_healthy(
     children: list[tuple[ChildProcess, str]],
     timeout_s: float,
@@ -193,10 +225,12 @@ def wait_until_healthy(
                     if child.log_contains(needle):
                         raise ChildStartError(f"{child.name}: {why}; last lines of {child.log_path}:\n{child.log_tail()}")
                 try:
-                    if http.get(url).status_code == 200:
-                        pending.remove((child, url))
+                    healthy = http.get(url).status_code == 200
                 except httpx.TransportError:
-                    pass  # not listening yet
+                    healthy = False  # not listening yet
+                if healthy:
+                    require_own_listener(child, url)  # before anyone sends it the run's key
+                    pending.remove((child, url))
             if pending and time.monotonic() - start > timeout_s:
                 names = ", ".join(child.name for child, _ in pending)
                 tails = "\n".join(f"--- {c.log_path}:\n{c.log_tail(15)}" for c, _ in pending)
