@@ -22,6 +22,7 @@ opened, keys checked, rendered with the chat template) and calls `check_before_s
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import math
 import os
@@ -171,6 +172,40 @@ def check_save_dir(save: str, flag: str, num_params: int, bytes_per_param: int =
         raise ConfigError(f"{flag} {save}: {free / GIB:.2f} GiB free on its filesystem, but a checkpoint of this "
                           f"model takes about {needed / GIB:.2f} GiB ({num_params:,} parameters: weights + Adam "
                           "state); free some space or point it at a larger disk")
+
+
+class SaveSpaceError(ConfigError):
+    """A checkpoint save ran out of disk: one line (lean_rl/cli.py), the run stops without training on."""
+
+
+def no_space_left(err: BaseException) -> bool:
+    """Whether `err` (or what it wraps: a rank's error reaches the driver as text) is ENOSPC."""
+    while err is not None:
+        if (isinstance(err, OSError) and err.errno == errno.ENOSPC) or "No space left on device" in str(err):
+            return True
+        err = err.__cause__ or err.__context__
+    return False
+
+
+def save_space_error(save: str, step: int) -> SaveSpaceError:
+    """The one line for a save of `step` that filled --save's disk: the free space, what the last
+    complete checkpoint took (the space one more needs), and that it stays loadable."""
+    from lean_rl.backends.megatron.checkpoint_paths import iteration_dir, latest_step
+
+    free = shutil.disk_usage(save).free
+    try:
+        last = latest_step(save)
+    except (ValueError, OSError):
+        last = None
+    if last is None:
+        kept = "no earlier checkpoint"
+        size = ""
+    else:
+        taken = sum(f.stat().st_size for f in iteration_dir(save, last).rglob("*") if f.is_file())
+        kept, size = f"step {last}'s checkpoint stays loadable", f"; a checkpoint takes about {taken / GIB:.3f} GiB"
+    return SaveSpaceError(f"--save {save}: no space left on its disk while saving step {step} ({free / GIB:.3f} GiB "
+                          f"free{size}); {kept}: free some space or point --save at a larger disk, then rerun "
+                          "the same command to resume")
 
 
 @contextlib.contextmanager
