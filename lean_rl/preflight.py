@@ -187,21 +187,37 @@ def no_space_left(err: BaseException) -> bool:
     return False
 
 
-def save_space_error(save: str, step: int) -> SaveSpaceError:
-    """The one line for a save of `step` that filled --save's disk: the free space, what the last
-    complete checkpoint took (the space one more needs), and that it stays loadable."""
+def last_checkpoint_size(save: str) -> tuple[int | None, int]:
+    """(step, bytes) of the latest complete checkpoint under --save; (None, 0) when there is none."""
     from lean_rl.backends.megatron.checkpoint_paths import iteration_dir, latest_step
 
-    free = shutil.disk_usage(save).free
     try:
         last = latest_step(save)
     except (ValueError, OSError):
-        last = None
+        return None, 0
+    if last is None:
+        return None, 0
+    return last, sum(f.stat().st_size for f in iteration_dir(save, last).rglob("*") if f.is_file())
+
+
+def save_filled_the_disk(err: BaseException, save: str) -> bool:
+    """Whether a failed save ran out of space: ENOSPC said so, or (torch's writers can report a short
+    write as another error) --save's disk has less free than the last checkpoint took."""
+    if no_space_left(err):
+        return True
+    _, taken = last_checkpoint_size(save)
+    return taken > 0 and shutil.disk_usage(save).free < taken
+
+
+def save_space_error(save: str, step: int) -> SaveSpaceError:
+    """The one line for a save of `step` that filled --save's disk: the free space, what the last
+    complete checkpoint took (the space one more needs), and that it stays loadable."""
+    free = shutil.disk_usage(save).free
+    last, taken = last_checkpoint_size(save)
     if last is None:
         kept = "no earlier checkpoint"
         size = ""
     else:
-        taken = sum(f.stat().st_size for f in iteration_dir(save, last).rglob("*") if f.is_file())
         kept, size = f"step {last}'s checkpoint stays loadable", f"; a checkpoint takes about {taken / GIB:.3f} GiB"
     return SaveSpaceError(f"--save {save}: no space left on its disk while saving step {step} ({free / GIB:.3f} GiB "
                           f"free{size}); {kept}: free some space or point --save at a larger disk, then rerun "

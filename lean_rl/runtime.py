@@ -31,7 +31,8 @@ from lean_rl.ci_test import check_step
 from lean_rl.config import Config
 from lean_rl.debug_rollout import load_debug_rollout, record_train_groups
 from lean_rl.plot import write_run_curves
-from lean_rl.preflight import check_before_start, dataset_errors_as_config_errors, no_space_left, save_space_error
+from lean_rl.preflight import (check_before_start, dataset_errors_as_config_errors, save_filled_the_disk,
+                               save_space_error)
 from lean_rl.extensions import install
 from lean_rl.rollout.base import RolloutOutput, rollout_function_path, rollout_output
 from lean_rl.rollout.evaluation import load_eval_datasets
@@ -398,7 +399,7 @@ class Runtime:
                     self.critic.save_checkpoint(ckpt.critic_save_dir, step)
                 self.trainer.save_checkpoint(ckpt.save, step, state)
         except Exception as err:
-            if not no_space_left(err):
+            if not save_filled_the_disk(err, ckpt.save):
                 raise
             raise save_space_error(ckpt.save, step) from None  # one line; the last checkpoint stays
 
