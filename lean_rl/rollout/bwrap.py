@@ -89,9 +89,12 @@ def bwrap_argv(bwrap: str, code_file: str, tmpfs_bytes: int, env: dict[str, str]
              "--dev", "/dev",
              "--perms", "1777", "--size", str(tmpfs_bytes), "--tmpfs", "/dev/shm",
              "--remount-ro", "/dev",
-             "--perms", "0700", "--size", str(tmpfs_bytes), "--tmpfs", WORKDIR,
-             "--symlink", WORKDIR, "/tmp",
-             "--ro-bind", code_file, CODE_PATH,
+             "--perms", "0700", "--size", str(tmpfs_bytes), "--tmpfs", WORKDIR]
+    # /tmp is the working directory, unless the runtime itself lives under the host's /tmp (a venv
+    # there): then /tmp holds only that read-only bind, and TMPDIR still names the working directory
+    if not any(d == "/tmp" or d.startswith("/tmp/") for d in runtime_dirs()):
+        argv += ["--symlink", WORKDIR, "/tmp"]
+    argv += ["--ro-bind", code_file, CODE_PATH,
              "--chdir", WORKDIR,
              "--remount-ro", "/",
              "--"]

@@ -272,3 +272,17 @@ def test_none_runs_on_the_host_and_warns_on_every_call(no_sandbox, caplog):
     # the process group is still killed at the wall clock
     result = run(RAW_FORK + "if pid: print(pid, flush=True)\ntime.sleep(100)", wall_timeout_s=1.0)
     assert result.status == "timeout" and gone(int(result.stdout.split()[0]))
+
+
+def test_a_runtime_under_the_hosts_tmp_keeps_its_bind_and_tmp_is_no_symlink(monkeypatch):
+    """A venv under /tmp (a checkout there): binding it creates /tmp in the sandbox, so /tmp cannot also
+    be the symlink to the working directory (bwrap: "Can't make symlink at /tmp: File exists")."""
+    from lean_rl.rollout import bwrap
+
+    monkeypatch.setattr(bwrap, "runtime_dirs", lambda: ["/tmp/checkout/.venv"])
+    argv = bwrap.bwrap_argv("bwrap", "/x/code.py", 1 << 20, {})
+    assert "/tmp/checkout/.venv" in argv
+    assert not any(argv[i:i + 3] == ["--symlink", bwrap.WORKDIR, "/tmp"] for i in range(len(argv)))
+    monkeypatch.setattr(bwrap, "runtime_dirs", lambda: ["/opt/venv"])
+    argv = bwrap.bwrap_argv("bwrap", "/x/code.py", 1 << 20, {})
+    assert any(argv[i:i + 3] == ["--symlink", bwrap.WORKDIR, "/tmp"] for i in range(len(argv)))
