@@ -64,3 +64,11 @@ def test_a_clean_file_is_left_alone_and_the_rewrite_is_atomic(tmp_path):
     assert [r["step"] for r in _rows(path)] == [0]
     assert path.stat().st_ino != before.st_ino  # replaced by a rename, not truncated in place
     assert sorted(p.name for p in tmp_path.iterdir()) == ["metrics.jsonl"]
+
+
+def test_a_rerun_in_the_same_output_dir_continues_the_same_wandb_run(tmp_path):
+    from lean_rl.utils.metrics import wandb_run_id
+
+    first = wandb_run_id(tmp_path)
+    assert first == wandb_run_id(tmp_path) and (tmp_path / "wandb_run_id").read_text().strip() == first
+    assert wandb_run_id(tmp_path / "other" if (tmp_path / "other").mkdir() is None else tmp_path) != first
