@@ -15,15 +15,19 @@ venv=${LEAN_RL_VENV:-.venv}
 # start without it. cgroup-tools puts each call in a cgroup that bounds its processes and memory together
 # (without it calls run with rlimits only, and the run's start-up line says so). Checked on every setup run
 # (also when the venv is up to date): they are outside the venv.
+start=$(date +%s)
+step() {  # one line per step, with the time since setup started
+  echo "setup.sh [+$(( $(date +%s) - start ))s] $*"
+}
 system_package() {  # PACKAGE BINARY WHAT-IT-DOES WHAT-HAPPENS-WITHOUT-IT
   local package=$1 binary=$2 does=$3 without=$4
   if command -v "$binary" >/dev/null 2>&1; then
-    echo "setup.sh: $package is installed ($(command -v "$binary")): $does"
+    step "$package is installed ($(command -v "$binary")): $does"
   elif [[ $(id -u) == 0 ]] && command -v apt-get >/dev/null 2>&1; then
-    echo "setup.sh: installing $package (apt-get install -y $package): $does"
+    step "installing $package (apt-get install -y $package): $does"
     if DEBIAN_FRONTEND=noninteractive apt-get install -y -q "$package" >/dev/null 2>&1 \
        || { apt-get update -q >/dev/null 2>&1 && DEBIAN_FRONTEND=noninteractive apt-get install -y -q "$package" >/dev/null; }; then
-      echo "setup.sh: $package installed ($(command -v "$binary"))"
+      step "$package installed ($(command -v "$binary"))"
     else
       echo "setup.sh: WARNING: apt-get could not install $package; $without" >&2
     fi
@@ -62,10 +66,6 @@ if [[ -x "$venv/bin/python" && -f "$stamp" && "$(cat "$stamp")" == "$want" && -z
   exit 0
 fi
 
-start=$(date +%s)
-step() {  # one line per step, with the time since setup started
-  echo "setup.sh [+$(( $(date +%s) - start ))s] $*"
-}
 quiet_pip() {  # the machine's pip config lists local mirrors that lack most packages: hide that noise
   "$venv/bin/python" -m pip "$@" 2> >(grep -v "^WARNING: Location 'file://" >&2)
 }

@@ -32,8 +32,12 @@ def test_fresh_install_prints_its_steps_and_stops_on_a_pip_failure(tmp_path):
     steps = [STEP.match(line) for line in result.stdout.splitlines()]
     assert all(steps), result.stdout  # every line of its own is a timed step
     texts = [m.group(2) for m in steps]
-    assert texts[0].startswith(f"creating {tmp_path / 'venv'}")
-    assert texts[1].startswith("installing the pinned CPU set (requirements.txt")
+    first = next(i for i, text in enumerate(texts) if text.startswith("creating"))
+    # before the venv: the system packages tool calls need (bubblewrap, cgroup-tools), found or installed
+    assert all(text.startswith(("bubblewrap", "cgroup-tools", "installing bubblewrap", "installing cgroup-tools"))
+               for text in texts[:first]), texts[:first]
+    assert texts[first].startswith(f"creating {tmp_path / 'venv'}")
+    assert texts[first + 1].startswith("installing the pinned CPU set (requirements.txt")
     seconds = [int(m.group(1)) for m in steps]
     assert seconds == sorted(seconds)
     assert "setup.sh: pip could not install requirements.txt" in result.stderr
