@@ -99,7 +99,7 @@ if [[ $flavour == gpu ]]; then
   step "building TransformerEngine against that torch (requirements-gpu-te.txt, --no-build-isolation; 10-30 min)"
   pip_with_progress requirements-gpu-te.txt install -q --no-build-isolation -r requirements-gpu-te.txt
 else
-  step "installing the pinned CPU set (requirements.txt: torch CPU, Megatron-core, Ray, ...; 2-4 min on a fresh machine)"
+  step "installing the pinned CPU set (requirements.txt: torch CPU, Megatron-core, Ray, pytest, mypy, ...; 2-4 min on a fresh machine)"
   pip_with_progress requirements.txt install -q -r requirements.txt
   step "installing SGLang and torchvision without their CUDA dependencies (requirements-nodeps.txt)"
   pip_with_progress requirements-nodeps.txt install -q --no-deps -r requirements-nodeps.txt
