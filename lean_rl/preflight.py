@@ -178,7 +178,7 @@ class SaveSpaceError(ConfigError):
     """A checkpoint save ran out of disk: one line (lean_rl/cli.py), the run stops without training on."""
 
 
-def no_space_left(err: BaseException) -> bool:
+def no_space_left(err: BaseException | None) -> bool:
     """Whether `err` (or what it wraps: a rank's error reaches the driver as text) is ENOSPC."""
     while err is not None:
         if (isinstance(err, OSError) and err.errno == errno.ENOSPC) or "No space left on device" in str(err):

@@ -399,9 +399,10 @@ class Runtime:
                     self.critic.save_checkpoint(ckpt.critic_save_dir, step)
                 self.trainer.save_checkpoint(ckpt.save, step, state)
         except Exception as err:
-            if not save_filled_the_disk(err, ckpt.save):
+            save_dir = ckpt.save
+            if save_dir is None or not save_filled_the_disk(err, save_dir):  # save() runs only with --save
                 raise
-            raise save_space_error(ckpt.save, step) from None  # one line; the last checkpoint stays
+            raise save_space_error(save_dir, step) from None  # one line; the last checkpoint stays
 
     async def maybe_evaluate(self, step: int) -> dict[str, float]:
         ev = self.cfg.eval

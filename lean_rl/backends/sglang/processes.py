@@ -177,6 +177,8 @@ def require_own_listener(child: ChildProcess, url: str) -> None:
     that took the port first (or in a restart's window) answers /health too, and must not be sent the
     run's key (the engine group verifies this before any request that carries it)."""
     port = urlsplit(url).port
+    if port is None:
+        raise ValueError(f"{child.name}: {url} names no port")
     try:
         ours = {child.popen.pid, *(p.pid for p in psutil.Process(child.popen.pid).children(recursive=True))}
     except psutil.NoSuchProcess:
