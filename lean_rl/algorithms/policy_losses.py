@@ -26,9 +26,6 @@ import zlib
 
 import torch
 
-from lean_rl.algorithms.names import POLICY_LOSSES
-
-
 
 def cispo(log_probs: torch.Tensor, ratio: torch.Tensor, advantages: torch.Tensor, eps_clip: float,
           eps_clip_high: float) -> tuple[torch.Tensor, torch.Tensor]:
