@@ -39,6 +39,7 @@ from lean_rl.backends.megatron.distributed import (
     open_rendezvous_store,
 )
 from lean_rl.backends.megatron.scoring_plan import ScoringBatch
+from lean_rl.utils.coverage_data import save_coverage_data
 from lean_rl.utils.net import service_host, set_socket_interface_env
 
 
@@ -90,6 +91,10 @@ class MegatronRank:
 
     def pid(self) -> int:
         return os.getpid()
+
+    def save_coverage(self) -> None:
+        """Under scripts/cpu_coverage.py: write this rank's coverage data before ray.kill ends it."""
+        save_coverage_data()
 
     def location(self) -> dict:
         """Where this rank runs: its node's address (as Ray knows it), its pid, its GPU ids, and (after

@@ -25,6 +25,7 @@ from typing import Any, Callable, Sequence
 import psutil
 
 from lean_rl.backends.megatron.train_config import TrainerLayout
+from lean_rl.utils.coverage_data import measured
 
 logger = logging.getLogger(__name__)
 
@@ -49,6 +50,7 @@ class RankActors:
         self.gpu_ids: list[list] = []  # per rank: the GPU ids Ray gave it (on its node)
         self.placement_group = None  # bundle k holds the ranks of trainer node k
         self._owns_placement = True  # False: another group's placement group (colocate_with)
+        self.actor_class: type | None = None
 
     def start(self, actor_class: type, rank_args: Callable[[int], tuple], layout: TrainerLayout, *,
               num_cpus: float, num_gpus: float, env: dict[str, str], cpus_per_rank: float,
@@ -60,6 +62,7 @@ class RankActors:
         import ray
 
         self._owns_placement = placement_group is None
+        self.actor_class = actor_class
         self.placement_group = _reserve_nodes(layout, cpus_per_rank, timeout_s) if placement_group is None \
             else placement_group
         for rank in range(layout.world_size):
@@ -183,6 +186,12 @@ class RankActors:
 
         actors, self.actors = self.actors, []
         placement, self.placement_group = self.placement_group, None
+        save_coverage = getattr(self.actor_class, "save_coverage", None)
+        if actors and measured() and save_coverage is not None:
+            try:  # ray.kill is a SIGKILL: the ranks' coverage data would be lost (scripts/cpu_coverage.py)
+                ray.get([actor.call.remote(save_coverage) for actor in actors], timeout=30)
+            except Exception:  # noqa: BLE001 - a dead rank has nothing to save
+                pass
         for actor in actors:
             ray.kill(actor, no_restart=True)
         try:

@@ -28,6 +28,7 @@ from pathlib import Path
 
 from lean_rl.backends.sglang.config import CHILD_API_KEY_ENV, EngineConfig, _merge_flags, flags_to_dict
 from lean_rl.backends.sglang.processes import ChildProcess, ChildStartError, stop_all, wait_until_healthy
+from lean_rl.utils.coverage_data import save_coverage_data
 from lean_rl.utils.net import find_free_port, require_free_port, service_host, socket_interface_env
 
 # Failures after which an SGLang server hangs instead of exiting (uvicorn fails to bind, then the
@@ -38,6 +39,13 @@ SERVER_FATAL_LOG_LINES = {
 # <base>/lean_rl_sglang<i>_XXXXXXXX/tmpXXXXXXXX must stay under the 107-byte unix socket path limit.
 _MAX_TMP_BASE_LEN = 70
 
+
+# SGLang answers SIGTERM by draining requests, but its watchdog looks at the flag only every 5 s
+# (sglang/srt/managers/tokenizer_manager.py:3508-3510, sigterm_watchdog), so an idle server took ~5 s
+# to go (measured: 5.8 s for two). We stop a server only once nothing is in flight for it (the run
+# ended, or the engine is being restarted and was taken out of the router), and it keeps no state
+# to flush: a short grace lets its daemons unlink their shared memory (engine.py:870), then SIGKILL.
+SERVER_STOP_GRACE_S = 1.0
 
 class EngineActorStartError(RuntimeError):
     """The server failed to start or become healthy; the message holds the tail of its log."""
@@ -114,11 +122,11 @@ class EngineActor:
         return self.wait_healthy()
 
     def stop_server(self) -> None:
-        """Stop the server tree (SIGTERM, wait stop_timeout_s, SIGKILL). Safe to call twice."""
+        """Stop the server tree (SIGTERM, wait at most SERVER_STOP_GRACE_S, SIGKILL). Safe to call twice."""
         server, self._server = self._server, None
         try:
             if server is not None:
-                stop_all([server], self.stop_timeout_s)
+                stop_all([server], min(self.stop_timeout_s, SERVER_STOP_GRACE_S))
         finally:
             if self._tmp_dir is not None:
                 shutil.rmtree(self._tmp_dir, ignore_errors=True)
@@ -130,6 +138,7 @@ class EngineActor:
             self.stop_server()
         finally:
             self._spawner.shutdown(wait=True)
+            save_coverage_data()  # the actor is killed next (SIGKILL); under scripts/cpu_coverage.py
 
     # ------------------------------------------------------------------ internals
     def _server_flags(self) -> list[str]:
