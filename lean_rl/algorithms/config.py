@@ -39,6 +39,7 @@ class AlgorithmConfig:
     policy_loss: str | None = option(None, choices=POLICY_LOSSES, help=(
         "default: gspo / cispo for those estimators, else ppo. cispo: -sg(clip(r)) * A * logp (MiniMax-M1; "
         "--eps-clip >= 1 drops the lower bound); gmpo: -A * exp(mean of the sign-aware clipped token log-ratios), "
+        "A the row's mean advantage over its trained tokens (one per sequence, as GMPO defines it), "
         "--eps-clip / --eps-clip-high bound log r (GMPO); kl_cov / clip_cov (Cui et al. 2025): a KL penalty on, "
         "or no gradient for, tokens of high covariance (logp - mean)(A - mean), the means over the "
         "micro-batch's trained tokens; sapo: -A * sigmoid(tau (r - 1)) * 4 / tau, a soft gate instead of the clip "

@@ -30,8 +30,8 @@ import torch
 
 from lean_rl.algorithms.kl import kl_estimate
 from lean_rl.algorithms.names import AGGREGATION_MODES, IS_LEVELS
-from lean_rl.algorithms.policy_losses import (clip_cov_drop, cispo, gmpo_log_ratio, sapo, token_covariance,
-                                              top_covariance)
+from lean_rl.algorithms.policy_losses import (clip_cov_drop, cispo, gmpo_log_ratio, sapo, sequence_advantage,
+                                              token_covariance, top_covariance)
 
 LOG_RATIO_MAX = 20.0  # exp() guard: a ratio of e^20 is clipped by PPO anyway
 
@@ -154,8 +154,9 @@ def _policy_gradient_term(cfg, log_probs: torch.Tensor, old: torch.Tensor, advan
                           mask: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """(per-token policy-gradient loss of --policy-loss, its metrics) before off-policy weights."""
     if cfg.policy_loss == "gmpo":
-        seq_log_ratio, clipped = gmpo_log_ratio(log_probs - old, advantages, mask, cfg.eps_clip, cfg.eps_clip_high)
-        return -advantages * _ratio(seq_log_ratio), {"pg_clipfrac": clipped}
+        advantage = sequence_advantage(advantages, mask)  # GMPO has one advantage per sequence
+        seq_log_ratio, clipped = gmpo_log_ratio(log_probs - old, advantage, mask, cfg.eps_clip, cfg.eps_clip_high)
+        return -advantage * _ratio(seq_log_ratio), {"pg_clipfrac": clipped}
     if cfg.policy_loss == "gspo":
         ratio = sequence_ratio(log_probs, old, mask)
     else:

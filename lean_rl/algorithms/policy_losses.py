@@ -5,7 +5,8 @@
               gradient is dropped (a clipped token keeps gradient -w_t A_t grad logp_t)
     gmpo      (GMPO, arXiv 2507.20673)  per sequence -A_i * exp(mean_t l~_t), with the token log-ratio
               l_t = logp_t - old_t clipped in log space, sign-aware (as PPO's min):
-              l~_t = s * min(s * l_t, s * clamp(l_t, -eps_clip, eps_clip_high)),  s = sign(A_t)
+              l~_t = s * min(s * l_t, s * clamp(l_t, -eps_clip, eps_clip_high)),  s = sign(A_i);
+              A_i is the row's one advantage: with token-level advantages, their mean over the trained tokens
     kl_cov    (Cui et al., arXiv 2505.22617)  pg_t = -A_t r_t (no ratio clip), plus ppo_kl_coef * |logp_t - old_t|
               on the kl_cov_ratio fraction of trained tokens with the largest covariance
     clip_cov  (same paper)  PPO's clipped loss; of the tokens PPO did not clip whose covariance lies in
@@ -41,14 +42,24 @@ def sapo(ratio: torch.Tensor, advantages: torch.Tensor, tau_pos: float, tau_neg:
     return -advantages * torch.sigmoid(tau * (ratio - 1)) * 4 / tau
 
 
-def gmpo_log_ratio(log_ratio: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor, eps_low: float,
+def sequence_advantage(advantages: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """[B, 1] mean advantage over each row's trained tokens: GMPO's A_i. Equal to every token's advantage
+    when the estimator gives one per sequence (GRPO, RLOO...); the mean of them when it gives one per
+    token (GAE, REINFORCE++ with gamma < 1 or a KL reward, on-policy distillation), as verl's geo_mean does."""
+    mask = mask.float()
+    return (advantages * mask).sum(-1, keepdim=True) / mask.sum(-1, keepdim=True).clamp(min=1)
+
+
+def gmpo_log_ratio(log_ratio: torch.Tensor, advantage: torch.Tensor, mask: torch.Tensor, eps_low: float,
                    eps_high: float) -> tuple[torch.Tensor, torch.Tensor]:
     """(GMPO sequence log-ratio mean_t l~_t broadcast to the row in token form, 1.0 where a token's
-    log-ratio was clipped). Token form: the value at every token of row i is the sequence's, the
-    gradient at token t that of l~_t, so with seq-mean-token-mean weights (1 / (n L_i)) the summed
-    gradient is exactly that of -mean_i A_i exp(mean_t l~_t)."""
+    log-ratio was clipped). `advantage` is the row's one advantage A_i ([B, 1], see sequence_advantage):
+    its sign picks the clip side for every token of the row, as in the paper. Token form: the value at
+    every token of row i is the sequence's, the gradient at token t that of l~_t, so with
+    seq-mean-token-mean weights (1 / (n L_i)) the summed gradient is exactly that of
+    -mean_i A_i exp(mean_t l~_t)."""
     mask = mask.float()
-    sign = torch.sign(advantages)
+    sign = torch.sign(advantage)
     clamped = log_ratio.clamp(-eps_low, eps_high)
     token = sign * torch.minimum(sign * log_ratio, sign * clamped)
     mean = (token * mask).sum(-1, keepdim=True) / mask.sum(-1, keepdim=True).clamp(min=1)

@@ -386,3 +386,45 @@ def test_sapo_soft_gate_value_and_gradient():
     loss.backward()
     expected_grad = [-1 * 4 * sig(1) * (1 - sig(1)) * 2, 1.0, -2.0]
     assert log_probs.grad[0].tolist() == pytest.approx(expected_grad, rel=1e-5)
+
+
+def test_gmpo_uses_the_rows_mean_advantage_when_advantages_differ_per_token():
+    """Token-level advantages (GAE, REINFORCE++ with gamma < 1, a KL reward, OPD): GMPO has one A_i per
+    sequence, so row i's loss is -A_i exp(mean_t l~_t) with A_i the mean over the trained tokens and
+    its sign choosing the clip side; every trained token's gradient has the sign of -A_i."""
+    cfg = AlgorithmConfig(policy_loss="gmpo", eps_clip=0.4, eps_clip_high=0.4)
+    log_ratio = torch.tensor([[0.5, 0.1, -0.2, 0.0]])
+    mask = torch.tensor([[1.0, 1.0, 1.0, 0.0]])  # the last token is not trained: its advantage must not count
+    advantages = torch.tensor([[2.0, -0.5, -0.3, -90.0]])  # mean over trained tokens: 0.4 > 0
+    old = torch.full((1, 4), -1.0)
+    log_probs = (old + log_ratio).requires_grad_()
+    weights = aggregation_weights(mask, cfg.aggregation)
+    loss, metrics = policy_loss(cfg, log_probs=log_probs, old_log_probs=old, advantages=advantages, mask=mask,
+                                weights=weights, metric_weights=weights)
+    a = 0.4
+    # A_i > 0: min(l, clip l) per token = 0.4 (clipped), 0.1, -0.2
+    rho = math.exp((0.4 + 0.1 - 0.2) / 3)
+    assert loss.item() == pytest.approx(-a * rho, rel=1e-5)
+    loss.backward()
+    expected = [0.0, -a * rho / 3, -a * rho / 3, 0.0]  # the clipped token and the untrained one get none
+    assert log_probs.grad.tolist()[0] == pytest.approx(expected, rel=1e-5, abs=1e-7)
+    assert metrics["pg_clipfrac"].item() == pytest.approx(1 / 3)
+
+
+def test_gmpo_sequence_level_advantages_are_unchanged_by_the_row_mean():
+    cfg = AlgorithmConfig(policy_loss="gmpo", eps_clip=0.2, eps_clip_high=0.3)
+    generator = torch.Generator().manual_seed(3)
+    log_ratio = torch.randn(4, 6, generator=generator) * 0.3
+    mask = (torch.rand(4, 6, generator=generator) > 0.2).float()
+    per_row = torch.tensor([[1.5], [-0.7], [0.2], [-2.0]])
+    old = torch.full((4, 6), -1.0)
+    weights = aggregation_weights(mask, cfg.aggregation)
+    losses = []
+    for advantages in (per_row.expand(4, 6), per_row.expand(4, 6) + (1 - mask) * 7.0):  # untrained tokens differ
+        log_probs = (old + log_ratio).requires_grad_()
+        loss, _ = policy_loss(cfg, log_probs=log_probs, old_log_probs=old, advantages=advantages, mask=mask,
+                              weights=weights, metric_weights=weights)
+        loss.backward()
+        losses.append((loss.item(), log_probs.grad.clone()))
+    assert losses[0][0] == pytest.approx(losses[1][0], rel=1e-6)
+    assert torch.allclose(losses[0][1], losses[1][1])

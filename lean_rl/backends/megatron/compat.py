@@ -379,3 +379,49 @@ def install_route_replay(model: torch.nn.Module) -> int:
             module.router_replay = RouteReplay(module.layer_number, bool(module.config.sequence_parallel))
             count += 1
     return count
+
+
+# ---------------------------------------------------------------------------------------------
+# Chunked log-probs: the output layer hands back its input (any device)
+# ---------------------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def hidden_states_from_output_layer(model: torch.nn.Module) -> Iterator[None]:
+    """Within the context, this rank's GPTModel returns its last hidden states [b, s, h] (after the
+    final norm) where it returns logits [b, s, V/tp]: GPTModel._postprocess calls
+    `self.output_layer(hidden_states, weight=output_weight, ...)` (gpt_model.py:685) and returns
+    `logits.transpose(0, 1).contiguous()` (gpt_model.py:712) with no other use of them, so an output
+    layer that returns its input makes the model's output the hidden states, and
+    chunked_logprobs.py makes the logits a chunk at a time. The input goes through the same TP
+    region ColumnParallelLinear puts it in (layers.py:244-251 and its linear function): gathered
+    over the sequence under sequence parallel (backward: reduce-scatter), else replicated (backward:
+    all-reduce), since each TP rank's gradient is that of its vocab shard only. The layer keeps its
+    parameters, state-dict names and embedding tying; only this instance's forward is replaced, and
+    restored on exit. A stage without the output layer (not the last) is left as it is."""
+    from megatron.core.tensor_parallel.mappings import (copy_to_tensor_model_parallel_region,
+                                                        gather_from_sequence_parallel_region)
+
+    from lean_rl.backends.megatron.chunked_logprobs import unwrapped
+
+    gpt = unwrapped(model)
+    layer = getattr(gpt, "output_layer", None) if getattr(gpt, "post_process", False) else None
+    if layer is None:
+        yield
+        return
+    if gpt.config.mtp_num_layers:
+        raise ValueError("--logits-chunk-size needs a model without multi-token prediction layers "
+                         "(they call the output layer for their own loss); pass --logits-chunk-size 0")
+
+    def hidden_states(input_: torch.Tensor, weight=None, runtime_gather_output=None):
+        if layer.sequence_parallel:
+            return gather_from_sequence_parallel_region(input_, tensor_parallel_output_grad=True), None
+        if layer.allreduce_dgrad:
+            return copy_to_tensor_model_parallel_region(input_), None
+        return input_, None
+
+    layer.forward = hidden_states
+    try:
+        yield
+    finally:
+        del layer.forward

@@ -5,9 +5,10 @@ inputs of a micro-batch, log-probs from the model's output."""
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from functools import partial
-from typing import Callable
+from typing import Callable, ContextManager
 
 import torch
 from megatron.core import parallel_state
@@ -15,6 +16,8 @@ from megatron.core.pipeline_parallel import get_forward_backward_func
 
 from lean_rl.algorithms.config import AlgorithmConfig
 from lean_rl.algorithms.losses import policy_loss
+from lean_rl.backends.megatron.chunked_logprobs import chunked_log_probs, output_weight
+from lean_rl.backends.megatron.compat import hidden_states_from_output_layer
 from lean_rl.backends.megatron.logprobs import _vocab_parallel_entropy, vocab_parallel_log_probs
 from lean_rl.backends.megatron.routing_replay import clear_routes, set_micro_batch_routes
 
@@ -29,6 +32,13 @@ class StepContext:
     # the actor's loss: losses.policy_loss, or --custom-loss-function-path (algorithms/hooks.loss_function)
     loss_fn: Callable = policy_loss
     routing_replay: bool = False  # --use-rollout-routing-replay: micro-batches carry the engine's routes
+    # --logits-chunk-size: the actor's model hands back hidden states and log-probs are made this many
+    # tokens at a time (chunked_logprobs.py); 0: from the model's full logits
+    logits_chunk_size: int = 0
+
+    @property
+    def chunked(self) -> bool:
+        return self.role == "actor" and self.logits_chunk_size > 0
 
 
 def inputs_of(micro_batch: dict[str, torch.Tensor], device: torch.device):
@@ -39,10 +49,21 @@ def inputs_of(micro_batch: dict[str, torch.Tensor], device: torch.device):
     return tokens, positions, targets
 
 
-def log_probs_from_output(output: torch.Tensor, targets: torch.Tensor, ctx: StepContext,
-                          entropy_grad: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """(log p(target), entropy) from vocab-parallel logits, with the sampling temperature applied.
+def model_output_mode(model: torch.nn.Module, ctx: StepContext) -> ContextManager:
+    """The context a pass of the model runs in: its output is the hidden states when ctx.chunked."""
+    return hidden_states_from_output_layer(model) if ctx.chunked else contextlib.nullcontext()
+
+
+def log_probs_from_output(output: torch.Tensor, targets: torch.Tensor, ctx: StepContext, entropy_grad: bool,
+                          weight: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(log p(target), entropy) from vocab-parallel logits, with the sampling temperature applied;
+    with ctx.chunked `output` is the hidden states and `weight` the output layer's (chunked_logprobs.py).
     Entropy carries a gradient only when the loss uses it."""
+    if ctx.chunked:
+        if weight is None:
+            raise ValueError("log_probs_from_output: chunked log-probs need the output layer's weight")
+        return chunked_log_probs(output, weight, targets, ctx.vocab_size, ctx.logits_chunk_size,
+                                 ctx.temperature, entropy_grad)
     logits = output.float()
     if ctx.temperature != 1.0:
         logits = logits / ctx.temperature
@@ -61,11 +82,15 @@ def field_of(micro_batch, name, device):
     return None if value is None else value.to(device)
 
 
-def _collect_forward(ctx: StepContext, targets, output: torch.Tensor, non_loss_data: bool = True):
+def _collect_forward(ctx: StepContext, targets, weight, output: torch.Tensor, non_loss_data: bool = True):
     if ctx.role == "critic":
         return {"values": output.float().squeeze(-1).detach().cpu()}
-    log_probs, _ = vocab_parallel_log_probs(output.float() / ctx.temperature if ctx.temperature != 1.0
-                                            else output.float(), targets, ctx.vocab_size)
+    if ctx.chunked:
+        log_probs, _ = chunked_log_probs(output, weight, targets, ctx.vocab_size, ctx.logits_chunk_size,
+                                         ctx.temperature)
+    else:
+        log_probs, _ = vocab_parallel_log_probs(output.float() / ctx.temperature if ctx.temperature != 1.0
+                                                else output.float(), targets, ctx.vocab_size)
     return {"log_probs": log_probs.detach().cpu()}
 
 
@@ -74,7 +99,8 @@ def _micro_batch_forward(ctx: StepContext, data_iterator, model):
     tokens, positions, targets = inputs_of(micro_batch, ctx.device)
     set_micro_batch_routes(model, micro_batch, ctx.device)
     output = model(tokens, positions, attention_mask=None)
-    return output, partial(_collect_forward, ctx, targets)
+    weight = output_weight(model) if ctx.chunked else None
+    return output, partial(_collect_forward, ctx, targets, weight)
 
 
 def forward_only(model: torch.nn.Module, micro_batches: list[dict[str, torch.Tensor]], ctx: StepContext,
@@ -84,7 +110,7 @@ def forward_only(model: torch.nn.Module, micro_batches: list[dict[str, torch.Ten
     was_training = model.training
     model.eval()
     try:
-        with torch.no_grad():
+        with torch.no_grad(), model_output_mode(model, ctx):
             results = get_forward_backward_func()(
                 forward_step_func=partial(_micro_batch_forward, ctx),
                 data_iterator=iter(micro_batches),

@@ -29,7 +29,9 @@ from lean_rl.algorithms.hooks import loss_function
 from lean_rl.algorithms.losses import value_loss
 from lean_rl.backends.megatron import checkpoint, lora
 from lean_rl.backends.megatron.config import MegatronConfig
-from lean_rl.backends.megatron.forward_only import StepContext, field_of, forward_only, inputs_of, log_probs_from_output
+from lean_rl.backends.megatron.chunked_logprobs import output_weight
+from lean_rl.backends.megatron.forward_only import (StepContext, field_of, forward_only, inputs_of, log_probs_from_output,
+                                                    model_output_mode)
 from lean_rl.backends.megatron.model_checkpoint import load_model_checkpoint
 from lean_rl.backends.megatron.offload import HostBuffers, StorageOffloader
 from lean_rl.backends.megatron.optimizer_setup import build_optimizer, current_lr, grads_are_finite
@@ -52,9 +54,10 @@ def _as_tensors(micro_batches: list[dict]) -> list[dict[str, torch.Tensor]]:
 
 
 # ---------------------------------------------------------------- the training pass
-def _actor_loss(ctx: StepContext, micro_batch, targets, scale: float, output: torch.Tensor):
+def _actor_loss(ctx: StepContext, micro_batch, targets, scale: float, weight, output: torch.Tensor):
     algo = ctx.algorithm
-    log_probs, entropy = log_probs_from_output(output, targets, ctx, entropy_grad=algo.entropy_coef != 0)
+    log_probs, entropy = log_probs_from_output(output, targets, ctx, entropy_grad=algo.entropy_coef != 0,
+                                               weight=weight)
     get = partial(field_of, micro_batch, device=ctx.device)
     loss, metrics = ctx.loss_fn(
         algo, log_probs=log_probs, advantages=get("advantages"), mask=get("mask"), weights=get("weights"),
@@ -64,7 +67,7 @@ def _actor_loss(ctx: StepContext, micro_batch, targets, scale: float, output: to
     return loss * scale, metrics
 
 
-def _critic_loss(ctx: StepContext, micro_batch, targets, scale: float, output: torch.Tensor):
+def _critic_loss(ctx: StepContext, micro_batch, targets, scale: float, weight, output: torch.Tensor):
     values = output.float().squeeze(-1)
     get = partial(field_of, micro_batch, device=ctx.device)
     per_token, clipped = value_loss(values, get("old_values"), get("returns"), ctx.algorithm.value_clip)
@@ -81,7 +84,8 @@ def _micro_batch_train_forward(ctx: StepContext, scale: float, data_iterator, mo
     set_micro_batch_routes(model, micro_batch, ctx.device)  # --use-rollout-routing-replay: the engine's experts
     output = model(tokens, positions, attention_mask=None)  # causal mask built by Megatron
     loss_fn = _actor_loss if ctx.role == "actor" else _critic_loss
-    return output, partial(loss_fn, ctx, micro_batch, targets, scale)
+    weight = output_weight(model) if ctx.chunked else None  # the output is the hidden states
+    return output, partial(loss_fn, ctx, micro_batch, targets, scale, weight)
 
 
 def _sum_metrics(per_micro_batch: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
@@ -105,15 +109,16 @@ def forward_backward(ddp, micro_batches: list[dict[str, torch.Tensor]], ctx: Ste
     scale = float(len(micro_batches) * parallel_state.get_data_parallel_world_size())
     reset_mismatch(ddp)
     try:
-        per_micro_batch = get_forward_backward_func()(
-            forward_step_func=partial(_micro_batch_train_forward, ctx, scale),
-            data_iterator=iter(micro_batches),
-            model=[ddp],
-            num_microbatches=len(micro_batches),
-            seq_length=seq_length_hint,
-            micro_batch_size=int(micro_batches[0]["tokens"].shape[0]),
-            forward_only=False,
-        )
+        with model_output_mode(ddp, ctx):
+            per_micro_batch = get_forward_backward_func()(
+                forward_step_func=partial(_micro_batch_train_forward, ctx, scale),
+                data_iterator=iter(micro_batches),
+                model=[ddp],
+                num_microbatches=len(micro_batches),
+                seq_length=seq_length_hint,
+                micro_batch_size=int(micro_batches[0]["tokens"].shape[0]),
+                forward_only=False,
+            )
     finally:
         clear_routes(ddp)
     metrics: dict[str, torch.Tensor] = {}
@@ -162,7 +167,8 @@ class RankTrainer:
         self.ctx = StepContext(role=role, algorithm=algorithm, vocab_size=config.arch.vocab_size,
                                temperature=train.temperature, device=device,
                                loss_fn=loss_function(algorithm) if role == "actor" else None,
-                               routing_replay=config.use_rollout_routing_replay)
+                               routing_replay=config.use_rollout_routing_replay,
+                               logits_chunk_size=train.logits_chunk_size)
         self.reference: ReferenceWeights | None = None
         self.counters = {"optimizer_steps": 0, "skipped_steps": 0, "consecutive_skipped_steps": 0,
                          "loss_scale_overflows": 0}

@@ -318,13 +318,17 @@ class LoraConfig:
 
 @dataclass(frozen=True)
 class TrainConfig:
-    """The trainer's flags. Added with the title "optimizer": the optimizer's flags and the two
-    of the trainer itself (critic LR, non-finite-step policy) make one --help group."""
+    """The trainer's flags. Added with the title "optimizer": the optimizer's flags and the three
+    of the trainer itself (critic LR, non-finite-step policy, logits chunk) make one --help group."""
 
     optimizer: OptimizerConfig = group(OptimizerConfig)
     critic_lr: float | None = option(None, help="default --lr")
     max_consecutive_skipped_steps: int = option(
         5, help="stop the run after this many optimizer steps in a row with a non-finite loss or grad")
+    logits_chunk_size: int = option(
+        0, help="the actor's log-probs and entropy are made from its last hidden states this many tokens at "
+                   "a time, never holding a micro-batch's float32 [tokens x vocab] logits (the backward "
+                   "recomputes each chunk's); 0 (default until the TP=2 trainer check passes): from the model's full logits")
     batch: BatchConfig = group(BatchConfig, "train batches")
     checkpoint: CheckpointConfig = group(CheckpointConfig, "checkpoints")
     placement: PlacementConfig = group(PlacementConfig, "trainer placement")
@@ -339,6 +343,8 @@ class TrainConfig:
         _require(self.max_consecutive_skipped_steps >= 1,
                  f"--max-consecutive-skipped-steps must be >= 1, got {self.max_consecutive_skipped_steps}")
         _require(self.temperature > 0, f"--rollout-temperature must be > 0 for training, got {self.temperature}")
+        _require(isinstance(self.logits_chunk_size, int) and self.logits_chunk_size >= 0,
+                 f"--logits-chunk-size must be an integer >= 0, got {self.logits_chunk_size!r}")
 
 
 def training_temperature(rollout_temperature: float) -> float:
