@@ -104,7 +104,7 @@ def test_mapped_flags():
                                      "--disable-grpo-std-normalization", "--eval-top-p", "0.7"])
     assert unknown == ["--sglang-context-length", "64"]  # passed through to SGLang
     assert args.seed == 7 and args.eval_prompt_data == [["a", "/a.jsonl"], ["b", "/b.jsonl"]]
-    assert (args.max_concurrency, args.rm_type, args.rollout_max_prompt_len) == (16, "math", 63)
+    assert (args.rollout_max_concurrency, args.rm_type, args.rollout_max_prompt_len) == (16, "math", 63)
     assert args.advantage_estimator == "dr_grpo" and args.eval_top_p == 0.7
     assert t.env == {"WANDB_RUN_GROUP": "g1"}
     _, args, _ = _lean(BASE + ["--eval-prompt-data", "/aime.jsonl"])  # slime's one-path form
