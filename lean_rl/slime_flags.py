@@ -140,6 +140,11 @@ def _loss_type(values: list[str], given: Given) -> list[str]:
     return ["--loss-type", kind, *template]
 
 
+def _sequence_parallel(values: list[str], given: Given) -> list[str]:
+    tp = int(_one(given.get("--tensor-model-parallel-size", ["1"]), "--tensor-model-parallel-size"))
+    return ["--sequence-parallel"] if tp > 1 else []
+
+
 def _per_token_loss(values: list[str], given: Given) -> list[str]:
     return ["--loss-agg-mode", "token-mean"]
 
@@ -647,7 +652,8 @@ SLIME_FLAGS: dict[str, SlimeFlag] = {
     "--recompute-num-layers": notice(MEMORY),
     "--rotary-base": same(),
     "--seq-length": same(),
-    "--sequence-parallel": same(),
+    "--sequence-parallel": mapped(_sequence_parallel, "the same with --tensor-model-parallel-size > 1; with 1 "
+                                  "dropped, as Megatron drops it"),
     "--swiglu": same(),
     "--tensor-model-parallel-size": same(),
     "--transformer-impl": same(),
