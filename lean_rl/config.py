@@ -39,6 +39,7 @@ from lean_rl.options import ConfigError, add_options, read_options
 from lean_rl.rollout.config import EvalConfig, RewardConfig, RolloutConfig
 from lean_rl.rollout.distillation_config import DistillationConfig
 from lean_rl.run_config import RunConfig
+from lean_rl.slime_flags import slime_hint
 from lean_rl.utils.custom_config import ReadOnlyMapping, load_custom_config
 from lean_rl.utils.device import detect_device
 from lean_rl.weight_sync.config import WeightSyncConfig
@@ -169,7 +170,7 @@ def parse_config(argv: list[str]) -> Config:
     args, unknown = parser.parse_known_args(argv)
     passthrough = split_passthrough(unknown)
     if passthrough.rest:
-        raise ConfigError(f"unrecognized arguments: {' '.join(passthrough.rest)}")
+        raise ConfigError(f"unrecognized arguments: {' '.join(passthrough.rest)}{slime_hint(passthrough.rest)}")
     run = read_options(RunConfig, args)
     data = read_options(DataConfig, args)
     no_engines = run.debug_train_only or args.loss_type == "sft_loss"  # Config.starts_engines, before it exists

@@ -778,6 +778,16 @@ def translate(script: str, argv: Sequence[str]) -> Translation:
     return Translation(argv=out, asynchronous=asynchronous, notices=notices, env=env)
 
 
+def slime_hint(unknown: Sequence[str]) -> str:
+    """For lean_rl's error on unknown flags: what lean_rl does with the first slime flag among them."""
+    for token in unknown:
+        rule = SLIME_FLAGS.get(token.partition("=")[0])
+        if rule is not None and rule.status != "same":
+            return (f" ({token.partition('=')[0]} is slime's: {rule.status}, {rule.text}; run a slime script's flags "
+                    "with python -m lean_rl.slime_launch train.py ...)")
+    return ""
+
+
 def markdown() -> str:
     """docs/slime_flags.md: the table above, one row per flag."""
     counts = {status: sum(r.status == status for r in SLIME_FLAGS.values()) for status in STATUSES}

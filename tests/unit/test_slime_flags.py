@@ -135,3 +135,11 @@ def test_launchers_map_to_lean_rls_loops():
     assert args.rollout_function_path == "lean_rl.rollout.sft.generate_rollout" and not args.debug_train_only
     with pytest.raises(ConfigError, match="slime's launchers are train.py and train_async.py"):
         translate("run.py", BASE)
+
+
+def test_lean_rls_own_parser_names_the_way_for_a_slime_flag(tmp_path, tiny_qwen2):
+    from lean_rl.config import parse_config
+
+    with pytest.raises(ConfigError, match=r"unrecognized arguments: --use-kl-loss \(--use-kl-loss is slime's: mapped, "
+                                          r".*python -m lean_rl.slime_launch train.py"):
+        parse_config(["--hf-checkpoint", str(tiny_qwen2), "--use-kl-loss"])
