@@ -237,9 +237,8 @@ def _optimizer_steps(given: Given) -> int | None:
     rollouts, batch = value("--num-rollout"), value("--rollout-batch-size")
     if rollouts is None or batch is None:
         return None
-    samples = batch * (value("--n-samples-per-prompt") or 1)
-    per_rollout = value("--num-steps-per-rollout") or (samples // value("--global-batch-size")
-                                                       if value("--global-batch-size") else 1)
+    samples, global_batch = batch * (value("--n-samples-per-prompt") or 1), value("--global-batch-size")
+    per_rollout = value("--num-steps-per-rollout") or (samples // global_batch if global_batch else 1)
     return rollouts * per_rollout
 
 
@@ -291,9 +290,15 @@ def _same_key(train_flag: str, slime_default: str | None) -> Convert:
     return convert
 
 
+# slime's --update-weight-transport -> lean_rl's flags (nccl: lean_rl's own choice, --weight-sync-transport auto)
+SLIME_TRANSPORTS = {"nccl": [], "disk": ["--weight-sync-transport", "disk"]}
+
+
 def _update_weight_transport(values: list[str], given: Given) -> list[str]:
     transport = _one(values, "--update-weight-transport")
-    return ["--weight-sync-transport", "disk"] if transport == "disk" else []
+    if transport not in SLIME_TRANSPORTS:
+        raise ConfigError(f"--update-weight-transport {transport}: slime's are {', '.join(SLIME_TRANSPORTS)}")
+    return list(SLIME_TRANSPORTS[transport])
 
 
 ARCH = ("architecture: lean_rl builds the model from --hf-checkpoint's config.json (lean_rl checks the "
@@ -770,8 +775,10 @@ def translate(script: str, argv: Sequence[str]) -> Translation:
             env[rule.env] = _one(values, flag)
         elif rule.to is not None:
             out += [rule.to, *values]
-        else:
+        elif rule.convert is not None:
             out += rule.convert(values, given)
+        else:
+            raise ValueError(f"{flag}: a mapped entry needs `to`, `env` or `convert`")
     for flag, rule in SLIME_FLAGS.items():  # slime's defaults where lean_rl's differ
         if rule.slime_default is not None and flag not in given and rule.slime_default[0] not in given:
             out += list(rule.slime_default)

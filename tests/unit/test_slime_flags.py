@@ -143,3 +143,15 @@ def test_lean_rls_own_parser_names_the_way_for_a_slime_flag(tmp_path, tiny_qwen2
     with pytest.raises(ConfigError, match=r"unrecognized arguments: --use-kl-loss \(--use-kl-loss is slime's: mapped, "
                                           r".*python -m lean_rl.slime_launch train.py"):
         parse_config(["--hf-checkpoint", str(tiny_qwen2), "--use-kl-loss"])
+
+
+def test_every_mapped_entry_says_how():
+    for flag, rule in SLIME_FLAGS.items():
+        if rule.status == "mapped":
+            assert (rule.to, rule.env, rule.convert) != (None, None, None), flag
+
+
+def test_lr_warmup_fraction_counts_the_runs_optimizer_steps():
+    _, args, _ = _lean(BASE + ["--n-samples-per-prompt", "8", "--global-batch-size", "16", "--lr-decay-style",
+                               "cosine", "--lr-warmup-fraction", "0.25"])
+    assert (args.lr_warmup_iters, args.lr_decay_iters) == (1, 4)  # 2 rollouts x 32 samples / 16 = 4 steps
