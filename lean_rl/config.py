@@ -39,11 +39,15 @@ from lean_rl.options import ConfigError, add_options, read_options
 from lean_rl.rollout.config import EvalConfig, RewardConfig, RolloutConfig
 from lean_rl.rollout.distillation_config import DistillationConfig
 from lean_rl.run_config import RunConfig
+from lean_rl.slime_flags import slime_hint
 from lean_rl.utils.custom_config import ReadOnlyMapping, load_custom_config
 from lean_rl.utils.device import detect_device
 from lean_rl.weight_sync.config import WeightSyncConfig
 
 logger = logging.getLogger(__name__)
+
+DEFAULT_ROLLOUT = "lean_rl.rollout.default.generate_rollout"  # --rollout-function-path's default
+SFT_ROLLOUT = "lean_rl.rollout.sft.generate_rollout"  # the rollout of --loss-type sft_loss
 
 
 @dataclass(frozen=True)
@@ -67,15 +71,42 @@ class Config:
     # --use-opd: the teacher and its engines (rollout/distillation.py)
     distillation: DistillationConfig = field(default_factory=DistillationConfig)
 
+    @property
+    def starts_engines(self) -> bool:
+        """Whether the run serves the policy on SGLang engines: not when it trains on saved rollouts
+        (--debug-train-only) or on given conversations (--loss-type sft_loss)."""
+        return not (self.run.debug_train_only or self.algorithm.loss_type == "sft_loss")
+
 
 def _check_run_against_rollout(run: RunConfig, rollout: RolloutConfig) -> None:
     if run.async_mode == "full" and rollout.max_staleness is None:
         raise ConfigError("--async-mode full needs --max-staleness (how many policy versions old a sample may be)")
     if run.async_mode == "one-step" and rollout.max_staleness is not None and rollout.max_staleness < 1:
         raise ConfigError("--async-mode one-step trains on samples one version old: --max-staleness must be >= 1")
+    if run.async_mode != "off" and rollout.rollout_function_path == SFT_ROLLOUT:
+        raise ConfigError(f"--async-mode {run.async_mode}: supervised fine-tuning (--loss-type sft_loss) generates "
+                          "nothing to overlap; run python -m lean_rl.train")
     if run.async_mode == "full" and rollout.rollout_all_samples_process_path:
         raise ConfigError("--rollout-all-samples-process-path is called at the end of each rollout of the default "
                           "rollout function; --async-mode full generates continuously, with no rollout to end")
+
+
+def _sft_rollout(args: argparse.Namespace, data: DataConfig, rollout: RolloutConfig) -> RolloutConfig:
+    """--loss-type sft_loss: the conversations of --prompt-data become the samples (rollout/sft.py)."""
+    if args.loss_type != "sft_loss":
+        if rollout.rollout_function_path == SFT_ROLLOUT:
+            raise ConfigError(f"--rollout-function-path {SFT_ROLLOUT} builds SFT samples: it needs --loss-type sft_loss")
+        return rollout
+    if rollout.rollout_function_path not in (DEFAULT_ROLLOUT, SFT_ROLLOUT):
+        raise ConfigError(f"--loss-type sft_loss trains on --prompt-data's conversations ({SFT_ROLLOUT}); "
+                          f"--rollout-function-path {rollout.rollout_function_path} is not used there")
+    if not data.apply_chat_template:
+        raise ConfigError("--loss-type sft_loss renders each conversation with the chat template: pass "
+                          "--apply-chat-template")
+    if rollout.n_samples_per_prompt != 1:
+        raise ConfigError(f"--loss-type sft_loss trains each conversation once: --n-samples-per-prompt 1, got "
+                          f"{rollout.n_samples_per_prompt}")
+    return replace(rollout, rollout_function_path=SFT_ROLLOUT)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -139,10 +170,11 @@ def parse_config(argv: list[str]) -> Config:
     args, unknown = parser.parse_known_args(argv)
     passthrough = split_passthrough(unknown)
     if passthrough.rest:
-        raise ConfigError(f"unrecognized arguments: {' '.join(passthrough.rest)}")
+        raise ConfigError(f"unrecognized arguments: {' '.join(passthrough.rest)}{slime_hint(passthrough.rest)}")
     run = read_options(RunConfig, args)
     data = read_options(DataConfig, args)
-    rollout = read_options(RolloutConfig, args)
+    no_engines = run.debug_train_only or args.loss_type == "sft_loss"  # Config.starts_engines, before it exists
+    rollout = _sft_rollout(args, data, read_options(RolloutConfig, args))
     reward = read_options(RewardConfig, args)
     evaluation = read_options(EvalConfig, args).with_rollout_sampling(rollout.sampling)
     _check_run_against_rollout(run, rollout)
@@ -174,7 +206,7 @@ def parse_config(argv: list[str]) -> Config:
         EngineConfig, args, device=layout.device, server_passthrough=passthrough.server,
         router_passthrough=passthrough.router, on_cluster=bool(run.ray_address),
         other_cpu_engines=distillation.teacher_engine_count,
-        colocated=run.colocate and not (run.debug_rollout_only or run.debug_train_only),
+        colocated=run.colocate and not (run.debug_rollout_only or no_engines),
         dtype=engines_dtype(passthrough.server, megatron.params_dtype, checkpoint_dtype(args.hf_checkpoint)))))
     typed_key = any(a == "--sglang-api-key" or a.startswith("--sglang-api-key=") for a in argv)
     if typed_key and engines.api_key:  # a key on the command line ('none' stores "": nothing to hide)
@@ -184,14 +216,14 @@ def parse_config(argv: list[str]) -> Config:
     if megatron.use_rollout_routing_replay:  # the policy's engines only (not the teacher's, derived above)
         engines = replace(engines, return_routed_experts=True)
     ipc_unserved = None
-    if run.colocate and not (run.debug_rollout_only or run.debug_train_only):
+    if run.colocate and not (run.debug_rollout_only or no_engines):
         engine_nodes = layout.colocated_engine_nodes(engines.num_engines, engines.gpus_per_engine)  # fails now if they do not fit
         ipc_unserved = _ipc_unserved(layout, megatron.parallel, engines, engine_nodes)
     batch_plan = BatchPlan(train.batch, layout.data_parallel_size,
                            samples_per_rollout=rollout.rollout_batch_size * rollout.n_samples_per_prompt)
     weight_sync = read_options(WeightSyncConfig, args, colocate=run.colocate, device=layout.device,
                                on_cluster=layout.on_cluster, ipc_unserved=ipc_unserved)
-    if run.async_mode == "full" and rollout.rollout_function_path != "lean_rl.rollout.default.generate_rollout":
+    if run.async_mode == "full" and rollout.rollout_function_path != DEFAULT_ROLLOUT:
         raise ConfigError("--async-mode full generates with the built-in continuous generator; "
                           "--rollout-function-path is not used there (use --custom-generate-function-path)")
     return Config(

@@ -46,13 +46,13 @@ GIB = 1024**3
 
 
 def check_before_start(cfg: Config) -> None:
-    if not cfg.run.debug_train_only:  # train-only runs no rollout, so no tool code
+    if cfg.starts_engines:  # train-only and SFT run no rollout, so no tool code
         check_tool_sandbox(cfg)
     model = check_model_dir(cfg.engines.model_path, "--hf-checkpoint")
     if cfg.distillation.teacher_hf_checkpoint:  # --use-opd: the teacher's engines serve it
         check_model_dir(cfg.distillation.teacher_hf_checkpoint, "--opd-teacher-hf-checkpoint")
     check_resume_checkpoints(cfg)
-    if not cfg.engines.on_cluster and not cfg.run.debug_train_only:  # train-only starts no engine
+    if not cfg.engines.on_cluster and cfg.starts_engines:  # train-only and SFT start no engine
         check_ports(cfg)
     if cfg.train.checkpoint.save and not cfg.run.debug_rollout_only:
         # LoRA keeps optimizer state for the adapters only: its checkpoint is about the weights

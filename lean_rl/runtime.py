@@ -93,7 +93,7 @@ class Runtime:
         check_before_start(cfg)
         with dataset_errors_as_config_errors():
             self.buffer = create_data_buffer(cfg) if cfg.data.prompt_data or cfg.data.data_source_path else None
-            if cfg.eval.datasets and not cfg.run.debug_train_only:
+            if cfg.eval.datasets and cfg.starts_engines:
                 load_eval_datasets(cfg)  # a bad eval set fails now, not at the first evaluation (cached for it)
         logger.info("start-up checks passed (flags, model, data, hooks, checkpoints, ports); starting Ray")
         self._ray_started = init_ray(cfg.run.ray_address)
@@ -111,7 +111,7 @@ class Runtime:
         self.logger = MetricsLogger(self.output_dir, resume_step=self.start_step, tensorboard=cfg.run.tensorboard,
                                     wandb_project=cfg.run.wandb_project if cfg.run.use_wandb else None,
                                     wandb_run_name=cfg.run.wandb_run_name)
-        if not cfg.run.debug_train_only:
+        if cfg.starts_engines:
             self._start_engines()
         if self.trainer is not None and self.engines is not None:
             from lean_rl.weight_sync.engine_weights import EngineWeights

@@ -35,7 +35,7 @@ class Sample:
 
     index: int
     group_index: int
-    prompt: str | list[dict[str, Any]]
+    prompt: str | list[dict[str, Any]] | int | float | bool  # a scalar: e.g. a task index (slime's tau-bench)
     tokens: list[int]
     response: str = ""
     response_length: int = 0
@@ -173,13 +173,13 @@ class Sample:
 # from_dict's checks: field -> (accepted types, element type of a list or None)
 _REQUIRED = ("index", "group_index", "prompt", "tokens")
 _FIELD_TYPES: dict[str, tuple[tuple[type, ...], Any]] = {
-    "index": ((int,), None), "group_index": ((int,), None), "prompt": ((str, list), None),
+    "index": ((int,), None), "group_index": ((int,), None), "prompt": ((str, list, int, float), None),
     "tokens": ((list,), int), "response": ((str,), None), "response_length": ((int,), None),
     "label": ((object,), None), "reward": ((int, float), None), "loss_mask": ((list,), int),
     "rollout_log_probs": ((list,), (int, float)), "weight_versions": ((list,), int), "status": ((str,), None),
     "metadata": ((dict,), None), "teacher_log_probs": ((list,), (int, float)), "routed_experts": ((str,), None),
 }
-_TYPE_NAMES = {"index": "an integer", "group_index": "an integer", "prompt": "text or a list of messages",
+_TYPE_NAMES = {"index": "an integer", "group_index": "an integer", "prompt": "text, a list of messages or a number",
                "tokens": "a list of token ids", "response": "text", "response_length": "an integer",
                "label": "anything", "reward": "a number or null", "loss_mask": "a list of 0/1",
                "rollout_log_probs": "a list of numbers", "weight_versions": "a list of integers",

@@ -10,7 +10,7 @@ from dataclasses import InitVar, dataclass, field
 from typing import Any
 
 from lean_rl.algorithms.names import (AGGREGATION_MODES, ESTIMATORS, IS_LEVELS, KL_IN_REWARD_ESTIMATORS, KL_TYPES,
-                                     POLICY_LOSSES)
+                                     LOSS_TYPES, POLICY_LOSSES)
 from lean_rl.options import ConfigError, option
 from lean_rl.utils.custom_config import ReadOnlyMapping
 
@@ -103,6 +103,11 @@ class AlgorithmConfig:
     custom_loss_function_path: str | None = option(
         None, help="dotted path of `loss(algo, **inputs) -> (loss, metrics)` replacing the policy loss "
                    "(inputs as lean_rl.algorithms.losses.policy_loss takes them)")
+    loss_type: str | None = option(  # None: custom_loss with --custom-loss-function-path, else policy_loss
+        None, choices=LOSS_TYPES, help=(
+            "policy_loss: --policy-loss with its KL / entropy terms; sft_loss: supervised fine-tuning, the negative "
+            "log-likelihood of the trained tokens (loss mask) of conversations from --prompt-data, no engines "
+            "(lean_rl.rollout.sft builds the samples); custom_loss: --custom-loss-function-path (default with it)"))
     custom_advantage_function_path: str | None = option(
         None, help="dotted path of `advantages(algo, inputs: AdvantageInputs) -> advantages | (advantages, returns)` "
                    "replacing --advantage-estimator's advantages")
@@ -114,6 +119,13 @@ class AlgorithmConfig:
     aggregation: str = field(init=False)
 
     def __post_init__(self, max_response_len: int | None) -> None:
+        custom = self.custom_loss_function_path is not None
+        if self.loss_type is None:
+            object.__setattr__(self, "loss_type", "custom_loss" if custom else "policy_loss")
+        _require(self.loss_type in LOSS_TYPES, f"--loss-type {self.loss_type!r}: choose one of {', '.join(LOSS_TYPES)}")
+        _require(custom == (self.loss_type == "custom_loss"),
+                 "--loss-type custom_loss needs --custom-loss-function-path" if not custom else
+                 f"--custom-loss-function-path replaces the loss: it needs --loss-type custom_loss, not {self.loss_type}")
         if self.loss_norm_length is None:
             object.__setattr__(self, "loss_norm_length", max_response_len)
         _require(self.advantage_estimator in ESTIMATORS,

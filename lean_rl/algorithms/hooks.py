@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Callable
 import torch
 
 from lean_rl.algorithms.advantages import broadcast, compute_advantages
-from lean_rl.algorithms.losses import policy_loss
+from lean_rl.algorithms.losses import policy_loss, sft_loss
 from lean_rl.utils.plugins import hook_return_error, load_function
 
 if TYPE_CHECKING:
@@ -114,9 +114,12 @@ def load_loss_function(path: str) -> Callable:
 
 
 def loss_function(algo: AlgorithmConfig) -> Callable:
-    """The hook named by the flag (imported on the rank that calls this), or the built-in policy loss."""
+    """The hook named by the flag (imported on the rank that calls this), the SFT loss (--loss-type
+    sft_loss), or the built-in policy loss."""
     path = algo.custom_loss_function_path
-    return _checked_loss(path) if path else policy_loss
+    if path:
+        return _checked_loss(path)
+    return sft_loss if algo.loss_type == "sft_loss" else policy_loss
 
 
 @functools.lru_cache(maxsize=8)

@@ -227,3 +227,12 @@ def policy_loss(cfg, *, log_probs: torch.Tensor, advantages: torch.Tensor, mask:
             total = total - cfg.entropy_coef * entropy
     loss = (weights * total).sum()
     return loss, {name: (metric_weights * value.float()).sum().detach() for name, value in metrics.items()}
+
+
+def sft_loss(cfg, *, log_probs: torch.Tensor, mask: torch.Tensor, weights: torch.Tensor,
+             metric_weights: torch.Tensor, **unused: torch.Tensor | None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """--loss-type sft_loss: the negative log-likelihood of the trained tokens, sum(weights * -log p) for
+    one micro-batch (weights: --loss-agg-mode over the mask, as the policy loss). Takes the policy loss's
+    inputs; advantages, old / reference / rollout log-probs and entropy are not used."""
+    nll = -log_probs * mask.float()
+    return (weights * nll).sum(), {"sft_loss": (metric_weights * nll).sum().detach()}

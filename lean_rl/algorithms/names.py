@@ -10,3 +10,5 @@ KL_TYPES = ("k1", "k2", "k3", "low_var_kl")
 AGGREGATION_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
 IS_LEVELS = ("token", "sequence", "geometric")
 POLICY_LOSSES = ("ppo", "gspo", "cispo", "gmpo", "kl_cov", "clip_cov", "sapo")
+# --loss-type (slime's names): the PPO-family policy loss, supervised fine-tuning, or --custom-loss-function-path
+LOSS_TYPES = ("policy_loss", "sft_loss", "custom_loss")

@@ -28,8 +28,8 @@ class BadRowError(ValueError):
 @dataclass(frozen=True)
 class PromptRecord:
     row: int  # 1-based line (jsonl) or row (parquet) in the file: stable identity of the prompt
-    prompt: str | list[dict[str, Any]]  # as in the file
-    tokens: tuple[int, ...]  # the rendered prompt, tokenized
+    prompt: str | list[dict[str, Any]] | int | float | bool  # as in the file
+    tokens: tuple[int, ...]  # the rendered prompt, tokenized; () for a scalar prompt (the generate function's)
     label: Any = None
     metadata: dict[str, Any] = field(default_factory=dict)
 
@@ -121,8 +121,9 @@ def _load_prompts(path: Path, data: DataConfig, tokenizer) -> tuple[list[PromptR
             prompt = row[data.input_key]
             if isinstance(prompt, list):
                 _check_messages(prompt, data.input_key)
-            elif not isinstance(prompt, str):
-                raise BadRowError(f"{data.input_key!r} must be text or a list of messages, got {type(prompt).__name__}")
+            elif isinstance(prompt, (dict, type(None))):
+                raise BadRowError(f"{data.input_key!r} must be text, a list of messages or a scalar value, got "
+                                  f"{_json_type(prompt)}")
             if data.label_key and data.label_key not in row:
                 raise BadRowError(f"missing key {data.label_key!r} (--label-key)")
             metadata = row.get(data.metadata_key) if data.metadata_key else None
@@ -130,7 +131,8 @@ def _load_prompts(path: Path, data: DataConfig, tokenizer) -> tuple[list[PromptR
                 raise BadRowError(f"{data.metadata_key!r} (--metadata-key) must be an object, got "
                                   f"{_json_type(metadata)}")
             tools = row.get(data.tool_key) if data.tool_key else None
-            tokens = render_prompt(prompt, data, tokenizer, tools)
+            # a scalar (tau-bench's task index): kept as it is for the generate function, as slime does; no tokens
+            tokens = render_prompt(prompt, data, tokenizer, tools) if isinstance(prompt, (str, list)) else []
         except BadRowError as err:
             if not data.skip_bad_rows:
                 raise BadRowError(f"{path}:{row_number}: {err} (pass --skip-bad-rows to skip such rows)") from None

@@ -166,6 +166,8 @@ class EvalConfig:
     interval: int | None = option(None, flag="--eval-interval", positive=True)
     n_samples_per_prompt: int = option(1, flag="--n-samples-per-eval-prompt", positive=True)
     temperature: float | None = option(None, flag="--eval-temperature", help="default: --rollout-temperature")
+    top_p: float | None = option(None, flag="--eval-top-p", help="default: --rollout-top-p")
+    top_k: int | None = option(None, flag="--eval-top-k", help="default: --rollout-top-k")
     max_response_len: int | None = option(None, flag="--eval-max-response-len", positive=True,
                                           help="default: --rollout-max-response-len")
     function_path: str | None = option(None, flag="--eval-function-path",
@@ -182,9 +184,11 @@ class EvalConfig:
             raise ConfigError(f"--eval-max-failed-fraction must be in [0, 1], got {self.max_failed_fraction}")
 
     def with_rollout_sampling(self, rollout: SamplingConfig) -> "EvalConfig":
-        """This config with `sampling` derived from the rollout's: --eval-temperature and
-        --eval-max-response-len override it when given."""
+        """This config with `sampling` derived from the rollout's: --eval-temperature, --eval-top-p,
+        --eval-top-k and --eval-max-response-len override it when given."""
         return dataclasses.replace(self, sampling=dataclasses.replace(
             rollout,
             temperature=rollout.temperature if self.temperature is None else self.temperature,
+            top_p=rollout.top_p if self.top_p is None else self.top_p,
+            top_k=rollout.top_k if self.top_k is None else self.top_k,
             max_response_len=self.max_response_len or rollout.max_response_len))

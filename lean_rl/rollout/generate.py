@@ -28,6 +28,9 @@ async def generate(cfg: Config, sample: Sample, sampling_params: dict, evaluatio
     """Default per-sample generate: one /generate call for what is left of the response budget.
     A sample that already holds partial tokens (an earlier abort) continues from them. Evaluation
     generates the same way (its sampling_params come from cfg.eval.sampling)."""
+    if not sample.tokens:  # a scalar prompt (e.g. a task index) has no text to generate from
+        raise ValueError(f"sample {sample.index}: prompt {sample.prompt!r} is not text, so the default generate "
+                         "has no tokens to start from; a --custom-generate-function-path reads sample.prompt")
     budget = sampling_params["max_new_tokens"] - sample.response_length
     if budget <= 0:
         sample.status = Status.TRUNCATED

@@ -157,7 +157,8 @@ def test_bad_dataset_every_row_skipped_says_why(tmp_path):
 @pytest.mark.parametrize("row, message", [
     ({"prompt": "x"}, r"p\.jsonl:2: missing key 'label' \(--label-key\)"),
     ({"label": 1}, r"p\.jsonl:2: missing key 'prompt' \(--input-key\); keys: \['label'\]"),
-    ({"prompt": 7, "label": 1}, r"p\.jsonl:2: 'prompt' must be text or a list of messages, got int"),
+    ({"prompt": {"a": 1}, "label": 1}, r"p\.jsonl:2: 'prompt' must be text, a list of messages or a scalar value, got dict"),
+    ({"prompt": None, "label": 1}, r"p\.jsonl:2: 'prompt' must be text, a list of messages or a scalar value, got null"),
     ({"prompt": [{"content": "x"}], "label": 1}, r"p\.jsonl:2: 'prompt' must be text or a list of \{'role', 'content'\}"),
     ({"prompt": "x", "label": 1, "meta": [1, 2]}, r"p\.jsonl:2: 'meta' \(--metadata-key\) must be an object, got a list"),
     ({"prompt": "x", "label": 1, "meta": "k=v"}, r"p\.jsonl:2: 'meta' \(--metadata-key\) must be an object, got a string"),
@@ -212,3 +213,13 @@ def test_bad_eval_dataset_names_the_set_and_fails_when_loaded_at_start_up(tmp_pa
     cfg = SimpleNamespace(data=DataConfig(prompt_data=str(good)), engines=SimpleNamespace(model_path=str(tiny_qwen2)),
                           eval=SimpleNamespace(datasets=(("heldout", str(good)),)))
     assert load_eval_datasets(cfg) == {"heldout": 2}
+
+
+def test_a_scalar_prompt_loads_as_it_is_without_tokens(tmp_path):
+    """slime's tau-bench passes a task index as the prompt (--input-key index): it loads as the value
+    itself, for the generate function to read; it has no tokens of its own."""
+    path = _write_jsonl(tmp_path / "p.jsonl", [{"index": 3, "label": ""}, {"index": 1.5, "label": ""}])
+    records, skipped = _load(path, input_key="index")
+    assert [(r.prompt, r.tokens) for r in records] == [(3, ()), (1.5, ())] and not skipped
+    with pytest.raises(BadRowError, match=r"pass --apply-chat-template|must be text"):
+        _load(_write_jsonl(tmp_path / "q.jsonl", [{"prompt": [{"role": "user", "content": "x"}], "label": ""}]))
