@@ -16,8 +16,10 @@ from lean_rl.rollout.base import RolloutOutput, install_extensions
 from lean_rl.rollout.config import MULTI_TURN_GENERATE
 from lean_rl.sample import Sample
 from lean_rl.slime_compat.finder import install_slime_finder
-from lean_rl.slime_compat.hooks import (SlimeAllSamplesProcess, SlimeDynamicFilter, SlimeGenerate, SlimeReward,
-                                        SlimeRewardPostProcess, SlimeSampleFilter, is_slime_function)
+from lean_rl.rollout.generate import generate as default_generate
+from lean_rl.slime_compat.hooks import (HookedGenerate, SampleHooks, SlimeAllSamplesProcess, SlimeDynamicFilter,
+                                        SlimeGenerate, SlimeReward, SlimeRewardPostProcess, SlimeSampleFilter,
+                                        is_slime_function)
 from lean_rl.slime_compat.run_state import bind_run
 from lean_rl.utils.plugins import accepts_positional, keyword_only, load_function
 
@@ -144,6 +146,14 @@ def load_extensions(cfg: Config) -> Extensions:
         generate_fn = slime_hook(load_function(r.custom_generate_function_path, "--custom-generate-function-path",
                                                num_args=(3, 4), must_be_async=True),
                                  SlimeGenerate, f"--custom-generate-function-path {r.custom_generate_function_path}")
+    if r.rollout_sample_hook_path:  # slime's sample hooks: after whichever generate function runs
+        hooks = SampleHooks([load_function(path, "--rollout-sample-hook-path", num_args=2)
+                             for path in r.rollout_sample_hook_path], list(r.rollout_sample_hook_path))
+        if isinstance(generate_fn, SlimeGenerate):
+            generate_fn.hooks = hooks  # on the slime samples, before their versions are read
+        else:
+            inner = generate_fn or default_generate
+            generate_fn = HookedGenerate(inner, generate_caller(inner), r.generate_function_flag, hooks)
     if r.multi_turn.environment_path or r.custom_generate_function_path == MULTI_TURN_GENERATE:
         from lean_rl.rollout.multi_turn import check_environment  # multi_turn builds on this module
 

@@ -40,8 +40,8 @@ _SHARED = {"group_index", "index", "prompt", "tokens", "response", "response_len
 def rendered_prompt(cfg: Config, sample: Sample) -> str | list:
     """The prompt as slime's data loader hands it over: the chat-rendered text under
     --apply-chat-template (what the prompt tokens decode to), else the raw value."""
-    if not cfg.data.apply_chat_template:
-        return sample.prompt
+    if not cfg.data.apply_chat_template or not isinstance(sample.prompt, (str, list)):
+        return sample.prompt  # a scalar prompt (a task index) is handed over as it is
     tokenizer = load_tokenizer(cfg.engines.model_path)
     return tokenizer.decode(sample.tokens[:sample.prompt_length], skip_special_tokens=False)
 

@@ -60,8 +60,59 @@ class _Wrapped:
         self.__wrapped__ = fn  # error messages and dotted_name() name the user's function
 
 
+class SampleHooks:
+    """--rollout-sample-hook-path (repeatable): `hook(args, sample, *, rollout_id=None, evaluation=False)
+    -> Sample | None`, sync or async, applied in order to every generated sample before its reward (a
+    returned Sample replaces it). lean_rl's generate call does not know the rollout id: None."""
+
+    def __init__(self, hooks: list, paths: list[str]):
+        self.hooks, self.paths = hooks, paths
+
+    async def apply(self, args, sample: SlimeSample, evaluation: bool) -> SlimeSample:
+        for hook, path in zip(self.hooks, self.paths):
+            result = hook(args, sample, **_accepted(hook, {"rollout_id": None, "evaluation": evaluation}))
+            if inspect.isawaitable(result):
+                result = await result
+            if result is not None:
+                if not isinstance(result, SlimeSample):
+                    raise hook_return_error(f"--rollout-sample-hook-path {path}", hook, result,
+                                            "a slime Sample, or None (the sample changed in place)")
+                sample = result
+        return sample
+
+
+def _accepted(fn, kwargs: dict) -> dict:
+    parameters = inspect.signature(fn).parameters.values()
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters):
+        return kwargs
+    names = {p.name for p in parameters}
+    return {k: v for k, v in kwargs.items() if k in names}
+
+
+class HookedGenerate(_Wrapped):
+    """A lean_rl generate function followed by --rollout-sample-hook-path's hooks (on slime samples:
+    the hooks are slime's; versions of the tokens the generate made are kept)."""
+
+    def __init__(self, fn, call, flag: str, hooks: SampleHooks):
+        super().__init__(fn, flag)
+        self.call, self.hooks = call, hooks
+
+    async def __call__(self, cfg: Config, sample: Sample, sampling_params: dict, evaluation: bool = False):
+        result = await self.call(cfg, sample, sampling_params, evaluation)
+        if not (isinstance(result, Sample) or (isinstance(result, list) and all(isinstance(r, Sample) for r in result))):
+            return result  # the run's own check names the flag and what came back
+        args, stopping = slime_args(cfg), rollout_stopping()
+        out = [from_slime(cfg, await self.hooks.apply(args, to_slime(cfg, s), evaluation), s, [], stopping, self.flag)
+               for s in (result if isinstance(result, list) else [result])]
+        return out if isinstance(result, list) else out[0]
+
+
 class SlimeGenerate(_Wrapped):
     """--custom-generate-function-path: (cfg, sample, sampling_params, evaluation) -> lean_rl Sample(s)."""
+
+    def __init__(self, fn, flag: str, hooks: SampleHooks | None = None):
+        super().__init__(fn, flag)
+        self.hooks = hooks
 
     async def __call__(self, cfg: Config, sample: Sample, sampling_params: dict, evaluation: bool = False):
         args = slime_args(cfg)
@@ -74,6 +125,8 @@ class SlimeGenerate(_Wrapped):
         results = result if isinstance(result, list) else [result]
         if not results or not all(isinstance(r, SlimeSample) for r in results):
             raise hook_return_error(self.flag, self.fn, result, "a slime Sample, or a non-empty list of them")
+        if self.hooks is not None:
+            results = [await self.hooks.apply(args, r, evaluation) for r in results]
         stopping = rollout_stopping()
         out = [from_slime(cfg, r, sample, answers, stopping, self.flag) for r in results]
         return out if isinstance(result, list) else out[0]

@@ -262,3 +262,35 @@ def test_a_lean_rl_hook_is_not_taken_for_a_slime_one():
 
     assert not is_slime_function(filters.reward_varies)
     assert is_slime_function(check_reward_nonzero_std)
+
+
+SAMPLE_HOOKS = '''
+from slime.utils.types import Sample
+
+def tag(args, sample, *, evaluation=False):
+    sample.metadata["hooked"] = evaluation
+    sample.note = "seen"
+
+async def replace(args, sample, **kwargs):
+    return Sample.from_dict({**sample.to_dict(), "label": "relabelled"})
+'''
+
+
+def test_rollout_sample_hooks_run_in_order_after_any_generate(make_cfg, monkeypatch):
+    module = types.ModuleType("slime_sample_hooks")
+    exec(SAMPLE_HOOKS, module.__dict__)
+    monkeypatch.setitem(sys.modules, "slime_sample_hooks", module)
+    cfg = make_cfg("--rollout-sample-hook-path", "slime_sample_hooks.tag",
+                   "--rollout-sample-hook-path", "slime_sample_hooks.replace", "--rm-type", "exact")
+    assert cfg.rollout.rollout_sample_hook_path == ("slime_sample_hooks.tag", "slime_sample_hooks.replace")
+    extensions = load_extensions(cfg)
+
+    async def made_by_lean_rl(cfg, sample, params, evaluation):
+        sample.append_response([1, 2], log_probs=[-1.0, -1.0], weight_versions=[7, 7])
+        sample.status = Status.COMPLETED
+        return sample
+
+    monkeypatch.setattr(extensions.generate, "call", made_by_lean_rl)  # the default generate, engines aside
+    out = asyncio.run(extensions.generate_call(cfg, prompt_sample(cfg), {}, True))
+    assert out.label == "relabelled" and out.metadata["hooked"] is True
+    assert out.metadata["slime_attributes"] == {"note": "seen"} and out.weight_versions == [7, 7]
