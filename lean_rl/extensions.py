@@ -15,6 +15,12 @@ from lean_rl.rollout import rewards
 from lean_rl.rollout.base import RolloutOutput, install_extensions
 from lean_rl.rollout.config import MULTI_TURN_GENERATE
 from lean_rl.sample import Sample
+from lean_rl.slime_compat.finder import install_slime_finder
+from lean_rl.rollout.generate import generate as default_generate
+from lean_rl.slime_compat.hooks import (HookedGenerate, SampleHooks, SlimeAllSamplesProcess, SlimeDynamicFilter,
+                                        SlimeGenerate, SlimeReward, SlimeRewardPostProcess, SlimeSampleFilter,
+                                        is_slime_function)
+from lean_rl.slime_compat.run_state import bind_run
 from lean_rl.utils.plugins import accepts_positional, keyword_only, load_function
 
 if TYPE_CHECKING:  # not at run time: lean_rl.config imports every flag group
@@ -126,6 +132,10 @@ def load_extensions(cfg: Config) -> Extensions:
     from lean_rl.algorithms.hooks import load_advantage_function, load_loss_function
     from lean_rl.buffer.user_source import load_source_factory
 
+    # a hook written for slime imports slime.*: served by lean_rl's compatibility modules unless slime is
+    # installed (lean_rl/slime_compat), and wrapped into lean_rl's contract below (slime_hook)
+    install_slime_finder()
+    bind_run(cfg)
     r = cfg.rollout
     rollout_fn = load_function(r.rollout_function_path, "--rollout-function-path", num_args=4, must_be_sync=False)
     eval_fn = None
@@ -133,36 +143,56 @@ def load_extensions(cfg: Config) -> Extensions:
         eval_fn = load_function(cfg.eval.function_path, "--eval-function-path", num_args=4, must_be_sync=False)
     generate_fn = None
     if r.custom_generate_function_path:
-        generate_fn = load_function(r.custom_generate_function_path, "--custom-generate-function-path",
-                                    num_args=(3, 4), must_be_async=True)
+        generate_fn = slime_hook(load_function(r.custom_generate_function_path, "--custom-generate-function-path",
+                                               num_args=(3, 4), must_be_async=True),
+                                 SlimeGenerate, f"--custom-generate-function-path {r.custom_generate_function_path}")
+    if r.rollout_sample_hook_path:  # slime's sample hooks: after whichever generate function runs
+        hooks = SampleHooks([load_function(path, "--rollout-sample-hook-path", num_args=2)
+                             for path in r.rollout_sample_hook_path], list(r.rollout_sample_hook_path))
+        if isinstance(generate_fn, SlimeGenerate):
+            generate_fn.hooks = hooks  # on the slime samples, before their versions are read
+        else:
+            inner = generate_fn or default_generate
+            generate_fn = HookedGenerate(inner, generate_caller(inner), r.generate_function_flag, hooks)
     if r.multi_turn.environment_path or r.custom_generate_function_path == MULTI_TURN_GENERATE:
         from lean_rl.rollout.multi_turn import check_environment  # multi_turn builds on this module
 
         check_environment(cfg)
     if cfg.reward.custom_rm_path:
-        reward_fn = load_function(cfg.reward.custom_rm_path, "--custom-rm-path", num_args=2, must_be_async=True)
+        reward_fn = slime_hook(load_function(cfg.reward.custom_rm_path, "--custom-rm-path", num_args=2, must_be_async=True),
+                               SlimeReward, f"--custom-rm-path {cfg.reward.custom_rm_path}")
     elif cfg.reward.rm_type:
         reward_fn = rewards.BUILTIN_REWARDS[cfg.reward.rm_type]
     else:
         reward_fn = None
 
-    def optional(path: str | None, flag: str, num_args: int, **checks) -> Callable | None:
-        return load_function(path, flag, num_args=num_args, **checks) if path else None
+    def optional(path: str | None, flag: str, num_args: int, slime_wrapper, **checks) -> Callable | None:
+        return slime_hook(load_function(path, flag, num_args=num_args, **checks), slime_wrapper,
+                          f"{flag} {path}") if path else None
 
     return Extensions(
         rollout_fn, generate_fn, reward_fn, cfg.reward.group_rm,
-        dynamic_filter=optional(r.dynamic_sampling_filter_path, "--dynamic-sampling-filter-path", 2, must_be_sync=True),
+        dynamic_filter=optional(r.dynamic_sampling_filter_path, "--dynamic-sampling-filter-path", 2,
+                                SlimeDynamicFilter, must_be_sync=True),
         eval_rollout=eval_fn,
-        sample_filter=optional(r.rollout_sample_filter_path, "--rollout-sample-filter-path", 2, must_be_sync=True),
-        all_samples_process=optional(r.rollout_all_samples_process_path, "--rollout-all-samples-process-path", 3),
+        sample_filter=optional(r.rollout_sample_filter_path, "--rollout-sample-filter-path", 2, SlimeSampleFilter,
+                               must_be_sync=True),
+        all_samples_process=optional(r.rollout_all_samples_process_path, "--rollout-all-samples-process-path", 3,
+                                     SlimeAllSamplesProcess),
         reward_post_process=optional(cfg.reward.custom_reward_post_process_path, "--custom-reward-post-process-path",
-                                     2, must_be_sync=True),
+                                     2, SlimeRewardPostProcess, must_be_sync=True),
         data_source=load_source_factory(cfg.data.data_source_path) if cfg.data.data_source_path else None,
         custom_advantage=load_advantage_function(cfg.algorithm.custom_advantage_function_path)
         if cfg.algorithm.custom_advantage_function_path else None,
         custom_loss=load_loss_function(cfg.algorithm.custom_loss_function_path)
         if cfg.algorithm.custom_loss_function_path else None,
     )
+
+
+def slime_hook(fn: Callable, wrapper, flag: str) -> Callable:
+    """`fn` itself, or, when it was written against slime's API (its module imports slime), `fn`
+    wrapped into lean_rl's contract for its flag (lean_rl/slime_compat/hooks.py)."""
+    return wrapper(fn, flag) if is_slime_function(fn) else fn
 
 
 def install(cfg: Config) -> Extensions:

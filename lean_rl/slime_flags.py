@@ -397,7 +397,7 @@ SLIME_FLAGS: dict[str, SlimeFlag] = {
     "--mask-offpolicy-in-partial-rollout": refused("lean_rl trains a resumed sample's tokens with their per-token "
                                                    "policy versions: correct them with --use-tis or --decoupled-ppo"),
     "--custom-generate-function-path": same(),
-    "--rollout-sample-hook-path": refused(f"{NOT_YET}: --custom-generate-function-path"),
+    "--rollout-sample-hook-path": same(),
     "--custom-rollout-log-function-path": refused("return metrics from the rollout function "
                                                   "(RolloutOutput.metrics); samples: --dump-samples-interval"),
     "--custom-eval-rollout-log-function-path": refused("return metrics from --eval-function-path's function"),

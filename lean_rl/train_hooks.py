@@ -19,6 +19,7 @@ import math
 from typing import TYPE_CHECKING
 
 from lean_rl.sample import Sample, Status
+from lean_rl.slime_compat.hooks import WholeRolloutHook
 from lean_rl.utils.plugins import hook_return_error
 
 if TYPE_CHECKING:  # not at run time: lean_rl.config imports every flag group (Megatron's included)
@@ -43,8 +44,10 @@ def apply_sample_filter(cfg: Config, filter_fn, groups: list[list[Sample]]) -> i
     "rejected"); returns how many it rejected."""
     flag = f"--rollout-sample-filter-path {cfg.rollout.rollout_sample_filter_path}"
     rejected = 0
-    for group in groups:
-        verdicts = filter_fn(cfg, group)
+    # slime's filter sees the whole rollout at once
+    every = filter_fn.over_groups(cfg, groups) if isinstance(filter_fn, WholeRolloutHook) else None
+    for number, group in enumerate(groups):
+        verdicts = every[number] if every is not None else filter_fn(cfg, group)
         expected = f"a list of {len(group)} bools, one per sample of the group (True: train on it)"
         if not isinstance(verdicts, (list, tuple)) or len(verdicts) != len(group) or not all(_is_bool(v) for v in verdicts):
             raise hook_return_error(flag, filter_fn, verdicts, expected)
@@ -61,8 +64,10 @@ def post_process_rewards(cfg: Config, post_process, groups: list[list[Sample]]) 
     metadata["raw_reward"]; returns the raw rewards of the samples that did not fail."""
     flag = f"--custom-reward-post-process-path {cfg.reward.custom_reward_post_process_path}"
     raw: list[float] = []
-    for group in groups:
-        values = post_process(cfg, group)
+    # slime's post-process sees the whole rollout at once
+    every = post_process.over_groups(cfg, groups) if isinstance(post_process, WholeRolloutHook) else None
+    for number, group in enumerate(groups):
+        values = every[number] if every is not None else post_process(cfg, group)
         expected = f"a list of {len(group)} finite numbers, one per sample of the group (the rewards for the advantages)"
         if not isinstance(values, (list, tuple)) or len(values) != len(group):
             raise hook_return_error(flag, post_process, values, expected)

@@ -94,6 +94,10 @@ class RolloutConfig:
     rollout_all_samples_process_path: str | None = option(
         None, help="dotted path of `process(cfg, groups, rollout_id)`, called by the default rollout with every "
                    "group it finished (the filtered-out ones too), e.g. to log or save them")
+    rollout_sample_hook_path: tuple[str, ...] = option(
+        (), action="append", help="dotted path of slime's `hook(args, sample, *, rollout_id=None, evaluation=False) "
+                                  "-> Sample | None`, applied to every generated sample before its reward; repeatable "
+                                  "(lean_rl/slime_compat/hooks.py)")
     # --custom-config-path (read into cfg.custom by config.parse_config), in a help section of its own
     custom_config: CustomConfigFlags = group(CustomConfigFlags, title="user functions")
     request_retries: int = option(5, flag="--rollout-request-retries", at_least=0,

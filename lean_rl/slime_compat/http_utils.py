@@ -1,0 +1,104 @@
+"""slime.utils.http_utils: `post` and `get` as slime's functions call them, against the run's router
+and engines. What lean_rl adds: the run's API key on requests to its own router and engines (never
+to other hosts: a search or reward server does not get it); the policy version of every token each
+/generate answer carries, recorded for convert.py; and `meta_info.output_token_logprobs` ids taken
+from `output_ids` (SGLang 0.5.23 reports the id of the vocabulary's last token as 0 there)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from urllib.parse import urlsplit
+
+import httpx
+
+from lean_rl.backends.sglang.config import auth_headers
+from lean_rl.backends.sglang.responses import parse_generate_response
+from lean_rl.rollout.base import rollout_stopping
+from lean_rl.rollout.generate import token_versions
+from lean_rl.slime_compat.run_state import GenerateAnswer, bound_config, record_answer
+
+logger = logging.getLogger(__name__)
+
+_clients: dict[int, httpx.AsyncClient] = {}  # one pool per event loop
+
+
+def _client() -> httpx.AsyncClient:
+    loop = asyncio.get_running_loop()
+    client = _clients.get(id(loop))
+    if client is None or client.is_closed:
+        # trust_env=False: no proxy from the environment between the rollout and its engines
+        client = httpx.AsyncClient(timeout=httpx.Timeout(None, connect=10.0), trust_env=False,
+                                   limits=httpx.Limits(max_connections=4096))
+        _clients[id(loop)] = client
+    return client
+
+
+def _origin(url: str) -> tuple[str | None, int | None]:
+    parts = urlsplit(url)
+    return parts.hostname, parts.port
+
+
+def _run_headers(url: str) -> dict[str, str]:
+    """The run's key, for a URL on its router or one of its engines only."""
+    cfg = bound_config()
+    ours = {_origin(u) for u in (cfg.engines.router_url, *cfg.engines.engine_urls) if u}
+    return auth_headers(cfg.engines.api_key) if _origin(url) in ours else {}
+
+
+def _is_generate(url: str) -> bool:
+    return urlsplit(url).path.rstrip("/").endswith("/generate")
+
+
+async def post(url: str, payload: dict | None, max_retries: int = 60, headers: dict | None = None):
+    """POST `payload` as JSON; the answer's JSON (text when it is not JSON). Retried, 1 s apart, up to
+    `max_retries` tries when the server cannot be reached or answers 5xx (an engine restarting); a
+    4xx answer raises at once (slime retries those too, but a refused request does not change)."""
+    if _is_generate(url) and rollout_stopping():
+        # the rollout has enough groups and aborted the engines: a new request would only be surplus
+        raise RuntimeError("the rollout is stopping (its batch is full): no new /generate request")
+    sent_headers = {**_run_headers(url), **(headers or {})}
+    for attempt in range(1, max_retries + 1):
+        try:
+            response = await _client().post(url, json=payload or {}, headers=sent_headers)
+            response.raise_for_status()
+            break
+        except (httpx.TransportError, httpx.HTTPStatusError) as err:
+            status = err.response.status_code if isinstance(err, httpx.HTTPStatusError) else None
+            if (status is not None and status < 500) or attempt >= max_retries:
+                detail = f": {err.response.text[:500]}" if status is not None else ""
+                raise RuntimeError(f"POST {url} failed after {attempt} tries ({err}){detail}") from err
+            logger.info("POST %s: %s; retrying (%d/%d)", url, err, attempt, max_retries)
+            await asyncio.sleep(1)
+    try:
+        output = json.loads(response.content)
+    except json.JSONDecodeError:
+        return response.text
+    if _is_generate(url) and isinstance(output, dict):
+        _note_generate_answer(output)
+    return output
+
+
+def _note_generate_answer(output: dict) -> None:
+    """Record the versions of a /generate answer, and give output_token_logprobs the true ids."""
+    try:
+        result = parse_generate_response(output, return_logprob=False)
+    except ValueError:
+        return  # not an answer of SGLang's /generate (the user's own server): nothing to record
+    entries = output.get("meta_info", {}).get("output_token_logprobs")
+    if isinstance(entries, list) and len(entries) == len(result.output_ids):
+        for entry, token_id in zip(entries, result.output_ids):
+            if isinstance(entry, list) and len(entry) > 1:
+                entry[1] = token_id
+    record_answer(GenerateAnswer(list(result.output_ids), token_versions(result), result.aborted))
+
+
+async def get(url: str):
+    response = await _client().get(url, headers=_run_headers(url))
+    response.raise_for_status()
+    return json.loads(response.content)
+
+
+def get_rollout_num_engines(args) -> int:
+    return int(getattr(args, "rollout_num_engines", None) or 1)
