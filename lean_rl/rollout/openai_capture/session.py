@@ -109,6 +109,7 @@ class CaptureSession:
             self.sample.reset_response()
         for key in _METADATA_KEYS:
             self.sample.metadata.pop(key, None)
+        self.sample.loss_weight = 1.0  # samples() sets the trajectory's share
         self._assembler = TrajectoryAssembler(self.sample)
         self._server = await capture_server(self.cfg)
         self._server.register(self)
