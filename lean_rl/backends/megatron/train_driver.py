@@ -91,7 +91,7 @@ def forward_rollout(group: "MegatronGroup", batch: RolloutBatch, reference: bool
 
 
 def _step_fields(algo: AlgorithmConfig, masks: torch.Tensor, indices: list[int],
-                 sample_weights: torch.Tensor) -> dict[str, torch.Tensor]:
+                 sample_weights: torch.Tensor | None) -> dict[str, torch.Tensor]:
     """Loss masks and weights of one optimizer step, [B, T] (rows outside the step are 0 and count in no
     denominator of aggregation_weights); `sample_weights` [B]: each sample's Sample.loss_weight."""
     step_masks = torch.zeros_like(masks)

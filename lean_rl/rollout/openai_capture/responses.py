@@ -33,7 +33,7 @@ def chat_body_of_response_request(body: Any, history: dict[str, list[dict]]) -> 
     previous = body.get("previous_response_id")
     if previous is not None and previous not in history:
         raise RequestError(f"Previous response with id '{previous}' not found.", "previous_response_id", 404)
-    messages = list(history.get(previous, [])) + _input_messages(body["input"])
+    messages = (list(history[previous]) if previous is not None else []) + _input_messages(body["input"])
     system = body.get("instructions")
     if system is not None and not isinstance(system, str):
         raise RequestError("instructions must be a string", "instructions")
