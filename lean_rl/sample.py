@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field
 from enum import Enum
 from typing import Any
@@ -53,6 +54,10 @@ class Sample:
     # layers, topk] (lean_rl/routed_experts.py; NO_ROUTE rows: tokens the engine never took as input).
     # None: not recorded. The newest engine call's routes replace the old (its input was every token).
     routed_experts: str | None = None
+    # this sample's share of its trajectory in the loss: a trajectory recorded as n samples (a capture
+    # session's call tree, openai_capture/trajectory.py) gives each 1/n, so it weighs as one sample does.
+    # Multiplies the sample's token weights in the loss aggregation (algorithms/losses.aggregation_weights).
+    loss_weight: float = 1.0
 
     @property
     def prompt_length(self) -> int:
@@ -127,6 +132,9 @@ class Sample:
                 f"weight_versions {len(self.weight_versions)}, teacher_log_probs {len(self.teacher_log_probs)} "
                 "(0 or response_length)"
             )
+        if not (isinstance(self.loss_weight, (int, float)) and not isinstance(self.loss_weight, bool)
+                and math.isfinite(self.loss_weight) and self.loss_weight > 0):
+            raise ValueError(f"sample {self.index}: loss_weight must be a finite number > 0, got {self.loss_weight!r}")
         if self.routed_experts is not None:
             try:
                 routes.width(self.routed_experts, len(self.tokens) - 1)  # one row per token but the last
@@ -178,10 +186,12 @@ _FIELD_TYPES: dict[str, tuple[tuple[type, ...], Any]] = {
     "label": ((object,), None), "reward": ((int, float), None), "loss_mask": ((list,), int),
     "rollout_log_probs": ((list,), (int, float)), "weight_versions": ((list,), int), "status": ((str,), None),
     "metadata": ((dict,), None), "teacher_log_probs": ((list,), (int, float)), "routed_experts": ((str,), None),
+    "loss_weight": ((int, float), None),
 }
 _TYPE_NAMES = {"index": "an integer", "group_index": "an integer", "prompt": "text, a list of messages or a number",
                "tokens": "a list of token ids", "response": "text", "response_length": "an integer",
                "label": "anything", "reward": "a number or null", "loss_mask": "a list of 0/1",
                "rollout_log_probs": "a list of numbers", "weight_versions": "a list of integers",
                "status": "a status string", "metadata": "an object", "teacher_log_probs": "a list of numbers",
-               "routed_experts": "base64 text or null"}
+               "routed_experts": "base64 text or null",
+               "loss_weight": "a number > 0"}

@@ -36,26 +36,33 @@ from lean_rl.algorithms.policy_losses import (clip_cov_drop, cispo, gmpo_log_rat
 LOG_RATIO_MAX = 20.0  # exp() guard: a ratio of e^20 is clipped by PPO anyway
 
 
-def aggregation_weights(mask: torch.Tensor, mode: str, norm_length: int | None = None) -> torch.Tensor:
+def aggregation_weights(mask: torch.Tensor, mode: str, norm_length: int | None = None,
+                        sample_weights: torch.Tensor | None = None) -> torch.Tensor:
     """[B, T] weights w with aggregate(x) = sum(w * x):
         token-mean               sum_{i,t} x / (number of masked tokens)
         seq-mean-token-mean      mean over sequences of (mean over the sequence's tokens)
         seq-mean-token-sum       mean over sequences of (sum over the sequence's tokens)
         seq-mean-token-sum-norm  mean over sequences of (sum over tokens) / norm_length (Dr. GRPO)
-    Sequences without a masked token (FAILED samples) count in no denominator."""
+    Sequences without a masked token (FAILED samples) count in no denominator.
+    `sample_weights` [B] (Sample.loss_weight; None: all 1): sequence i counts s_i times, in the sums and
+    in the denominators (token counts and sequence counts weighted by s_i), so a trajectory split into n
+    samples of weight 1/n counts as one sequence; with all s_i = 1 the modes are the plain ones above."""
     mask = mask.float()
+    scale = torch.ones(mask.shape[0], 1) if sample_weights is None else sample_weights.float().reshape(-1, 1)
     tokens_per_seq = mask.sum(dim=-1, keepdim=True)
-    num_seqs = (tokens_per_seq > 0).sum().clamp(min=1)
+    # clamped away from 0 only to avoid 0/0: with nothing trained every numerator is 0 too
+    num_seqs = (scale * (tokens_per_seq > 0).float()).sum().clamp(min=1e-12)
+    weighted = mask * scale
     if mode == "token-mean":
-        return mask / mask.sum().clamp(min=1)
+        return weighted / weighted.sum().clamp(min=1e-12)
     if mode == "seq-mean-token-mean":
-        return mask / tokens_per_seq.clamp(min=1) / num_seqs
+        return weighted / tokens_per_seq.clamp(min=1) / num_seqs
     if mode == "seq-mean-token-sum":
-        return mask / num_seqs
+        return weighted / num_seqs
     if mode == "seq-mean-token-sum-norm":
         if not norm_length or norm_length <= 0:
             raise ValueError("--loss-agg-mode seq-mean-token-sum-norm needs a positive --loss-norm-length")
-        return mask / (num_seqs * norm_length)
+        return weighted / (num_seqs * norm_length)
     raise ValueError(f"--loss-agg-mode {mode!r}: choose one of {', '.join(AGGREGATION_MODES)}")
 
 

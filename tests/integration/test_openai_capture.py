@@ -281,3 +281,46 @@ def test_a_rollout_of_capture_sessions_fills_the_buffer(engine_group, prompts, a
         assert all(s.reward == 0.5 and s.status in (Status.COMPLETED, Status.TRUNCATED) for s in group)
         parents = [s for s in group if "parent_index" not in s.metadata]
         assert len(parents) == 2 and all(s.metadata["trajectory_parts"] == 2 for s in group)
+
+
+def test_a_planner_calling_a_solver_twice_is_a_tree_of_three_weighted_samples(engine_group, prompts):
+    """Two agents in one session: the planner asks, a solver (its own system prompt) answers twice, the
+    planner reads both answers. Calls: planner -> solver -> solver -> planner; the tree has three roots
+    (planner, solver 1, solver 2), the planner's second call the child of its first."""
+    cfg = make_cfg(engine_group, prompts)
+
+    async def scenario():
+        async with CaptureSession(cfg, new_sample(index=3, group_index=1), cfg.rollout.sampling.to_sglang()) as session:
+            client = agent_client(session)
+            planner = [{"role": "system", "content": "you plan"}, {"role": "user", "content": "the cat sat"}]
+            plan = await client.chat.completions.create(model="p", messages=planner, max_tokens=6)
+            answers = []
+            for part in ("first step", "second step"):
+                solver = [{"role": "system", "content": "you solve"}, {"role": "user", "content": part}]
+                answers.append(await client.chat.completions.create(model="p", messages=solver, max_tokens=5))
+            planner += [plan.choices[0].message, {"role": "user", "content": " | ".join(
+                a.choices[0].message.content for a in answers)}]
+            await client.chat.completions.create(model="p", messages=planner, max_tokens=6)
+            session.set_reward(0.75)
+        return session
+
+    samples = run(scenario()).samples()
+    table = [(s.index, [(c["node"], c["parent_node"]) for c in s.metadata["capture_calls"]], s.prompt_length,
+              "".join(map(str, s.loss_mask)), s.reward, s.loss_weight) for s in samples]
+    print("\nsample index | calls (node, parent) | prompt tokens | loss mask | reward | loss weight")
+    for row in table:
+        print(" | ".join(map(str, row)))
+    planner, solver1, solver2 = samples
+    assert [row[1] for row in table] == [[(0, None), (3, 0)], [(1, None)], [(2, None)]]
+    assert planner.index == 3 and {solver1.index, solver2.index} == {2**40 + 3, 2 * 2**40 + 3}
+    assert all(s.group_index == 1 and s.reward == 0.75 for s in samples)
+    assert [s.loss_weight for s in samples] == pytest.approx([1 / 3] * 3)
+    n1, ctx, n2 = (planner.metadata["capture_calls"][0]["completion_tokens"],
+                   planner.metadata["capture_calls"][1]["context_tokens"],
+                   planner.metadata["capture_calls"][1]["completion_tokens"])
+    assert ctx > 0 and planner.loss_mask == [1] * n1 + [0] * ctx + [1] * n2
+    for solver in (solver1, solver2):
+        assert solver.loss_mask == [1] * solver.response_length
+        assert solver.metadata["capture_calls"][0]["engine_prompt_tokens"] == solver.prompt_length
+    tokenizer = load_tokenizer(cfg.engines.model_path)
+    assert "you solve" in tokenizer.decode(solver1.tokens) and "you plan" not in tokenizer.decode(solver1.tokens)

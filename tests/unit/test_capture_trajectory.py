@@ -91,6 +91,35 @@ def test_two_branches_from_one_context_are_two_samples():
     assert a.tokens == [1, 2, 3] and b.tokens == [1, 2, 4]
 
 
+def test_a_planner_and_two_solver_calls_form_a_tree_of_three_samples():
+    asm = TrajectoryAssembler(base_sample())
+    asm.add(call([1, 2], [3, 4]))  # node 0: the planner
+    asm.add(call([7, 8], [9]))  # node 1: solver call 1 (its own system prompt: a root)
+    asm.add(call([7, 8, 9, 5], [6]))  # node 2: solver 1 continues after a tool result
+    asm.add(call([7, 7], [9, 9]))  # node 3: solver call 2, a root
+    asm.add(call([1, 2, 3, 4, 20, 21], [30], version=3))  # node 4: the planner reads both answers
+    assert asm.parents == [None, None, 1, None, 0]
+    planner, solver1, solver2 = asm.samples(reward=0.8)
+    assert planner.tokens == [1, 2, 3, 4, 20, 21, 30] and planner.loss_mask == [1, 1, 0, 0, 1]
+    assert solver1.tokens == [7, 8, 9, 5, 6] and solver1.loss_mask == [1, 0, 1]
+    assert solver2.tokens == [7, 7, 9, 9] and solver2.loss_mask == [1, 1]
+    assert [s.reward for s in (planner, solver1, solver2)] == [0.8] * 3
+    assert [s.loss_weight for s in (planner, solver1, solver2)] == pytest.approx([1 / 3] * 3)
+    assert [(c["node"], c["parent_node"]) for c in planner.metadata["capture_calls"]] == [(0, None), (4, 0)]
+
+
+def test_a_branch_from_the_middle_of_a_path_is_a_new_sample_trained_from_the_branch():
+    asm = TrajectoryAssembler(base_sample())
+    asm.add(call([1], [2]))  # node 0
+    asm.add(call([1, 2, 3], [4]))  # node 1: first child of 0, same sample
+    asm.add(call([1, 2, 5], [6]))  # node 2: second child of 0: a new sample, node 0's output is context
+    assert asm.parents == [None, 0, 0]
+    a, b = asm.samples()
+    assert a.tokens == [1, 2, 3, 4] and a.loss_mask == [1, 0, 1]
+    assert b.tokens == [1, 2, 5, 6] and b.prompt_length == 3 and b.loss_mask == [1]
+    assert a.loss_weight == b.loss_weight == 0.5
+
+
 def test_budget_accounting_and_truncation():
     asm = TrajectoryAssembler(base_sample())
     assert asm.response_length_after_prompt([1, 2]) == 0  # a new sample

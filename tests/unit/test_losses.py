@@ -107,6 +107,22 @@ def test_aggregation_modes(mode, expected):
     assert split.item() == pytest.approx(expected)
 
 
+@pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"])
+def test_a_trajectory_split_into_samples_of_weight_one_half_weighs_one_sequence(mode):
+    # rows 0 and 1 are one trajectory's two samples (weight 1/2 each), row 2 another trajectory's one sample
+    mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 0.0, 0.0], [1.0, 1.0, 1.0]])
+    values = torch.tensor([[1.0, 3.0, 0.0], [5.0, 0.0, 0.0], [2.0, 2.0, 2.0]])
+    weights = aggregation_weights(mask, mode, sample_weights=torch.tensor([0.5, 0.5, 1.0]))
+    got = (weights * values).sum().item()
+    expected = {"token-mean": (0.5 * 4 + 0.5 * 5 + 6) / (0.5 * 2 + 0.5 * 1 + 3),
+                "seq-mean-token-mean": (0.5 * 2 + 0.5 * 5 + 2) / 2,
+                "seq-mean-token-sum": (0.5 * 4 + 0.5 * 5 + 6) / 2}[mode]
+    assert got == pytest.approx(expected)
+    # weight 1 everywhere is the unweighted aggregation
+    ones = aggregation_weights(mask, mode, sample_weights=torch.ones(3))
+    assert torch.allclose(ones, aggregation_weights(mask, mode))
+
+
 def test_aggregation_errors_name_the_flag():
     with pytest.raises(ValueError, match="--loss-norm-length"):
         aggregation_weights(MASK, "seq-mean-token-sum-norm")

@@ -72,3 +72,14 @@ def test_teacher_log_probs_round_trip_are_checked_and_follow_the_response():
     s.teacher_log_probs = [-1.0, -1.0, -1.0]
     s.reset_response()
     assert s.teacher_log_probs == []
+
+
+@pytest.mark.parametrize("weight", [0.0, -1.0, float("nan"), float("inf"), True, "1"])
+def test_a_loss_weight_that_is_not_a_positive_number_is_refused(weight):
+    sample = Sample(index=4, group_index=0, prompt="p", tokens=[1, 2])
+    sample.loss_weight = weight
+    with pytest.raises(ValueError, match="sample 4: loss_weight"):
+        sample.check()
+    data = Sample(index=4, group_index=0, prompt="p", tokens=[1, 2]).to_dict() | {"loss_weight": weight}
+    with pytest.raises(ValueError, match="loss_weight"):
+        Sample.from_dict(data)

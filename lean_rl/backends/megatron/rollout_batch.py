@@ -34,6 +34,8 @@ class RolloutBatch:
     baseline_rewards: torch.Tensor | None = None
     # [B, T] float32: sample.teacher_log_probs (--use-opd), 0 where a sample has none
     teacher_log_probs: torch.Tensor | None = None
+    # [B] float32: sample.loss_weight (its share of its trajectory in the loss aggregation)
+    loss_weights: torch.Tensor | None = None
 
     def __len__(self) -> int:
         return len(self.sequences)
@@ -60,7 +62,7 @@ def rollout_batch(groups: list[list[Sample]]) -> RolloutBatch:
     if not samples:
         raise ValueError("train() got no samples")
     sequences, rewards, group_ids, masks, log_probs, versions, valid, failures = [], [], [], [], [], [], [], []
-    baselines, teacher = [], []
+    baselines, teacher, loss_weights = [], [], []
     for group in groups:
         if not group:
             raise ValueError("train() got an empty group")
@@ -89,13 +91,15 @@ def rollout_batch(groups: list[list[Sample]]) -> RolloutBatch:
             log_probs.append(torch.tensor(sample.rollout_log_probs, dtype=torch.float32))
             teacher.append(torch.tensor(sample.teacher_log_probs, dtype=torch.float32))
             versions.append(torch.tensor(sample.weight_versions, dtype=torch.long))
+            loss_weights.append(float(sample.loss_weight))
     masks = pad(masks)
     return RolloutBatch(sequences=sequences, rewards=torch.tensor(rewards, dtype=torch.float32),
                         group_ids=torch.tensor(group_ids, dtype=torch.long), masks=masks,
                         rollout_log_probs=pad(log_probs, masks.shape[1]), weight_versions=versions,
                         valid=torch.tensor(valid, dtype=torch.bool), failures=tuple(failures),
                         baseline_rewards=torch.tensor(baselines, dtype=torch.float32),
-                        teacher_log_probs=pad(teacher, masks.shape[1]))
+                        teacher_log_probs=pad(teacher, masks.shape[1]),
+                        loss_weights=torch.tensor(loss_weights, dtype=torch.float32))
 
 
 def _routes(sample: Sample):

@@ -90,16 +90,18 @@ def forward_rollout(group: "MegatronGroup", batch: RolloutBatch, reference: bool
     return out
 
 
-def _step_fields(algo: AlgorithmConfig, masks: torch.Tensor, indices: list[int]) -> dict[str, torch.Tensor]:
+def _step_fields(algo: AlgorithmConfig, masks: torch.Tensor, indices: list[int],
+                 sample_weights: torch.Tensor | None) -> dict[str, torch.Tensor]:
     """Loss masks and weights of one optimizer step, [B, T] (rows outside the step are 0 and count in no
-    denominator of aggregation_weights)."""
+    denominator of aggregation_weights); `sample_weights` [B]: each sample's Sample.loss_weight."""
     step_masks = torch.zeros_like(masks)
     step_masks[indices] = masks[indices]
     trained = step_masks.sum()
     if trained == 0:
         raise ValueError("an optimizer step has no trainable token (every sample of it FAILED or is fully "
                          "loss-masked)")
-    return {"mask": step_masks, "weights": aggregation_weights(step_masks, algo.aggregation, algo.loss_norm_length),
+    return {"mask": step_masks, "weights": aggregation_weights(step_masks, algo.aggregation, algo.loss_norm_length,
+                                                                sample_weights),
             "metric_weights": step_masks / trained}
 
 
@@ -191,7 +193,7 @@ def train_on_rollout(actor: "MegatronGroup", groups: list[list[Sample]], policy_
     actor_metrics, critic_metrics = [], []
     for step in range(num_steps):
         indices = list(range(step * per_step, (step + 1) * per_step))
-        common = _step_fields(algo, masks, indices)
+        common = _step_fields(algo, masks, indices, batch.loss_weights)
         if critic is not None and algo.needs_critic:
             critic_metrics.append(_optimizer_step(critic, batch, indices,
                                                   {**common, "returns": returns, "old_values": values}))

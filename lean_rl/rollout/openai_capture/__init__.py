@@ -9,8 +9,13 @@
             await my_agent(client, sample.prompt)
         return session.samples()
 
+The same session also serves the OpenAI Responses API (POST /v1/responses, `client.responses.create`)
+and the Anthropic Messages API (POST /v1/messages, `anthropic.AsyncAnthropic(base_url=session.base_url
+minus "/v1", api_key=session.api_key)`), each translated to a chat request and recorded the same way.
+
 session.py: the session (rendering, the engine call, what is recorded); server.py: the HTTP endpoint;
-chat.py: the OpenAI wire format; trajectory.py: calls -> Samples.
+chat.py: the OpenAI chat wire format; responses.py, messages.py: the Responses and Messages formats;
+trajectory.py: calls -> a call tree -> Samples (one per path, each with loss_weight 1/n).
 """
 
 from lean_rl.rollout.openai_capture.server import capture_server, stop_capture_servers

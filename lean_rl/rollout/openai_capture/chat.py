@@ -105,6 +105,7 @@ class Completion:
     message: dict
     finish_reason: str  # stop | length | tool_calls
     tool_call_errors: tuple[str, ...]
+    stop_matched: str | None = None  # the stop string the engine stopped at (cut off the content)
 
 
 def completion_from_output(text: str, finish_reason: str, stop_matched: Any, parse_tools: bool) -> Completion:
@@ -112,17 +113,18 @@ def completion_from_output(text: str, finish_reason: str, stop_matched: Any, par
     content with what follows it (OpenAI leaves stop sequences out; the engine stops at the token that
     completes the string, which may hold more text); with `parse_tools`, <tool_call> blocks become
     tool_calls."""
+    matched = None
     if finish_reason == "stop" and isinstance(stop_matched, str) and stop_matched and stop_matched in text:
-        text = text[:text.rfind(stop_matched)]
+        text, matched = text[:text.rfind(stop_matched)], stop_matched
     finish = "length" if finish_reason == "length" else "stop"
     if parse_tools:
         parsed = parse_tool_calls(text)
         if parsed.calls:
             message = {"role": "assistant", "content": parsed.content or None,
                        "tool_calls": [call.to_openai() for call in parsed.calls]}
-            return Completion(message, "tool_calls" if finish == "stop" else finish, parsed.errors)
-        return Completion({"role": "assistant", "content": text}, finish, parsed.errors)
-    return Completion({"role": "assistant", "content": text}, finish, ())
+            return Completion(message, "tool_calls" if finish == "stop" else finish, parsed.errors, matched)
+        return Completion({"role": "assistant", "content": text}, finish, parsed.errors, matched)
+    return Completion({"role": "assistant", "content": text}, finish, (), matched)
 
 
 def chat_completion_body(completion_id: str, model: str, completion: Completion, prompt_tokens: int,

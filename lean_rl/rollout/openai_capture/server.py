@@ -2,6 +2,8 @@
 CaptureSession that needs it, serving every session of that loop under its own path:
 
     POST /sessions/<id>/v1/chat/completions     the OpenAI chat-completions API (session.chat_completion)
+    POST /sessions/<id>/v1/responses            the OpenAI Responses API (session.response, responses.py)
+    POST /sessions/<id>/v1/messages             the Anthropic Messages API (session.message, messages.py)
     GET  /sessions/<id>/v1/models               the one model the engines serve
     POST /sessions/<id>/v1/reward               {"reward": number | {name: number}} (session.set_reward)
 
@@ -9,7 +11,10 @@ It binds where the router binds (the driver's address: loopback on one node, the
 a cluster), on a port the OS picks at bind time (the server is bound in this process at once, so no
 other process can take the port in between), never 0.0.0.0.
 
-Authentication: `Authorization: Bearer <key>` with the session's own key (session.api_key, random per
+Streaming (`"stream": true` on responses and messages): the call is generated whole, then sent as the
+API's server-sent events (one delta per text or tool-call block); chat completions refuse streaming.
+
+Authentication: `Authorization: Bearer <key>` (or `x-api-key: <key>`, the Anthropic client's) with the session's own key (session.api_key, random per
 session), or the run's key (--sglang-api-key) when it has one. An agent gets its session's key, which
 opens that session and nothing else: not the engines, not the router, not other sessions.
 
@@ -31,6 +36,8 @@ from urllib.parse import urlparse
 from aiohttp import web
 
 from lean_rl.rollout.openai_capture.chat import error_body
+from lean_rl.rollout.openai_capture.messages import anthropic_error, message_events
+from lean_rl.rollout.openai_capture.responses import response_events
 
 if TYPE_CHECKING:
     from lean_rl.config import Config
@@ -58,6 +65,8 @@ class CaptureServer:
     async def start(self) -> CaptureServer:
         app = web.Application(client_max_size=MAX_BODY_BYTES)
         app.router.add_post("/sessions/{sid}/v1/chat/completions", self._chat_completions)
+        app.router.add_post("/sessions/{sid}/v1/responses", self._responses)
+        app.router.add_post("/sessions/{sid}/v1/messages", self._messages)
         app.router.add_get("/sessions/{sid}/v1/models", self._models)
         app.router.add_post("/sessions/{sid}/v1/reward", self._reward)
         self._runner = web.AppRunner(app, access_log=None)
@@ -93,7 +102,8 @@ class CaptureServer:
                 raise _error(409, f"capture session {sid!r} is closed: its rollout is over")
             raise _error(404, f"no capture session {sid!r}")
         scheme, _, token = request.headers.get("Authorization", "").partition(" ")
-        if scheme.lower() != "bearer" or not session.accepts_key(token.strip()):
+        token = token.strip() if scheme.lower() == "bearer" else request.headers.get("x-api-key", "")
+        if not token or not session.accepts_key(token):
             raise _error(401, "missing or wrong API key: send 'Authorization: Bearer <session.api_key>'")
         return session
 
@@ -112,6 +122,38 @@ class CaptureServer:
             status, answer = session.refuse(f"internal error in the capture endpoint: {type(err).__name__}: {err}",
                                             None, 500)
         return web.json_response(answer, status=status)
+
+    async def _responses(self, request: web.Request) -> web.StreamResponse:
+        return await self._agent_api(request, "response")
+
+    async def _messages(self, request: web.Request) -> web.StreamResponse:
+        return await self._agent_api(request, "message")
+
+    async def _agent_api(self, request: web.Request, api: str) -> web.StreamResponse:
+        """A Responses ("response") or Messages ("message") call: JSON, or its events when streamed."""
+        session = self._session(request)
+        serve, shape_error, events = ((session.response, lambda body, status: body, response_events) if api == "response"
+                                      else (session.message, anthropic_error, message_events))
+        try:
+            body = await request.json(loads=json.loads)
+        except (ValueError, UnicodeDecodeError) as err:
+            status, answer = session.refuse(f"the request body is not valid JSON ({err})")
+            return web.json_response(shape_error(answer, status), status=status)
+        try:
+            status, answer = await serve(body)
+        except Exception as err:  # noqa: BLE001 - a bug here must reach the agent and the samples, not hang
+            logger.exception("capture session %s: %s failed", session.id, api)
+            status, answer = session.refuse(f"internal error in the capture endpoint: {type(err).__name__}: {err}",
+                                            None, 500)
+            answer = shape_error(answer, status)
+        if status != 200 or not body.get("stream"):
+            return web.json_response(answer, status=status)
+        stream = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+        await stream.prepare(request)
+        for kind, data in events(answer):
+            await stream.write(f"event: {kind}\ndata: {json.dumps(data)}\n\n".encode())
+        await stream.write_eof()
+        return stream
 
     async def _models(self, request: web.Request) -> web.Response:
         session = self._session(request)

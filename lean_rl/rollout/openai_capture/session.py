@@ -47,6 +47,7 @@ import itertools
 import math
 import secrets
 import time
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import jinja2
@@ -55,9 +56,12 @@ from lean_rl.backends.sglang.client import EngineError, EngineHTTPError
 from lean_rl.buffer.prompt_source import load_tokenizer
 from lean_rl.rollout.base import stopping_event
 from lean_rl.rollout.generate import generate_with_retries, token_versions
-from lean_rl.rollout.openai_capture.chat import (ChatRequest, RequestError, as_sampled, chat_completion_body,
+from lean_rl.rollout.openai_capture.chat import (ChatRequest, Completion, RequestError, as_sampled, chat_completion_body,
                                                  completion_from_output, error_body, message_signature,
                                                  parse_chat_request)
+from lean_rl.rollout.openai_capture.messages import (anthropic_error, chat_body_of_messages_request,
+                                                     message_body)
+from lean_rl.rollout.openai_capture.responses import chat_body_of_response_request, response_body
 from lean_rl.rollout.openai_capture.server import CaptureServer, capture_server
 from lean_rl.rollout.openai_capture.trajectory import CallRecord, TrajectoryAssembler, splice_prompt_ids
 from lean_rl.rollout.tool_calls import render_chat
@@ -71,6 +75,16 @@ _METADATA_KEYS = ("capture_session", "capture_calls", "capture_errors", "capture
                   "agent_reward", "reward_parts", "capture_late_calls")
 _ABORTED_MESSAGE = ("generation was aborted by the trainer (a weight update or a finished batch); "
                     "this rollout sample will be generated again")
+
+
+@dataclass(frozen=True)
+class Served:
+    """A call the engine answered: the completion in chat terms and its token counts."""
+
+    number: int  # the call's number in this session
+    completion: Completion
+    prompt_tokens: int
+    completion_tokens: int
 
 
 class CaptureSession:
@@ -96,6 +110,7 @@ class CaptureSession:
         self._history_text: dict[tuple, str] = {}  # message_signature -> the exact text of its sampled ids
         self._errors: list[dict] = []
         self._late_calls = 0
+        self.responses: dict[str, list[dict]] = {}  # Responses API: response id -> its chat history
 
     @property
     def base_url(self) -> str:
@@ -109,6 +124,7 @@ class CaptureSession:
             self.sample.reset_response()
         for key in _METADATA_KEYS:
             self.sample.metadata.pop(key, None)
+        self.sample.loss_weight = 1.0  # samples() sets the trajectory's share
         self._assembler = TrajectoryAssembler(self.sample)
         self._server = await capture_server(self.cfg)
         self._server.register(self)
@@ -185,6 +201,44 @@ class CaptureSession:
         return status, error_body(message, param, status)
 
     async def chat_completion(self, body: Any) -> tuple[int, dict]:
+        """One POST /v1/chat/completions: (HTTP status, OpenAI body)."""
+        served = await self.complete(body)
+        if isinstance(served, tuple):
+            return served
+        return 200, chat_completion_body(f"chatcmpl-{self.id}-{served.number}", self.model, served.completion,
+                                         served.prompt_tokens, served.completion_tokens)
+
+    async def response(self, body: Any) -> tuple[int, dict]:
+        """One POST /v1/responses (the OpenAI Responses API, responses.py): (HTTP status, body)."""
+        try:
+            chat, history = chat_body_of_response_request(body, self.responses)
+        except RequestError as err:
+            return self.refuse(str(err), err.param, err.status)
+        served = await self.complete(chat)
+        if isinstance(served, tuple):
+            return served
+        response_id = f"resp_{self.id}_{served.number}"
+        self.responses[response_id] = history + [served.completion.message]
+        return 200, response_body(response_id, self.model, served.completion, served.prompt_tokens,
+                                  served.completion_tokens)
+
+    async def message(self, body: Any) -> tuple[int, dict]:
+        """One POST /v1/messages (the Anthropic Messages API, messages.py): (HTTP status, body)."""
+        try:
+            chat = chat_body_of_messages_request(body)
+        except RequestError as err:
+            status, answer = self.refuse(str(err), err.param, err.status)
+            return status, anthropic_error(answer, status)
+        served = await self.complete(chat)
+        if isinstance(served, tuple):
+            return served[0], anthropic_error(served[1], served[0])
+        return 200, message_body(f"msg_{self.id}_{served.number}", self.model, served.completion,
+                                 served.prompt_tokens, served.completion_tokens, chat.get("stop", []))
+
+    async def complete(self, body: Any) -> Served | tuple[int, dict]:
+        """One generation for a chat-completions request body (the Responses and Messages endpoints
+        translate theirs into one, agent_apis.py): what was answered, or (HTTP status, OpenAI error
+        body) for a refused call. Every served call is recorded."""
         number = next(self._numbers)
         entered = time.monotonic()
         if self._rollout_stopping is not None and self._rollout_stopping.is_set():
@@ -200,9 +254,7 @@ class CaptureSession:
         left = self.budget - self._assembler.response_length_after_prompt(prompt_ids)
         if left <= 0:
             self._assembler.mark_truncated(prompt_ids)
-            completion = completion_from_output("", "length", None, False)
-            return 200, chat_completion_body(f"chatcmpl-{self.id}-{number}", self.model, completion,
-                                             len(prompt_ids), 0)
+            return Served(number, completion_from_output("", "length", None, False), len(prompt_ids), 0)
         params = self._sampling_params(request, left)
         started = time.monotonic()
         try:
@@ -240,8 +292,7 @@ class CaptureSession:
             full_ids = prompt_ids + result.output_ids
             self._tips.append((self._decode(full_ids), full_ids))
             self._history_text[message_signature(completion.message)] = history_text
-        return 200, chat_completion_body(f"chatcmpl-{self.id}-{number}", self.model, completion,
-                                         len(prompt_ids), len(result.output_ids))
+        return Served(number, completion, len(prompt_ids), len(result.output_ids))
 
     def _render(self, request: ChatRequest) -> str:
         messages = [self._as_sampled(m) for m in request.messages]

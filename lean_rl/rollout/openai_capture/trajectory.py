@@ -1,11 +1,21 @@
-"""Recorded chat-completion calls -> training Samples (pure logic, no I/O).
+"""Recorded calls -> training Samples (pure logic, no I/O): the calls of a session form a tree, each
+tree path a Sample.
 
-A call whose prompt ids start exactly with the ids of a trajectory so far (the previous call's prompt
-+ output) extends that trajectory's Sample: the rest of its prompt (the tool results, the next user
-turn, the template's glue) goes in with loss mask 0, its output with loss mask 1, the engine's
-log-probs and weight versions. Where that property breaks (a chat template that drops earlier
-reasoning, context trimming, an agent that edits its history, two calls branching from one context),
-the call starts a new Sample in the same group; nothing is re-tokenized or patched to make it fit.
+The tree: each call is a node; its parent is the earlier call whose prompt + output ids are the
+longest exact token prefix of this call's prompt ids (none: the call is a root). One agent's turns
+form a chain; a planner and the solvers it calls (their prompts are not prefixes of one another), an
+agent that trims or edits its history, or two calls from one context form several roots or branches.
+Nothing is re-tokenized or patched to make a call fit.
+
+Tree -> samples (one Sample per maximal token-exact path, i.e. per leaf): a call that is its parent's
+first child continues the parent's Sample: the rest of its prompt (tool results, the next user turn,
+the template's glue) goes in with loss mask 0, its output with loss mask 1, the engine's log-probs
+and weight versions. A root, or a later child of a parent, starts a new Sample whose prompt is the
+call's whole prompt (the shared ancestors' outputs are context there, so each sampled token is
+trained exactly once). Every Sample gets the trajectory's reward and loss_weight 1/n (n = the number
+of Samples of the trajectory), so a trajectory that fanned out into 8 Samples weighs what one does in
+the loss aggregation (algorithms/losses.aggregation_weights). metadata["capture_calls"] lists each
+Sample's calls with their node and parent numbers (the call order of the session).
 
 Fan-out indices: the first Sample of a trajectory keeps the index the buffer gave; part k >= 1 gets
 `fanout_index(index, k)` = k * 2**40 + index, with metadata["parent_index"] = index and
@@ -80,19 +90,33 @@ class TrajectoryAssembler:
         self._samples: list[Sample] = []
         self._last_call: list[CallRecord] = []  # per sample
         self._truncated: set[int] = set()  # samples whose response budget ran out before a call
+        self._tips: list[list[int]] = []  # per node: its prompt + output ids
+        self._parents: list[int | None] = []  # per node
+        self._node_sample: list[int] = []  # per node: the sample it trains in
+        self._has_child: set[int] = set()
 
     def __len__(self) -> int:
         return len(self._samples)
 
-    def parent(self, prompt_ids: list[int]) -> int | None:
-        """The sample a call with these prompt ids extends: the one whose tokens are the longest exact
-        prefix of them (None: the call starts a new sample)."""
+    @property
+    def parents(self) -> list[int | None]:
+        """The tree: per call (in the order added), its parent call, None for a root."""
+        return list(self._parents)
+
+    def parent_node(self, prompt_ids: list[int]) -> int | None:
+        """The call whose prompt + output ids are the longest exact prefix of `prompt_ids` (None: a root)."""
         best, best_len = None, -1
-        for i, sample in enumerate(self._samples):
-            n = len(sample.tokens)
-            if n <= len(prompt_ids) and n > best_len and prompt_ids[:n] == sample.tokens:
-                best, best_len = i, n
+        for node, tip in enumerate(self._tips):
+            n = len(tip)
+            if best_len < n <= len(prompt_ids) and prompt_ids[:n] == tip:
+                best, best_len = node, n
         return best
+
+    def parent(self, prompt_ids: list[int]) -> int | None:
+        """The sample a call with these prompt ids continues: its parent call's, when that call has no
+        child yet (None: the call starts a new sample)."""
+        node = self.parent_node(prompt_ids)
+        return None if node is None or node in self._has_child else self._node_sample[node]
 
     def response_length_after_prompt(self, prompt_ids: list[int]) -> int:
         """How long the response of the sample this prompt lands in is once the prompt is in (0 for a new
@@ -110,7 +134,8 @@ class TrajectoryAssembler:
             self._truncated.add(i)
 
     def add(self, call: CallRecord) -> int:
-        """Append the call; returns the position of the sample it went into."""
+        """Add the call as a node of the tree; returns the position of the sample it went into."""
+        node, parent_node = len(self._tips), self.parent_node(call.prompt_ids)
         i = self.parent(call.prompt_ids)
         if i is None:
             i = len(self._samples)
@@ -120,6 +145,11 @@ class TrajectoryAssembler:
         else:
             extension = call.prompt_ids[len(self._samples[i].tokens):]
             self._last_call[i] = call
+        if parent_node is not None:
+            self._has_child.add(parent_node)
+        self._tips.append(list(call.prompt_ids) + list(call.output_ids))
+        self._parents.append(parent_node)
+        self._node_sample.append(i)
         sample = self._samples[i]
         if extension:
             sample.append_response(extension, trainable=False)
@@ -127,8 +157,9 @@ class TrajectoryAssembler:
                                weight_versions=call.weight_versions, trainable=True,
                                routed_experts=call.routed_experts)
         sample.metadata.setdefault("capture_calls", []).append(
-            {**call.info, "prompt_tokens": len(call.prompt_ids), "context_tokens": len(extension),
-             "completion_tokens": len(call.output_ids), "finish_reason": call.finish_reason})
+            {**call.info, "node": node, "parent_node": parent_node, "prompt_tokens": len(call.prompt_ids),
+             "context_tokens": len(extension), "completion_tokens": len(call.output_ids),
+             "finish_reason": call.finish_reason})
         return i
 
     def _new_sample(self, prompt_ids: list[int], part: int) -> Sample:
@@ -145,12 +176,14 @@ class TrajectoryAssembler:
 
     def samples(self, reward: float | None = None) -> list[Sample]:
         """Every sample with its status (from its last call's finish reason; TRUNCATED when the budget ran
-        out) and, when given, `reward` (the trajectory's, on each of its samples)."""
+        out) and, when given, `reward` (the trajectory's, on each of its samples); each its loss_weight
+        1 / (number of samples) (the trajectory weighs one sample in the loss)."""
         for i, (sample, last) in enumerate(zip(self._samples, self._last_call)):
             sample.status = Status.TRUNCATED if i in self._truncated and last.finish_reason == "stop" \
                 else FINISH_TO_STATUS[last.finish_reason]
             if reward is not None:
                 sample.reward = reward
             sample.metadata["trajectory_parts"] = len(self._samples)
+            sample.loss_weight = 1.0 / len(self._samples)
             sample.check()
         return list(self._samples)
