@@ -70,7 +70,7 @@ def _slime_only(cfg: Config) -> dict:
         "sglang_router_ip": router.hostname if router else None,
         "sglang_router_port": router.port if router else None,
         # slime's GenerateState semaphore is concurrency x engines; lean_rl's rollout caps the total
-        "sglang_server_concurrency": max(1, cfg.rollout.max_concurrency // max(1, engines.num_engines)),
+        "sglang_server_concurrency": max(1, cfg.rollout.max_concurrency // max(1, engines.num_engines or 1)),
         "sglang_dp_size": 1,
         "rollout_seed": cfg.data.seed,
         "rollout_max_context_len": None,  # slime: no bound on prompt + response unless the flag sets one

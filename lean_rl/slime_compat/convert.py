@@ -19,7 +19,7 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from lean_rl.buffer.prompt_source import load_tokenizer
 from lean_rl.sample import NOT_GENERATED, Sample, Status
@@ -37,7 +37,7 @@ _SHARED = {"group_index", "index", "prompt", "tokens", "response", "response_len
            "rollout_routed_experts"}
 
 
-def rendered_prompt(cfg: Config, sample: Sample) -> str | list:
+def rendered_prompt(cfg: Config, sample: Sample) -> Any:
     """The prompt as slime's data loader hands it over: the chat-rendered text under
     --apply-chat-template (what the prompt tokens decode to), else the raw value."""
     if not cfg.data.apply_chat_template or not isinstance(sample.prompt, (str, list)):
@@ -98,8 +98,12 @@ def from_slime(cfg: Config, slime: SlimeSample, original: Sample, answers: list[
         metadata[ATTRIBUTES_KEY] = attributes
     prompt = original.prompt if slime.prompt == rendered_prompt(cfg, original) else slime.prompt
     teacher = list(slime.teacher_log_probs or [])
-    out = Sample(index=int(slime.index), group_index=int(slime.group_index), prompt=prompt, tokens=tokens,
-                 response=slime.response or "", response_length=n, label=slime.label, reward=slime.reward,
+    index = original.index if slime.index is None else int(slime.index)
+    group_index = original.group_index if slime.group_index is None else int(slime.group_index)
+    # a dict reward stays a dict until --reward-key picks its value (rollout/rewards.py), as lean_rl's own do
+    out = Sample(index=index, group_index=group_index, prompt=prompt, tokens=tokens,
+                 response=slime.response or "", response_length=n, label=slime.label,
+                 reward=slime.reward,  # type: ignore[arg-type]
                  loss_mask=loss_mask, rollout_log_probs=[float(x) for x in log_probs], weight_versions=versions,
                  status=status, metadata=metadata, teacher_log_probs=teacher if len(teacher) == n else [])
     out.check()

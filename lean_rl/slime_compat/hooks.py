@@ -56,7 +56,7 @@ class _Wrapped:
         self.fn, self.flag = fn, flag
         self.__name__ = getattr(fn, "__name__", type(fn).__name__)
         self.__qualname__ = getattr(fn, "__qualname__", self.__name__)
-        self.__module__ = getattr(fn, "__module__", None)
+        self.__module__ = getattr(fn, "__module__", None) or type(fn).__module__
         self.__wrapped__ = fn  # error messages and dotted_name() name the user's function
 
 

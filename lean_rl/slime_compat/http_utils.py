@@ -65,9 +65,10 @@ async def post(url: str, payload: dict | None, max_retries: int = 60, headers: d
             response.raise_for_status()
             break
         except (httpx.TransportError, httpx.HTTPStatusError) as err:
-            status = err.response.status_code if isinstance(err, httpx.HTTPStatusError) else None
+            response_of = err.response if isinstance(err, httpx.HTTPStatusError) else None
+            status = response_of.status_code if response_of is not None else None
             if (status is not None and status < 500) or attempt >= max_retries:
-                detail = f": {err.response.text[:500]}" if status is not None else ""
+                detail = f": {response_of.text[:500]}" if response_of is not None else ""
                 raise RuntimeError(f"POST {url} failed after {attempt} tries ({err}){detail}") from err
             logger.info("POST %s: %s; retrying (%d/%d)", url, err, attempt, max_retries)
             await asyncio.sleep(1)

@@ -82,9 +82,13 @@ class Sample:
                 setattr(sample, key, value)
         return sample
 
-    def get_reward_value(self, args) -> float:
+    def get_reward_value(self, args) -> Any:
         key = getattr(args, "reward_key", None)
-        return self.reward if not key else self.reward[key]
+        if not key:
+            return self.reward
+        if not isinstance(self.reward, dict):
+            raise TypeError(f"--reward-key {key!r} is set but sample.reward is {self.reward!r}, not a dict")
+        return self.reward[key]
 
     @property
     def effective_response_length(self) -> int:
@@ -126,7 +130,7 @@ class Sample:
             finish = meta_info["finish_reason"]
             kind = finish.get("type") if isinstance(finish, dict) else finish
             status = {"length": Sample.Status.TRUNCATED, "abort": Sample.Status.ABORTED,
-                      "stop": Sample.Status.COMPLETED}.get(kind)
+                      "stop": Sample.Status.COMPLETED}.get(str(kind))
             if status is not None:
                 self.status = status
         if self.loss_mask is not None and len(self.loss_mask) != self.response_length:

@@ -34,7 +34,8 @@ __all__ = ["async_rm", "batched_async_rm", "grade_answer_verl", "extract_answer"
 async def _math_equal(answer: str, label) -> bool:
     """math-verify in lean_rl's reward worker process (bounded by --rm-timeout)."""
     scored = types.SimpleNamespace(response=f"\\boxed{{{answer}}}", label=str(label))
-    return await rewards.math_reward(bound_config(), scored) == 1.0
+    # math_reward reads only .response and .label of the sample
+    return await rewards.math_reward(bound_config(), scored) == 1.0  # type: ignore[arg-type]
 
 
 async def deepscaler(response: str, label) -> int:

@@ -24,7 +24,9 @@ def grade(answer: str, label: str) -> bool:
         return text if "$" in text or "\\" in text else f"${text}$"
 
     # no timeouts: math-verify bounds them with signal.alarm, which works on the main thread only
-    gold, guess = parse(as_math(label), parsing_timeout=None), parse(as_math(answer), parsing_timeout=None)
+    # parsing_timeout=None is math-verify's documented "no timeout", though annotated int
+    gold = parse(as_math(label), parsing_timeout=None)  # type: ignore[arg-type]
+    guess = parse(as_math(answer), parsing_timeout=None)  # type: ignore[arg-type]
     return bool(gold) and bool(guess) and bool(verify(gold, guess, timeout_seconds=None))
 
 
