@@ -111,3 +111,19 @@ def test_weight_update_group_maps_global_src_and_can_be_destroyed():
     dist.broadcast(tensor, src=0, group=group)
     assert dist.get_global_rank(group, 0) == 0 and tensor.tolist() == [1.0, 1.0, 1.0]
     dist.destroy_process_group(group)
+
+
+START_METHOD = """
+import json, multiprocessing, sys
+if sys.argv[1] == "patch":
+    from lean_rl.backends.sglang.compat import apply_cpu_patches
+    apply_cpu_patches()
+    apply_cpu_patches()  # applied twice (a re-import): still one wrapper
+multiprocessing.set_start_method("spawn", force=True)  # what SGLang's engine.py does
+print(json.dumps({"method": multiprocessing.get_start_method()}))
+"""
+
+
+def test_a_cpu_server_forks_its_children_and_any_other_server_spawns_them():
+    assert run_python(START_METHOD, "patch") == {"method": "fork"}
+    assert run_python(START_METHOD, "plain") == {"method": "spawn"}

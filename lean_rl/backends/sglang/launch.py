@@ -1,11 +1,12 @@
 """SGLang server launcher: `python -m lean_rl.backends.sglang.launch <sglang server flags>`.
 
 Same flags as `python -m sglang.launch_server`. When the flags say `--device cpu`, the CPU patches
-(compat.py) are applied by this module's top-level code, before SGLang is imported. That placement is
-the point: SGLang starts its scheduler and detokenizer with multiprocessing's "spawn", which restores
-the parent's sys.argv and then re-imports the parent's main module (this file, as `__mp_main__`), so
-the children patch themselves the same way. The decision comes from argv, not from an environment
-variable, so a GPU launch from the same shell is never patched.
+(compat.py) are applied by this module's top-level code, before SGLang is imported. On CPU one of them
+makes SGLang fork its scheduler and detokenizer (compat.start_children_by_fork), so the children
+inherit the patches; on a GPU SGLang spawns them, which restores the parent's sys.argv and re-imports
+the parent's main module (this file, as `__mp_main__`), so spawned children patch themselves the same
+way. The decision comes from argv, not from an environment variable, so a GPU launch from the same
+shell is never patched.
 
 The API key is the exception: it comes from the environment ($LEAN_RL_SGLANG_API_KEY, set by
 EngineConfig.server_env), never from argv, which any local user can read in /proc/PID/cmdline. It
