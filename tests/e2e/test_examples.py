@@ -41,6 +41,10 @@ def check_trajectories(samples: list[dict]) -> None:
         assert all(t["engine_prompt_tokens"] == t["input_tokens"] for t in turns)
 
 
+# slow (suite time, issue 24): the default agent runs are the OpenAI-API agent example (test_example_openai_agent.py)
+# and slime's search agent (test_slime_compat_run.py); tool-call parsing and masking are in
+# tests/integration/test_rollout.py::test_custom_generate_masks_tool_tokens and tests/unit
+@pytest.mark.slow
 def test_tool_calling_example_trains(tmp_path):
     samples = run_example("tool_calling", tmp_path)
     check_trajectories(samples)

@@ -16,6 +16,9 @@ STEPS = 3
 LAYERS, TOPK, EXPERTS = 2, 2, 4  # the tiny preset
 
 
+# slow (suite time, issue 24): tests/integration/test_routing_replay.py runs the engine's routes through the
+# trainer's replay (log-probs closer to the engine's) and through a partial rollout; this adds the loop's plumbing
+@pytest.mark.slow
 def test_samples_carry_routes_and_the_trainer_replays_them(tiny_model_factory, toy_data, tmp_path):
     model = tiny_model_factory("qwen3_moe")
     flags = run_flags(model, toy_data, tmp_path, "--num-rollout", str(STEPS), "--use-rollout-routing-replay",

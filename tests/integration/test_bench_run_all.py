@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -24,6 +26,8 @@ def table_rows(text: str) -> list[list[str]]:
     return [[c.strip() for c in line.strip().strip("|").split(" | ")] for line in lines[1:]]  # header row aside
 
 
+# slow (suite time, issue 24): the bench harness, not a capability; its failure paths below stay in the default run
+@pytest.mark.slow
 def test_run_all_quick_train_step_writes_a_row_with_a_numeric_ratio(tmp_path):
     out = tmp_path / "RESULTS.md"
     result = bench("run_all.py", "--quick", "--only", "train_step", "--out", str(out), timeout_s=900)

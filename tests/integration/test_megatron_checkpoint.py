@@ -153,6 +153,9 @@ def test_resume_reproduces_the_next_step_at(arch, parallel, ray_cluster, tiny_mo
         assert resumed[name] == uninterrupted[name], name
 
 
+# slow (suite time, issue 24): --keep-last and a re-save of the same step; the default run keeps
+# resume and a crash mid-save
+@pytest.mark.slow
 def test_resaving_a_step_keep_last_and_loading_mid_resave(ray_cluster, tiny_qwen2, tmp_path):
     """--keep-last-checkpoints 1 and re-saving the step `latest` names, with real ranks; then the
     state a kill -9 between the two renames of a re-save leaves (the old checkpoint moved aside, the
@@ -186,6 +189,8 @@ def test_resaving_a_step_keep_last_and_loading_mid_resave(ray_cluster, tiny_qwen
     assert checkpoint_paths.latest_step(root) == 3
 
 
+# slow (suite time, issue 24): a --load of another model; tests/e2e/test_user_errors.py keeps a damaged --load by default
+@pytest.mark.slow
 def test_bad_load_checkpoint_of_another_model_names_the_mismatch_before_reading(ray_cluster, tiny_qwen2, tmp_path):
     """--load holding a checkpoint of another model (issue 12: bad input): the error says it does not match
     --hf-checkpoint's architecture, naming a tensor and both shapes, not a raw torch / DCP shape error."""

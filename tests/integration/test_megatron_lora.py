@@ -93,6 +93,9 @@ def test_lora_trains_only_the_adapters_and_exports_merged_weights(ray_cluster, t
         assert resumed[name] == uninterrupted[name], name
 
 
+# slow (suite time, issue 24): the default LoRA tests are test_lora_trains_only_the_adapters_and_exports_merged_weights
+# and tests/e2e/test_lora_run.py
+@pytest.mark.slow
 def test_a_lora_checkpoint_needs_lora_to_load(ray_cluster, tiny_qwen2, tmp_path):
     """Loading adapters into a model without them would silently drop the trained update."""
     with MegatronGroup.from_hf_checkpoint(tiny_qwen2, ParallelConfig(), world_size=1) as group:
@@ -103,6 +106,8 @@ def test_a_lora_checkpoint_needs_lora_to_load(ray_cluster, tiny_qwen2, tmp_path)
             initialize_for_training(group, train_config(tiny_qwen2, load=tmp_path / "ckpt"), fixed_old_policy())
 
 
+# slow (suite time, issue 24): LoRA at PP=2 (see test_a_lora_checkpoint_needs_lora_to_load)
+@pytest.mark.slow
 def test_lora_at_pp2_exports_and_converts_to_the_merged_model(ray_cluster, tiny_qwen2, tmp_path):
     """Pipeline stages adapt their own layers; the HF model the converter makes of a LoRA checkpoint is
     the weights sync sent, and a plain (adapter-free) model loaded from it computes the LoRA model."""
@@ -130,6 +135,8 @@ def test_lora_at_pp2_exports_and_converts_to_the_merged_model(ray_cluster, tiny_
             assert (theirs - base).abs().max() > 1e-2  # while training moved them
 
 
+# slow (suite time, issue 24): LoRA on MoE layers (see test_a_lora_checkpoint_needs_lora_to_load)
+@pytest.mark.slow
 def test_moe_layers_adapt_their_attention_only(ray_cluster, tiny_model_factory):
     moe = tiny_model_factory("qwen3_moe")
     with MegatronGroup.from_hf_checkpoint(moe, ParallelConfig(), world_size=1) as group:

@@ -109,6 +109,8 @@ def test_a_failed_sample_changes_nothing_of_the_step_and_too_many_stop_the_run(r
         assert with_failed[name] == pytest.approx(clean[name], rel=1e-5, abs=1e-8), name
 
 
+# slow (suite time, issue 24): tests/e2e/test_ppo.py trains the critic and the actor in the real loop by default
+@pytest.mark.slow
 def test_ppo_trains_a_critic_and_the_actor(ray_cluster, tiny_qwen2):
     algo = AlgorithmConfig(advantage_estimator="ppo", gamma=1.0, lambd=0.95, kl_coef=0.05)
     train = train_config(tiny_qwen2, lr=1e-3, num_steps_per_rollout=2)
