@@ -8,9 +8,10 @@ rendered); then Ray, the trainer (weights, optimizer, resume), the engines (plus
 monitor), and weight sync, whose first update puts the trainer's weights on the engines and proves it
 with the probe before any rollout.
 
-The trainer starts before the engines also because --colocate places the engines into the trainer's
-placement group, on one node as on a cluster (engine i into the bundle of the trainer node it shares
-devices with: _engine_placement).
+Engines placed apart from the trainer start on a thread beside it (a trainer that fails to start is
+reported once the engines' start has ended, itself bounded by --engine-start-timeout). With --colocate
+the trainer starts first, because the engines go into the trainer's placement group, on one node as on
+a cluster (engine i into the bundle of the trainer node it shares devices with: _engine_placement).
 """
 
 from __future__ import annotations
@@ -97,22 +98,30 @@ class Runtime:
                 load_eval_datasets(cfg)  # a bad eval set fails now, not at the first evaluation (cached for it)
         logger.info("start-up checks passed (flags, model, data, hooks, checkpoints, ports); starting Ray")
         self._ray_started = init_ray(cfg.run.ray_address)
-        if not cfg.run.debug_rollout_only:
-            self.trainer = self._start_megatron_group("actor")
-            if self.finished:  # rerun of a completed run: nothing to generate for, say so and stop here
-                logger.warning("the checkpoint in %s is at step %d, --num-rollout is %d: nothing left to train "
-                               "(raise --num-rollout to go on)", cfg.train.checkpoint.load, self.start_step,
-                               cfg.run.num_rollout)
-                return
-            if cfg.algorithm.needs_critic:
-                self.critic = self._start_megatron_group("critic")
+        # Engines placed apart from the trainer start beside it (each spends tens of seconds importing and
+        # loading on CPU); --colocate places them into the trainer's bundles, so they start after it.
+        beside = cfg.starts_engines and not self._colocated
+        with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="lean_rl-engines") as pool:
+            engines = pool.submit(self._start_engines) if beside else None
+            try:
+                self._start_trainers()
+            finally:
+                engines_error = engines.exception() if engines is not None else None  # waits for them
+        if engines_error is not None:
+            raise engines_error
+        if self.finished:  # rerun of a completed run: nothing to generate for, say so and stop here
+            logger.warning("the checkpoint in %s is at step %d, --num-rollout is %d: nothing left to train "
+                           "(raise --num-rollout to go on)", cfg.train.checkpoint.load, self.start_step,
+                           cfg.run.num_rollout)
+            return
         if self.buffer is not None and self.resume_state:
             self.buffer.load_state_dict(self.resume_state["buffer"])
         self.logger = MetricsLogger(self.output_dir, resume_step=self.start_step, tensorboard=cfg.run.tensorboard,
                                     wandb_project=cfg.run.wandb_project if cfg.run.use_wandb else None,
                                     wandb_run_name=cfg.run.wandb_run_name)
-        if cfg.starts_engines:
+        if cfg.starts_engines and not beside:
             self._start_engines()
+        self._report_placement()
         if self.trainer is not None and self.engines is not None:
             from lean_rl.weight_sync.engine_weights import EngineWeights
 
@@ -127,6 +136,14 @@ class Runtime:
             report = self.sync_weights(self.start_step)
             logger.info("engines serve the trainer's weights (version %d): probe max |Δ log p| %.2e",
                         self.start_step, report.probe.max_abs_diff)
+
+    def _start_trainers(self) -> None:
+        """The actor, then PPO's critic (none for --debug-rollout-only, nor on a rerun past --num-rollout)."""
+        if self.cfg.run.debug_rollout_only:
+            return
+        self.trainer = self._start_megatron_group("actor")
+        if not self.finished and self.cfg.algorithm.needs_critic:
+            self.critic = self._start_megatron_group("critic")
 
     def _start_megatron_group(self, role: str):
         """The actor (role "actor": sets start_step and resume_state) or PPO's critic (resumed at the
@@ -179,16 +196,18 @@ class Runtime:
                 teacher_error = teacher.exception() if teacher is not None else None  # waits for it
         if teacher_error is not None:
             raise teacher_error
-        if self.cfg.engines.on_cluster:
+        # On a cluster the engines' URLs are known only now: the groups published them in their configs'
+        # LiveEndpoints (cfg.engines.live, cfg.distillation.teacher_engines.live), which the rollout reads.
+        self.monitor = EngineMonitor(self.engines).start()
+
+    def _report_placement(self) -> None:
+        if self.engines is not None and self.cfg.engines.on_cluster:
             from urllib.parse import urlparse
 
             logger.info("placement: engines on nodes %s; trainer ranks on nodes %s%s",
                         [urlparse(url).hostname for url in self.engines.engine_urls],
                         self.trainer.rank_nodes() if self.trainer is not None else [],
                         " (colocated: engines in the trainer's bundles)" if self._colocated else "")
-        # On a cluster the engines' URLs are known only now: the groups published them in their configs'
-        # LiveEndpoints (cfg.engines.live, cfg.distillation.teacher_engines.live), which the rollout reads.
-        self.monitor = EngineMonitor(self.engines).start()
 
     @property
     def _opd_kl_coef(self) -> float | None:
