@@ -1,5 +1,5 @@
 """`python -m lean_rl.plot RUN_DIR [--out PNG]`: the curves of a run, from RUN_DIR/metrics.jsonl, in one
-PNG (default RUN_DIR/curves.png); Runtime.run writes it at the end of every run (write_run_curves).
+PNG (default RUN_DIR/curves.png); run_loop.run writes it at the end of every run (write_run_curves).
 
 A panel whose metrics the run never logged is left out. Matplotlib draws without a display (its Agg
 canvas, no pyplot: no global state, so a run can call this from any thread)."""

@@ -42,3 +42,18 @@ def staleness_metrics(groups: list[list[Sample]], step: int) -> dict[str, float]
     ages = [step - s.oldest_version for g in groups for s in g if s.oldest_version is not None]
     return {"train/staleness_max": float(max(ages, default=0)),
             "train/staleness_mean": sum(ages) / len(ages) if ages else 0.0}
+
+
+def run_counters(buffer, monitor, weight_sync) -> dict[str, float]:
+    """The run's running counts, logged with every step: the buffer's, engine restarts (and of the
+    router), engines given the current weights after a restart, syncs done again after losing one."""
+    counters: dict[str, float] = {}
+    if buffer is not None:
+        counters.update({f"buffer/{k}": v for k, v in buffer.get_counters().items()})
+    if monitor is not None:
+        counters["engines/restarts"] = monitor.total_restarts
+        counters["engines/router_restarts"] = monitor.router_restarts
+    if weight_sync is not None:
+        counters["engines/rejoins"] = weight_sync.rejoins
+        counters["sync/recoveries"] = weight_sync.recoveries
+    return counters

@@ -16,6 +16,7 @@ import time
 from lean_rl.cli import run_command
 from lean_rl.config import parse_config
 from lean_rl.options import ConfigError
+from lean_rl.run_loop import run
 from lean_rl.runtime import Runtime
 from lean_rl.step_metrics import probe_metrics, step_metrics
 from lean_rl.utils.metrics import setup_logging
@@ -36,7 +37,7 @@ async def train(rt: Runtime) -> None:
         groups = rt.take_train_groups(step)
 
         train_metrics = {}
-        with rt.trainer_turn():  # colocated on GPU: engines released and trainer onloaded until the sync ends
+        with rt.turns.turn():  # colocated on GPU: engines released and trainer onloaded until the sync ends
             # 2. train on the groups (policy version `step` -> `step + 1`), checkpoint
             if rt.trainer is not None:
                 with rt.timers("train"):
@@ -62,7 +63,7 @@ def main(argv: list[str]) -> None:
     cfg = parse_config(argv)
     if cfg.run.async_mode != "off":
         raise ConfigError(f"--async-mode {cfg.run.async_mode}: run python -m lean_rl.train_async")
-    Runtime.run(cfg, train)  # SIGTERM / SIGINT: saved at a step boundary, exit 128 + signal
+    run(cfg, train)  # SIGTERM / SIGINT: saved at a step boundary, exit 128 + signal
 
 
 if __name__ == "__main__":  # the guard matters: checkpointing spawns processes that re-import __main__

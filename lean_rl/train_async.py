@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import sys
 import time
+from typing import TYPE_CHECKING
 
 from lean_rl.cli import run_command
 from lean_rl.config import parse_config
@@ -25,15 +26,29 @@ from lean_rl.options import ConfigError
 from lean_rl.rollout.base import RolloutOutput
 from lean_rl.rollout.continuous import ContinuousGenerator
 from lean_rl.rollout.metrics import rollout_metrics
+from lean_rl.debug_rollout import record_train_groups
+from lean_rl.run_loop import run
 from lean_rl.runtime import Runtime
 from lean_rl.step_metrics import probe_metrics, staleness_metrics, step_metrics
 from lean_rl.utils.metrics import setup_logging
+
+if TYPE_CHECKING:
+    from lean_rl.backends.megatron.group import MegatronGroup
+    from lean_rl.backends.sglang.health import EngineMonitor
+
+
+def _trainer_and_monitor(rt: Runtime) -> tuple[MegatronGroup, EngineMonitor]:
+    """The async modes train while the engines generate: they need both (main refuses --debug-*)."""
+    if rt.trainer is None or rt.monitor is None:
+        raise RuntimeError("an async mode started without a trainer or without engines")
+    return rt.trainer, rt.monitor
 
 
 async def train_one_step_off(rt: Runtime) -> None:
     from lean_rl.backends.megatron.train_driver import train_rollout  # deferred: --help loads no torch
 
     cfg = rt.cfg
+    trainer, _ = _trainer_and_monitor(rt)
     next_rollout = asyncio.create_task(_timed_rollout(rt, rt.start_step))
     for step in range(rt.start_step, cfg.run.num_rollout):
         step_started = time.perf_counter()
@@ -49,7 +64,7 @@ async def train_one_step_off(rt: Runtime) -> None:
         # 2. start the next rollout on the current weights, and train meanwhile
         next_rollout = asyncio.create_task(_timed_rollout(rt, step + 1)) if step + 1 < cfg.run.num_rollout else None
         with rt.timers("train"):
-            train_metrics = await asyncio.to_thread(train_rollout, rt.trainer, groups, step, rt.train_options)
+            train_metrics = await asyncio.to_thread(train_rollout, trainer, groups, step, rt.train_options)
 
         # 3. let that rollout finish, then sync (an update never lands mid-rollout)
         generate_s = 0.0
@@ -80,6 +95,7 @@ async def train_fully_async(rt: Runtime) -> None:
     from lean_rl.backends.megatron.train_driver import train_rollout  # deferred: --help loads no torch
 
     cfg = rt.cfg
+    trainer, monitor = _trainer_and_monitor(rt)
     generator = ContinuousGenerator(cfg, rt.buffer, rt.extensions, start_version=rt.start_step,
                                     pause_mode=cfg.run.pause_mode)
     generator.start()
@@ -94,14 +110,14 @@ async def train_fully_async(rt: Runtime) -> None:
             if batch is None:  # SIGTERM / SIGINT came: nothing of this step is trained
                 rt.stop.check(step)
             groups, counters = batch
-            rt.record_train_groups(step, groups)
+            record_train_groups(rt.cfg.run, step, groups)  # --save-debug-rollout-data, --dump-samples-interval
 
             # 2. train while generation goes on
             with rt.timers("train"):
-                train_metrics = await asyncio.to_thread(train_rollout, rt.trainer, groups, step, rt.train_options)
+                train_metrics = await asyncio.to_thread(train_rollout, trainer, groups, step, rt.train_options)
 
             # 3. pause the engines, sync weights (version step + 1), resume
-            with rt.timers("sync"), rt.monitor.hold_health_checks():
+            with rt.timers("sync"), monitor.hold_health_checks():
                 await generator.pause()
                 # the probe generates, so it cannot run on paused engines: it follows the resume
                 await asyncio.to_thread(rt.sync_weights, step + 1, False)
@@ -129,7 +145,10 @@ def main(argv: list[str]) -> None:
     cfg = parse_config(argv)
     if cfg.run.async_mode == "off":
         raise ConfigError("--async-mode off: run python -m lean_rl.train (or pass --async-mode one-step|full)")
-    Runtime.run(cfg, train_fully_async if cfg.run.async_mode == "full" else train_one_step_off)
+    if cfg.run.debug_rollout_only or cfg.run.debug_train_only:
+        raise ConfigError("--debug-rollout-only / --debug-train-only run one side alone: use python -m lean_rl.train "
+                          "(the async modes overlap generation and training)")
+    run(cfg, train_fully_async if cfg.run.async_mode == "full" else train_one_step_off)
 
 
 if __name__ == "__main__":  # the guard matters: checkpointing spawns processes that re-import __main__

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import functools
+import inspect
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -17,6 +18,7 @@ from lean_rl.backends.sglang.client import (EngineClient, EngineConnectionError,
                                             EngineTimeoutError)
 from lean_rl.sample import Sample
 from lean_rl.utils.plugins import hook_return_error
+from lean_rl.utils.threads import run_in_daemon_thread
 
 logger = logging.getLogger(__name__)
 
@@ -108,6 +110,22 @@ def rollout_output(cfg: Config, rollout_fn, output, evaluation: bool = False) ->
     if bad:
         raise hook_return_error(flag, rollout_fn, output, f"{expected}; these metrics are not numbers: {bad}")
     return output
+
+
+async def call_rollout_function(cfg: Config, fn, step: int, buffer, evaluation: bool) -> RolloutOutput:
+    """The (possibly user-supplied) rollout function `fn`, within --rollout-timeout. A synchronous one
+    runs on a daemon thread: one that hangs past the deadline cannot keep the process from exiting."""
+    timeout_s = cfg.rollout.timeout_s
+    call = fn(cfg, step, buffer, evaluation) if inspect.iscoroutinefunction(fn) else \
+        run_in_daemon_thread(fn, cfg, step, buffer, evaluation)
+    try:
+        out = await asyncio.wait_for(call, timeout_s)
+    except asyncio.TimeoutError:
+        what = "evaluation" if evaluation else "rollout"
+        raise TimeoutError(f"{what} {step} ({rollout_function_path(cfg, evaluation)}) did not finish within "
+                           f"--rollout-timeout {timeout_s:g} s; nothing of it was trained (raise "
+                           "--rollout-timeout if rollouts are this long)") from None
+    return rollout_output(cfg, fn, out, evaluation)  # a wrong return type names the flag and the function
 
 
 def _raise(error: Exception):

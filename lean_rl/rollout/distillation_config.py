@@ -72,6 +72,11 @@ class DistillationConfig:
             object.__setattr__(self, "teacher_num_engines", 1)
 
     @property
+    def kl_coef_if_used(self) -> float | None:
+        """--use-opd: the weight of the teacher's reverse KL in the advantage (None: no distillation)."""
+        return self.opd_kl_coef if self.use_opd else None
+
+    @property
     def serves_teacher(self) -> bool:
         """This run starts the teacher's engines (--opd-teacher-hf-checkpoint)."""
         return self.use_opd and self.teacher_hf_checkpoint is not None

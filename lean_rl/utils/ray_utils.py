@@ -8,6 +8,13 @@ import os
 logger = logging.getLogger(__name__)
 
 
+def shutdown_ray() -> None:
+    """The end of a Ray this process started (init_ray returned True)."""
+    import ray
+
+    ray.shutdown()
+
+
 def init_ray(address: str | None = None, num_cpus: int | None = None) -> bool:
     """Join the cluster at `address` (--ray-address), or start a local Ray of this process's own.
     Returns True when this call started Ray (so the caller knows to shut it down).

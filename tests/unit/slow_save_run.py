@@ -1,6 +1,6 @@
 """A run whose checkpoint save takes --save-seconds (test_stop_during_save.py drives it in a subprocess).
 
-Everything but the trainer is lean_rl's own: Runtime.run (signal watcher, save off the event loop,
+Everything but the trainer is lean_rl's own: run_loop.run (signal watcher, save off the event loop,
 close, exit status) and a loop that saves at every step boundary as train.py does. The trainer is a
 stand-in whose save_checkpoint sleeps, so the save's length is known exactly; the test is about the
 loop around a save, not about Megatron's checkpoint writer (tested in
@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 from lean_rl.config import parse_config
+from lean_rl.run_loop import run
 from lean_rl.runtime import Runtime
 
 
@@ -67,4 +68,4 @@ async def saving_loop(rt: Runtime) -> None:
 
 if __name__ == "__main__":
     SlowSaveRuntime.save_seconds = float(sys.argv[1])
-    SlowSaveRuntime.run(parse_config(sys.argv[2:]), saving_loop)
+    run(parse_config(sys.argv[2:]), saving_loop, SlowSaveRuntime)

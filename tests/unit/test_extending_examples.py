@@ -25,9 +25,9 @@ from lean_rl.config import parse_config
 from lean_rl.extensions import install
 from lean_rl.rollout import default
 from lean_rl.rollout import generate as generate_module
+from lean_rl.rollout.base import call_rollout_function
 from lean_rl.rollout.metrics import rollout_metrics
 from lean_rl.rollout.rewards import score_group
-from lean_rl.runtime import Runtime
 from lean_rl.train_hooks import before_training
 from lean_rl.sample import NOT_GENERATED, Sample, Status
 
@@ -220,7 +220,7 @@ def test_fan_out_generate_example(load, engine, tiny_qwen2):
 
 def test_eval_function_example(load, engine):
     cfg, ext = load("eval_with_truncation", "--eval-interval", "1")
-    out = asyncio.run(Runtime(cfg)._call_rollout_function(0, None, True))
+    out = asyncio.run(call_rollout_function(cfg, ext.evaluation_rollout, 0, None, True))
     assert out.metrics["eval/toy/truncated_frac"] == 0.0 and out.metrics["eval/toy/reward_mean"] == 1.0
     assert ext.evaluation_rollout is not ext.rollout
 

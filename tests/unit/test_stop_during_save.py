@@ -1,7 +1,7 @@
 """Signals during a checkpoint save (lean_rl/stop.py, Runtime.save): the save runs off the event loop
 and signals are read by a thread of their own, so during a 6 s save SIGINT / SIGTERM is noted at once
 and the run stops right after the save, a second signal exits at once, and the --stop-timeout
-watchdog fires on time. The run is Runtime.run with a stand-in trainer whose save sleeps
+watchdog fires on time. The run is run_loop.run with a stand-in trainer whose save sleeps
 (slow_save_run.py: the subject is the loop around a save, not Megatron's checkpoint writer)."""
 
 import json

@@ -1,0 +1,82 @@
+"""The run's SGLang engine groups: the policy's (into the trainer's bundles with --colocate) and, with
+--use-opd --opd-teacher-hf-checkpoint, the teacher's beside it (never synced nor probed: its weights
+stay as loaded), plus the health monitor of the policy's; and where they landed on a cluster."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from lean_rl.backends.megatron.group import MegatronGroup
+    from lean_rl.backends.sglang.engines import EngineGroup
+    from lean_rl.backends.sglang.health import EngineMonitor
+    from lean_rl.config import Config
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class StartedEngines:
+    engines: EngineGroup
+    teacher: EngineGroup | None
+    monitor: EngineMonitor
+
+
+def start_engines(cfg: Config, output_dir: Path, trainer: MegatronGroup | None, colocated: bool) -> StartedEngines:
+    """Both groups started (the teacher's beside the policy's: each spends ~30 s importing SGLang), or
+    neither left running. On a cluster the engines' URLs are known only now: the groups publish them in
+    their configs' LiveEndpoints (cfg.engines.live, cfg.distillation.teacher_engines.live), which the
+    rollout reads."""
+    from lean_rl.backends.sglang.engines import EngineGroup
+    from lean_rl.backends.sglang.health import EngineMonitor
+
+    opd = cfg.distillation
+    teacher = None if opd.teacher_engines is None else \
+        EngineGroup(opd.teacher_engines, output_dir / "teacher_engines", name="teacher_engines")
+    engines = None
+    try:
+        with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="lean_rl-teacher") as pool:
+            teacher_start = pool.submit(teacher.start) if teacher is not None else None
+            try:
+                placement = engine_placement(cfg, trainer) if colocated and trainer is not None else None
+                engines = EngineGroup(cfg.engines, output_dir / "engines", placement=placement).start()
+            finally:
+                teacher_error = teacher_start.exception() if teacher_start is not None else None  # waits for it
+        if teacher_error is not None:
+            raise teacher_error
+        return StartedEngines(engines, teacher, EngineMonitor(engines).start())
+    except BaseException:
+        for group in (engines, teacher):
+            if group is not None:
+                group.stop()
+        raise
+
+
+def engine_placement(cfg: Config, trainer: MegatronGroup):
+    """--colocate: engine i goes into the bundle of the trainer node it shares devices with
+    (engine_placement.colocated_placement)."""
+    from lean_rl.backends.megatron.group import COLOCATED_RANK_SHARE
+    from lean_rl.backends.sglang.engine_placement import colocated_placement
+
+    engines, layout = cfg.engines, cfg.layout
+    assert engines.num_engines is not None  # derived at parse time (EngineConfig.derive_fields)
+    return colocated_placement(
+        trainer.placement_group, layout.colocated_engine_nodes(engines.num_engines, engines.gpus_per_engine),
+        device=layout.device, ranks_per_node=layout.ranks_per_node, rank_gpu_ids=trainer.rank_gpu_ids,
+        rank_share=COLOCATED_RANK_SHARE, cpus_per_rank=trainer.cpus_per_rank, gpus_per_engine=engines.gpus_per_engine)
+
+
+def report_placement(cfg: Config, engines: EngineGroup | None, trainer: MegatronGroup | None, colocated: bool) -> None:
+    """On a cluster: the nodes of the engines and of the trainer's ranks, in one line."""
+    if engines is None or not cfg.engines.on_cluster:
+        return
+    from urllib.parse import urlparse
+
+    logger.info("placement: engines on nodes %s; trainer ranks on nodes %s%s",
+                [urlparse(url).hostname for url in engines.engine_urls],
+                trainer.rank_nodes() if trainer is not None else [],
+                " (colocated: engines in the trainer's bundles)" if colocated else "")

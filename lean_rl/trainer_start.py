@@ -1,0 +1,50 @@
+"""The run's Megatron groups: the actor (resumed from --load, else started from --hf-checkpoint) and,
+for PPO, the critic (resumed at the actor's step), each of the run's layout. A group that cannot
+start is shut down before the error goes on."""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from lean_rl.backends.megatron.group import MegatronGroup
+    from lean_rl.config import Config
+
+logger = logging.getLogger(__name__)
+
+
+def start_megatron_group(cfg: Config, role: str, *, colocated: bool, actor: MegatronGroup | None = None,
+                         actor_step: int = 0) -> tuple[MegatronGroup, int, dict | None]:
+    """(group, step it resumed at, extra state of that checkpoint) for `role` "actor" or "critic".
+    `colocated` (--colocate): the actor's bundles also hold the engines, and the critic takes turns on
+    the actor's devices (review C4)."""
+    from lean_rl.backends.megatron.group import MegatronGroup
+    from lean_rl.backends.megatron.train_driver import initialize_for_training
+
+    placement = cfg.train.placement
+    group = MegatronGroup(cfg.megatron, layout=cfg.layout, seed=cfg.train.seed, colocated=colocated and role == "actor",
+                          call_timeout_s=placement.call_timeout_s,
+                          dist_timeout_s=placement.distributed_timeout_minutes * 60,
+                          colocate_with=actor if role == "critic" and colocated else None)
+    try:
+        step, state = initialize_for_training(group, cfg.train, cfg.algorithm, role=role, actor_step=actor_step,
+                                              batch_plan=cfg.batch_plan)
+    except BaseException:
+        group.shutdown()
+        raise
+    if role == "actor" and cfg.train.lora.enabled:
+        trainable = group.trainable_parameters()
+        logger.info("LoRA rank %d, alpha / rank %g: %d adapter tensors, %d trainable parameters (rank 0's "
+                    "pipeline stage)", cfg.train.lora.lora_rank, cfg.train.lora.scaling, len(trainable),
+                    sum(trainable.values()))
+    if step:
+        load_dir = cfg.train.checkpoint.load if role == "actor" else cfg.train.checkpoint.critic_load_dir
+        logger.info("%sresumed from %s at step %d", "critic " if role == "critic" else "", load_dir, step)
+    return group, step, state
+
+
+def warn_nothing_left(cfg: Config, step: int) -> None:
+    """A rerun of a completed run: the checkpoint is already at --num-rollout."""
+    logger.warning("the checkpoint in %s is at step %d, --num-rollout is %d: nothing left to train "
+                   "(raise --num-rollout to go on)", cfg.train.checkpoint.load, step, cfg.run.num_rollout)
