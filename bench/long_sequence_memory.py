@@ -28,6 +28,7 @@ import os
 import time
 
 from bench_common import NO_GOAL, at_least, bench_parser, command_line, parse_bench_args, row, run_bench, write_rows
+from lean_rl.options import build
 
 GIB = 1024 ** 3
 QUICK = {"tokens": 2048, "vocab": 8192, "probe_gib": 1}
@@ -62,7 +63,7 @@ def measure(chunk: int, tokens: int, vocab: int, hidden: int) -> dict:
         try:
             with megatron_thread_mode(device):
                 parallel_state.initialize_model_parallel(tensor_model_parallel_size=1)
-                algo = AlgorithmConfig(entropy_coef=0.01, kl_loss_coef=0.01, kl_loss_type="low_var_kl")
+                algo = build(AlgorithmConfig, entropy_coef=0.01, kl_loss_coef=0.01, kl_loss_type="low_var_kl")
                 ctx = StepContext(role="actor", algorithm=algo, vocab_size=vocab, temperature=1.0, device=device,
                                   logits_chunk_size=chunk)
                 generator = torch.Generator().manual_seed(0)

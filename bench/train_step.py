@@ -26,6 +26,7 @@ from lean_rl.backends.megatron.train_config import BatchConfig, CheckpointConfig
 from lean_rl.testing.sample_groups import make_groups, set_rollout_log_probs
 from lean_rl.testing.tiny_model import PRESETS, make_tiny_model
 from lean_rl.utils.ray_utils import init_ray
+from lean_rl.options import build
 
 LAYOUTS = {  # name: (arch, parallel config, world size, distributed optimizer)
     "tp1": ("qwen2", ParallelConfig(), 1, False),
@@ -44,7 +45,7 @@ def run_layout(name: str, models: Path, args) -> dict:
     train = TrainConfig(optimizer=OptimizerConfig(lr=1e-5, use_distributed_optimizer=distopt),
                         batch=BatchConfig(micro_batch_size=2), checkpoint=CheckpointConfig(hf_checkpoint=str(checkpoint)))
     # no KL term: no reference forward pass, so train_on_rollout() is one optimizer step plus framework work
-    algo = AlgorithmConfig(use_rollout_logprobs=True)
+    algo = build(AlgorithmConfig, use_rollout_logprobs=True)
     groups = make_groups(seed=1, num_groups=args.groups, group_size=args.group_size)
     with MegatronGroup.from_hf_checkpoint(checkpoint, parallel, world_size=world) as group:
         initialize_for_training(group, train, algo)

@@ -32,7 +32,7 @@ from pathlib import Path
 import torch
 
 from bench_common import at_least, bench_parser, command_line, parse_bench_args, row, run_bench, write_rows
-from lean_rl.options import ConfigError
+from lean_rl.options import ConfigError, build
 from lean_rl.weight_sync.buckets import iter_buckets
 
 ENGINES = {"tiny": 2, "small": 2, "base100m": 1}
@@ -134,7 +134,7 @@ def run_preset(preset: str, args, work: Path) -> list[dict]:
     with EngineGroup(config, work / f"engines-{preset}") as engines, \
             MegatronGroup.from_hf_checkpoint(trained, ParallelConfig(), call_timeout_s=1800) as trainer:
         for transport in args.transports:
-            cfg = WeightSyncConfig(transport=transport, buffer_size_bytes=args.buffer_size,
+            cfg = build(WeightSyncConfig, transport=transport, buffer_size_bytes=args.buffer_size,
                                    disk_dir=str(work / f"sync-{preset}"), timeout_s=1800)
             floor = BroadcastFloor(nbytes, engines_n, args.rounds) if transport == "distributed" else None
             ours, floors, reports = [], [], []

@@ -35,7 +35,7 @@ from lean_rl.backends.sglang.config import (API_KEY_ENV, EngineConfig, engines_d
 from lean_rl.buffer.config import DataConfig
 from lean_rl.buffer.prompt_source import check_prompt_file_type
 from lean_rl.cli import DEBUG_HELP, ArgumentParser
-from lean_rl.options import ConfigError, add_options, read_options
+from lean_rl.options import ConfigError, add_options, read_options, rebuild
 from lean_rl.rollout.config import EvalConfig, RewardConfig, RolloutConfig
 from lean_rl.rollout.distillation_config import DistillationConfig
 from lean_rl.run_config import RunConfig
@@ -214,7 +214,7 @@ def parse_config(argv: list[str]) -> Config:
                        "prefer --sglang-api-key-file FILE or $%s", API_KEY_ENV)
     distillation = distillation.with_teacher_engines(engines)  # the teacher's tokenizer must be the student's
     if megatron.use_rollout_routing_replay:  # the policy's engines only (not the teacher's, derived above)
-        engines = replace(engines, return_routed_experts=True)
+        engines = rebuild(engines, return_routed_experts=True)
     ipc_unserved = None
     if run.colocate and not (run.debug_rollout_only or no_engines):
         engine_nodes = layout.colocated_engine_nodes(engines.num_engines, engines.gpus_per_engine)  # fails now if they do not fit

@@ -7,8 +7,9 @@ docs/extending.md documents each hook."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 from lean_rl.rollout import rewards
@@ -104,12 +105,11 @@ class Extensions:
     data_source: Callable | None = None
     custom_advantage: Callable | None = None
     custom_loss: Callable | None = None
-    # `generate` as the rollout calls it: (cfg, sample, sampling_params, evaluation), whatever of these
-    # the user's signature takes (inspected once, here)
-    generate_call: Callable[..., Awaitable] | None = field(init=False, default=None)
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "generate_call", None if self.generate is None else generate_caller(self.generate))
+    @functools.cached_property
+    def generate_call(self) -> Callable[..., Awaitable] | None:
+        """`generate` as the rollout calls it: (cfg, sample, sampling_params, evaluation), whatever of
+        these the user's signature takes (inspected once, on first use)."""
+        return None if self.generate is None else generate_caller(self.generate)
 
     @property
     def evaluation_rollout(self) -> RolloutFunction:

@@ -10,7 +10,8 @@ type, default, help and range; `add_options` turns a config class into an argpar
 The flag defaults to `--field-name`; the argparse type comes from the annotation (`bool` is a
 switch, `tuple[T, ...]` takes several values, `X | None` takes an X). A nested config field made
 with `group(...)` adds its class's options under its own title. Fields made with plain `field()`
-are derived: `read_options` takes them as keyword arguments (computed once, in config.parse_config).
+are derived: `read_options` takes them as keyword arguments (computed once, in config.parse_config),
+or the class's own `derive_fields` step computes them (see `build`); `__post_init__` only checks.
 """
 
 from __future__ import annotations
@@ -19,9 +20,10 @@ import argparse
 import dataclasses
 import types
 import typing
-from typing import Any, Callable
+from typing import Any, Callable, TypeVar, cast
 
 _KEY = "lean_rl.option"
+_T = TypeVar("_T")
 
 
 class ConfigError(ValueError):
@@ -133,8 +135,41 @@ def _check(value: Any, meta: dict, flag: str) -> None:
         raise ConfigError(f"{flag} must be >= {meta['at_least']}, got {value}")
 
 
+def build(cls: type[_T], **given: Any) -> _T:
+    """Construct the config `cls` from `given` values: first its derive step, then its checks.
+
+    A class whose fields depend on others (a default taken from another flag, a count computed from
+    the layout) declares `derive_fields(values: dict) -> dict` as a staticmethod: it receives every init
+    field (given, else its default) plus any extra inputs the caller passed (e.g. the response
+    budget), and returns the field values with the derived ones filled. `__post_init__` only checks:
+    a frozen config is never assigned after its construction (tests/unit/test_config_derive.py)."""
+    derive = getattr(cls, "derive_fields", None)
+    if derive is None:
+        return cls(**given)
+    values = {f.name: given[f.name] if f.name in given else _default_of(f)
+              for f in dataclasses.fields(cast(Any, cls)) if f.init and (f.name in given or _has_default(f))}
+    values.update({k: v for k, v in given.items() if k not in values})  # extra inputs of the derive step
+    return cls(**derive(values))
+
+
+def rebuild(config: _T, **changes: Any) -> _T:
+    """`dataclasses.replace` for a config with a derive step: the derived values are computed again
+    from the changed fields (replace alone would copy them as they were)."""
+    values = {f.name: getattr(config, f.name) for f in dataclasses.fields(cast(Any, config)) if f.init}
+    return build(type(config), **{**values, **changes})
+
+
+def _has_default(f: dataclasses.Field) -> bool:
+    return f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING
+
+
+def _default_of(f: dataclasses.Field) -> Any:
+    return f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+
+
 def read_options(cls: type, args: argparse.Namespace, **derived: Any) -> Any:
-    """Build `cls` from parsed flags; `derived` supplies (or overrides) fields computed elsewhere."""
+    """Build `cls` from parsed flags; `derived` supplies (or overrides) fields computed elsewhere
+    (and the inputs of the class's derive step, see `build`)."""
     values: dict[str, Any] = {}
     for f, meta, tp in options_of(cls):
         if f.name in derived or not f.init:
@@ -146,7 +181,7 @@ def read_options(cls: type, args: argparse.Namespace, **derived: Any) -> Any:
         value = _as_tuple(getattr(args, _dest_of(f, meta, tp)))
         _check(value, meta, flag)
         values[f.name] = meta["convert"](value) if meta["convert"] else value
-    return cls(**values, **derived)
+    return build(cls, **values, **derived)
 
 
 def defaults_of(cls: type) -> argparse.Namespace:

@@ -29,6 +29,8 @@ import json
 import sys
 import tempfile
 
+from lean_rl.options import build
+
 
 def correct_weights(model: str, engine_dtypes: list[str], trainer_dtypes: list[str], steps: int):
     import ray
@@ -54,9 +56,9 @@ def correct_weights(model: str, engine_dtypes: list[str], trainer_dtypes: list[s
             for trainer_dtype in trainer_dtypes:
                 with MegatronGroup.from_hf_checkpoint(model, ParallelConfig(), world_size=1,
                                                       params_dtype=trainer_dtype) as group:
-                    initialize_for_training(group, train, AlgorithmConfig(use_rollout_logprobs=True))
+                    initialize_for_training(group, train, build(AlgorithmConfig, use_rollout_logprobs=True))
                     # the judgement off (a huge tolerance): this measures what the default must allow
-                    with WeightSync.create(WeightSyncConfig(transport="distributed", probe_tol=1e9), group,
+                    with WeightSync.create(build(WeightSyncConfig, transport="distributed", probe_tol=1e9), group,
                                            engines.engine_urls, api_key=config.api_key) as sync:
                         seen = []
                         for step in range(steps + 1):

@@ -1,12 +1,13 @@
 """Typed, frozen flags of the RL algorithm (advantage estimator, policy loss, KL, entropy, off-policy
 correction, aggregation). Each flag is an `option` on its field; built once by
-`read_options(AlgorithmConfig, args, max_response_len=...)`; derived values are computed in
-__post_init__ and nowhere else; invalid values raise ConfigError naming the flag."""
+`read_options(AlgorithmConfig, args, max_response_len=...)` (or `options.build`); the values taken
+from other flags are computed by `AlgorithmConfig.derive_fields` and nowhere else; `__post_init__` only checks;
+invalid values raise ConfigError naming the flag."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import InitVar, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 from lean_rl.algorithms.names import (AGGREGATION_MODES, ESTIMATORS, IS_LEVELS, KL_IN_REWARD_ESTIMATORS, KL_TYPES,
@@ -113,28 +114,40 @@ class AlgorithmConfig:
                    "replacing --advantage-estimator's advantages")
     # --custom-config-path, read once by config.parse_config: what the trainer-side hooks may read
     custom: Mapping[str, Any] = field(default_factory=ReadOnlyMapping)
-    # given by the caller (--rollout-max-response-len): the default of loss_norm_length
-    max_response_len: InitVar[int | None] = None
-    # derived
-    aggregation: str = field(init=False)
+    # derived (see derive_fields): --loss-agg-mode, else the default of the policy loss, else of the estimator
+    aggregation: str = ""
 
-    def __post_init__(self, max_response_len: int | None) -> None:
+    @staticmethod
+    def derive_fields(values: dict[str, Any]) -> dict[str, Any]:
+        """The values that default to other flags' (options.build runs it before the checks). Takes
+        `max_response_len` (--rollout-max-response-len), the default of --loss-norm-length."""
+        v = dict(values)
+        max_response_len = v.pop("max_response_len", None)
+        if v["loss_type"] is None:
+            v["loss_type"] = "custom_loss" if v["custom_loss_function_path"] is not None else "policy_loss"
+        if v["loss_norm_length"] is None:
+            v["loss_norm_length"] = max_response_len
+        implied = ESTIMATOR_POLICY_LOSS.get(v["advantage_estimator"])
+        _require(v["policy_loss"] is None or implied is None or v["policy_loss"] == implied,
+                 f"--advantage-estimator {v['advantage_estimator']} uses --policy-loss {implied}, "
+                 f"got --policy-loss {v['policy_loss']}")
+        v["policy_loss"] = v["policy_loss"] or implied or "ppo"
+        if v["eps_clip_high"] is None:
+            v["eps_clip_high"] = v["eps_clip"]
+        if v["rs_lower_bound"] is None:
+            v["rs_lower_bound"] = 1 / v["rs_upper_bound"] if v["rs_upper_bound"] > 0 else 0.0
+        v["aggregation"] = (v["loss_agg_mode"] or DEFAULT_POLICY_LOSS_AGGREGATION.get(v["policy_loss"])
+                            or DEFAULT_AGGREGATION.get(v["advantage_estimator"], "token-mean"))
+        return v
+
+    def __post_init__(self) -> None:
         custom = self.custom_loss_function_path is not None
-        if self.loss_type is None:
-            object.__setattr__(self, "loss_type", "custom_loss" if custom else "policy_loss")
         _require(self.loss_type in LOSS_TYPES, f"--loss-type {self.loss_type!r}: choose one of {', '.join(LOSS_TYPES)}")
         _require(custom == (self.loss_type == "custom_loss"),
                  "--loss-type custom_loss needs --custom-loss-function-path" if not custom else
                  f"--custom-loss-function-path replaces the loss: it needs --loss-type custom_loss, not {self.loss_type}")
-        if self.loss_norm_length is None:
-            object.__setattr__(self, "loss_norm_length", max_response_len)
         _require(self.advantage_estimator in ESTIMATORS,
                  f"--advantage-estimator {self.advantage_estimator!r}: choose one of {', '.join(ESTIMATORS)}")
-        implied = ESTIMATOR_POLICY_LOSS.get(self.advantage_estimator)
-        _require(self.policy_loss is None or implied is None or self.policy_loss == implied,
-                 f"--advantage-estimator {self.advantage_estimator} uses --policy-loss {implied}, "
-                 f"got --policy-loss {self.policy_loss}")
-        object.__setattr__(self, "policy_loss", self.policy_loss or implied or "ppo")
         _require(self.policy_loss in POLICY_LOSSES,
                  f"--policy-loss {self.policy_loss!r}: choose one of {', '.join(POLICY_LOSSES)}")
         if self.policy_loss == "cispo":  # a lower bound 1 - eps_clip <= 0 clips nothing (MiniMax-M1's setting)
@@ -151,9 +164,7 @@ class AlgorithmConfig:
         _require(0 < self.clip_cov_ratio <= 1, f"--clip-cov-ratio must be in (0, 1], got {self.clip_cov_ratio}")
         _require(self.clip_cov_lb < self.clip_cov_ub,
                  f"--clip-cov-lb ({self.clip_cov_lb}) must be < --clip-cov-ub ({self.clip_cov_ub})")
-        if self.eps_clip_high is None:
-            object.__setattr__(self, "eps_clip_high", self.eps_clip)
-        _require(self.eps_clip_high > 0, f"--eps-clip-high must be > 0, got {self.eps_clip_high}")
+        _require(self.eps_clip_high is not None and self.eps_clip_high > 0, f"--eps-clip-high must be > 0, got {self.eps_clip_high}")
         _require(self.eps_clip_c is None or self.eps_clip_c > 1,
                  f"--eps-clip-c (dual clip) must be > 1, got {self.eps_clip_c}")
         _require(self.kl_loss_type in KL_TYPES,
@@ -166,9 +177,7 @@ class AlgorithmConfig:
         _require(self.tis_clip > 0, f"--tis-clip must be > 0, got {self.tis_clip}")
         _require(0 <= self.tis_clip_low < self.tis_clip,
                  f"--tis-clip-low must be in [0, --tis-clip {self.tis_clip}), got {self.tis_clip_low}")
-        if self.rs_lower_bound is None:
-            object.__setattr__(self, "rs_lower_bound", 1 / self.rs_upper_bound if self.rs_upper_bound > 0 else 0.0)
-        _require(0 < self.rs_lower_bound < self.rs_upper_bound,
+        _require(self.rs_lower_bound is not None and 0 < self.rs_lower_bound < self.rs_upper_bound,
                  f"--rs-lower-bound ({self.rs_lower_bound}) must be > 0 and < --rs-upper-bound ({self.rs_upper_bound})")
         _require(not (self.use_tis and self.decoupled_ppo),
                  "--use-tis and --decoupled-ppo are two forms of the same correction; choose one")
@@ -183,14 +192,12 @@ class AlgorithmConfig:
         _require(self.value_clip is None or self.value_clip > 0, f"--value-clip must be > 0, got {self.value_clip}")
         _require(0 <= self.max_failed_fraction <= 1,
                  f"--max-failed-fraction must be in [0, 1], got {self.max_failed_fraction}")
-        aggregation = (self.loss_agg_mode or DEFAULT_POLICY_LOSS_AGGREGATION.get(self.policy_loss)
-                       or DEFAULT_AGGREGATION.get(self.advantage_estimator, "token-mean"))
+        aggregation = self.aggregation
         _require(aggregation in AGGREGATION_MODES,
                  f"--loss-agg-mode {aggregation!r}: choose one of {', '.join(AGGREGATION_MODES)}")
         _require(aggregation != "seq-mean-token-sum-norm" or (self.loss_norm_length or 0) > 0,
                  f"--loss-agg-mode {aggregation} (the default of --advantage-estimator dr_grpo) needs "
                  "--loss-norm-length > 0 (the generation budget, e.g. --rollout-max-response-len)")
-        object.__setattr__(self, "aggregation", aggregation)
 
     @property
     def needs_reference(self) -> bool:

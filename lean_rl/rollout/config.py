@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from lean_rl.options import ConfigError, group, option
 from lean_rl.rollout.bwrap import TOOL_SANDBOXES
@@ -119,12 +120,19 @@ class RolloutConfig:
     max_staleness: int | None = option(None, at_least=0,
                                        help="train only on samples generated at most this many policy versions ago")
 
+    @staticmethod
+    def derive_fields(values: dict[str, Any]) -> dict[str, Any]:
+        """An --environment-path runs the multi-turn generate; over-sampling defaults to the batch
+        (options.build runs it before the checks)."""
+        v = dict(values)
+        if v["multi_turn"].environment_path and v["custom_generate_function_path"] is None:
+            v["custom_generate_function_path"] = MULTI_TURN_GENERATE
+        if v["over_sampling_batch_size"] is None:
+            v["over_sampling_batch_size"] = v["rollout_batch_size"]
+        return v
+
     def __post_init__(self) -> None:
-        if self.multi_turn.environment_path and self.custom_generate_function_path is None:
-            object.__setattr__(self, "custom_generate_function_path", MULTI_TURN_GENERATE)
-        if self.over_sampling_batch_size is None:
-            object.__setattr__(self, "over_sampling_batch_size", self.rollout_batch_size)
-        if self.over_sampling_batch_size < self.rollout_batch_size:
+        if self.over_sampling_batch_size is None or self.over_sampling_batch_size < self.rollout_batch_size:
             raise ConfigError(f"--over-sampling-batch-size ({self.over_sampling_batch_size}) must be >= "
                               f"--rollout-batch-size ({self.rollout_batch_size})")
 

@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
+from typing import Any
 from pathlib import Path
 
 from lean_rl.backends.sglang.config import EngineConfig, LiveEndpoints, resolve_ports
 from lean_rl.buffer.prompt_source import load_tokenizer
-from lean_rl.options import ConfigError, option
+from lean_rl.options import ConfigError, option, rebuild
 
 # slime's other type, megatron (the teacher inside the trainer, --opd-teacher-load), is not implemented
 OPD_TYPES = ("sglang",)
@@ -38,6 +39,15 @@ class DistillationConfig:
     # derived (config.parse_config: with_teacher_engines): the teacher's EngineConfig; once its group
     # runs (Runtime), the group's config, which carries the reported URLs
     teacher_engines: EngineConfig | None = field(default=None, kw_only=True)
+
+    @staticmethod
+    def derive_fields(values: dict[str, Any]) -> dict[str, Any]:
+        """A teacher this run serves gets one server unless --opd-teacher-num-engines says more
+        (options.build runs it before the checks, which name the flag only when the user gave it)."""
+        v = dict(values)
+        if v["use_opd"] and v["teacher_hf_checkpoint"] is not None and v["teacher_url"] is None:
+            v["teacher_num_engines"] = v["teacher_num_engines"] or 1
+        return v
 
     def __post_init__(self) -> None:
         given = [flag for flag, value in (("--opd-type", self.opd_type),
@@ -68,8 +78,6 @@ class DistillationConfig:
         if not (Path(self.teacher_hf_checkpoint) / "config.json").is_file():
             raise ConfigError(f"--opd-teacher-hf-checkpoint {self.teacher_hf_checkpoint}: not an HF checkpoint "
                               "directory (no config.json)")
-        if self.teacher_num_engines is None:
-            object.__setattr__(self, "teacher_num_engines", 1)
 
     @property
     def kl_coef_if_used(self) -> float | None:
@@ -119,7 +127,7 @@ def teacher_engine_config(student: EngineConfig, model_path: str, num_engines: i
     `num_engines` servers of the teacher, on ports of their own, none of the student's."""
     taken = {*student.engine_ports, student.resolved_router_port}
     for _ in range(20):  # neither group's ports are bound yet: a free port may have gone to both
-        teacher = resolve_ports(dataclasses.replace(
+        teacher = resolve_ports(rebuild(
             student, model_path=str(model_path), num_engines=num_engines, num_gpus=None, base_port=None,
             router_port=None, engine_ports=(), resolved_router_port=None, engine_nodes=(), live=LiveEndpoints(),
             other_cpu_engines=student.num_engines,

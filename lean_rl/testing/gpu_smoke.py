@@ -33,6 +33,8 @@ import time
 import traceback
 from pathlib import Path
 
+from lean_rl.options import build, rebuild
+
 STEPS = ("env", "trainer", "engine", "memory", "loop")
 
 
@@ -98,7 +100,7 @@ def step_trainer(device: str, out: Path) -> dict:
         try:
             got = group.compute_log_probs(tokens).log_probs
             gap = max(float((a - b).abs().max()) for a, b in zip(got, expected))
-            initialize_for_training(group, train, AlgorithmConfig(use_rollout_logprobs=True))
+            initialize_for_training(group, train, build(AlgorithmConfig, use_rollout_logprobs=True))
             set_rollout_log_probs(group, groups)
             metrics = train_on_rollout(group, groups, policy_version=0)
             before = group.gather_hf_state_dict()
@@ -120,8 +122,6 @@ def step_trainer(device: str, out: Path) -> dict:
 
 def _engine_and_trainer(device: str, out: Path, *engine_flags: str):
     """A colocated engine and a trainer of one rank on a local Ray, as a run places them."""
-    import dataclasses
-
     from lean_rl.backends.megatron.config import ParallelConfig
     from lean_rl.backends.megatron.group import COLOCATED_RANK_SHARE, MegatronGroup
     from lean_rl.backends.megatron.train_config import TrainerLayout
@@ -135,7 +135,7 @@ def _engine_and_trainer(device: str, out: Path, *engine_flags: str):
     model = make_tiny_model(out / "tiny", arch="qwen2", seed=0)
     layout = TrainerLayout.derive(ParallelConfig(), 1, device)
     trainer = MegatronGroup.from_hf_checkpoint(model, ParallelConfig(), layout=layout, colocated=True)
-    config = dataclasses.replace(engine_config_for_tests(model, "--rollout-num-engines", "1",
+    config = rebuild(engine_config_for_tests(model, "--rollout-num-engines", "1",
                                                          "--sglang-max-total-tokens", "8192",
                                                          "--engine-start-timeout", "600", *engine_flags),
                                  colocated=True)
@@ -157,12 +157,12 @@ def step_engine(device: str, out: Path) -> dict:
     for label, flags in (("engine_fp32", ("--sglang-dtype", "float32")), ("engine_bf16", ("--sglang-dtype", "bfloat16"))):
         trainer, engines, config = _engine_and_trainer(device, out / label, *flags)
         try:
-            with WeightSync.create(WeightSyncConfig(transport="tensor", colocate=True, device=device, probe_tol=1e9),
+            with WeightSync.create(build(WeightSyncConfig, transport="tensor", colocate=True, device=device, probe_tol=1e9),
                                    trainer, engines.engine_urls, api_key=config.api_key) as sync:
                 report = sync.update(1)
                 rows[label] = {"max": report.probe.max_abs_diff, "mean": report.probe.mean_abs_diff,
                                "bytes": report.bytes, "seconds": report.seconds,
-                               "default_tolerance": WeightSyncConfig().probe_tolerance(sync.trainer_dtype, sync.engine_dtype)}
+                               "default_tolerance": build(WeightSyncConfig).probe_tolerance(sync.trainer_dtype, sync.engine_dtype)}
         finally:
             engines.stop()
             trainer.shutdown()
@@ -183,7 +183,7 @@ def step_memory(device: str, out: Path) -> dict:
 
     trainer, engines, config = _engine_and_trainer(device, out / "memory")
     try:
-        with WeightSync.create(WeightSyncConfig(transport="tensor", colocate=True, device=device), trainer,
+        with WeightSync.create(build(WeightSyncConfig, transport="tensor", colocate=True, device=device), trainer,
                                engines.engine_urls, api_key=config.api_key) as sync:
             sync.update(0)
             free_before = torch.cuda.mem_get_info()[0]

@@ -4,7 +4,7 @@
     cfg = read_options(WeightSyncConfig, args, colocate=run.colocate, device=layout.device,
                        trainer_nodes=layout.num_nodes, on_cluster=layout.on_cluster)   # derived at start-up
 
-`--weight-sync-transport auto` resolves in __post_init__, once: disaggregated -> `distributed` (as slime);
+`--weight-sync-transport auto` resolves in WeightSyncConfig.derive_fields, once: disaggregated -> `distributed` (as slime);
 colocated -> `tensor` where it can serve every engine, else `disk`. On CPU `tensor` is an inline payload
 that reaches any engine. On GPU it is CUDA IPC, which serves an engine only when the engine's server
 sees the GPU of every stage lead (ipc_map.py: one colocated engine holding the leads' GPUs); and a
@@ -17,6 +17,7 @@ every node shares.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from lean_rl.options import ConfigError, option
 
@@ -41,7 +42,7 @@ def probe_statistic(trainer_dtype: str, engine_dtype: str) -> str:
 
 @dataclass(frozen=True)
 class WeightSyncConfig:
-    transport: str = option(  # resolved in __post_init__: distributed | tensor | disk
+    transport: str = option(  # resolved by derive_fields: distributed | tensor | disk
         "auto", flag="--weight-sync-transport", choices=TRANSPORT_CHOICES,
         help="tensor: colocated (CUDA IPC on GPU, an inline payload on CPU); distributed: a process group with "
              "the engines (NCCL on GPU, gloo on CPU); disk: safetensors + /update_weights_from_disk. auto: "
@@ -66,9 +67,15 @@ class WeightSyncConfig:
     # derived (ipc_map.unserved_by_ipc, colocated on GPU): why CUDA IPC cannot serve every engine, or None
     ipc_unserved: str | None = None
 
+    @staticmethod
+    def derive_fields(values: dict[str, Any]) -> dict[str, Any]:
+        """--weight-sync-transport (auto included) resolved to the transport this run uses (options.build)."""
+        v = dict(values)
+        v["transport"] = resolve_transport(v["transport"], v["colocate"], v["device"], v["ipc_unserved"],
+                                           v["on_cluster"], v["disk_dir"])
+        return v
+
     def __post_init__(self) -> None:
-        object.__setattr__(self, "transport", resolve_transport(
-            self.transport, self.colocate, self.device, self.ipc_unserved, self.on_cluster, self.disk_dir))
         if not isinstance(self.buffer_size_bytes, int) or self.buffer_size_bytes < 1:
             raise ConfigError(f"--update-weight-buffer-size must be a positive number of bytes, "
                               f"got {self.buffer_size_bytes!r}")

@@ -19,6 +19,7 @@ from lean_rl.algorithms.config import AlgorithmConfig
 from lean_rl.backends.megatron.config import ParallelConfig
 from lean_rl.backends.megatron.group import MegatronGroup
 from lean_rl.backends.megatron.train_driver import initialize_for_training, train_on_rollout
+from lean_rl.options import build
 
 pytestmark = pytest.mark.integration
 
@@ -57,8 +58,8 @@ def _first_step(checkpoint, algo: AlgorithmConfig, world_size: int) -> dict[str,
 
 
 def test_the_custom_advantage_and_loss_are_the_ones_the_trainer_uses(ray_cluster, tiny_qwen2, hook_module):
-    builtin = _first_step(tiny_qwen2, AlgorithmConfig(), world_size=1)
-    custom = _first_step(tiny_qwen2, AlgorithmConfig(
+    builtin = _first_step(tiny_qwen2, build(AlgorithmConfig), world_size=1)
+    custom = _first_step(tiny_qwen2, build(AlgorithmConfig,
         custom_advantage_function_path=f"{hook_module}.doubled_advantages",
         custom_loss_function_path=f"{hook_module}.tripled_loss"), world_size=2)
     print(f"\nbuilt-in: grad_norm {builtin['train/grad_norm']:.6g}, advantage_mean "

@@ -22,9 +22,10 @@ from lean_rl.backends.megatron.group import MegatronGroup, MegatronGroupError
 from lean_rl.backends.megatron.train_driver import initialize_for_training, train_on_rollout
 from lean_rl.buffer.data_buffer import DataBuffer
 from lean_rl.buffer.prompt_source import PromptRecord, PromptSource
+from lean_rl.options import build
 
 pytestmark = pytest.mark.integration
-ALGO = AlgorithmConfig(kl_loss_coef=0.01, kl_loss_type="k3")
+ALGO = build(AlgorithmConfig, kl_loss_coef=0.01, kl_loss_type="k3")
 
 
 def _buffer_state() -> dict:

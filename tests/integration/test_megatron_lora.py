@@ -18,6 +18,7 @@ from lean_rl.backends.megatron.train_config import LoraConfig
 from lean_rl.backends.megatron.train_driver import initialize_for_training, train_on_rollout
 from lean_rl.convert.dcp_io import DistCheckpointReader
 from lean_rl.convert.megatron_to_hf import convert_megatron_to_hf
+from lean_rl.options import build
 
 pytestmark = pytest.mark.integration
 RANK, ALPHA = 4, 8.0  # scaling 2
@@ -27,7 +28,7 @@ HIDDEN, FFN, LAYERS, QKV_ROWS = 64, 256, 2, (4 + 2 * 2) * 16
 
 def _train(checkpoint, distributed_optimizer=True, **kwargs):
     return replace(train_config(checkpoint, lr=1e-2, distributed_optimizer=distributed_optimizer, **kwargs),
-                   lora=LoraConfig(lora_rank=RANK, lora_alpha=ALPHA))
+                   lora=build(LoraConfig, lora_rank=RANK, lora_alpha=ALPHA))
 
 
 def _model_tensors(directory) -> dict[str, torch.Tensor]:
@@ -147,5 +148,5 @@ def test_moe_layers_adapt_their_attention_only(ray_cluster, tiny_model_factory):
         assert metrics["train/optimizer_steps"] == 1 and metrics["train/grad_norm"] > 0
     with MegatronGroup.from_hf_checkpoint(moe, ParallelConfig(), world_size=1) as group:
         with pytest.raises(MegatronGroupError, match="--lora-target-modules linear_fc1: no such layer"):
-            initialize_for_training(group, replace(_train(moe), lora=LoraConfig(
+            initialize_for_training(group, replace(_train(moe), lora=build(LoraConfig,
                 lora_rank=RANK, lora_target_modules=("linear_qkv", "linear_fc1"))), fixed_old_policy())

@@ -12,6 +12,8 @@ import textwrap
 
 import pytest
 
+from lean_rl.options import build
+
 pytestmark = pytest.mark.integration
 
 _DRIVER = textwrap.dedent("""
@@ -44,7 +46,7 @@ _DRIVER = textwrap.dedent("""
                      "rank_nodes": group.rank_nodes(), "rank_pids": group.rank_pids(),
                      "rendezvous_host": group.rendezvous_host,
                      "socket_env": [w["socket_env"] for w in group.call_all(MegatronRank.location)]}
-            initialize_for_training(group, train, AlgorithmConfig(use_rollout_logprobs=True))
+            initialize_for_training(group, train, build(AlgorithmConfig, use_rollout_logprobs=True))
             groups = make_groups(seed=1)
             set_rollout_log_probs(group, groups)
             probe = [s.tokens for g in groups for s in g]

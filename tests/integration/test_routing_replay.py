@@ -30,6 +30,7 @@ from lean_rl.backends.sglang.engines import EngineGroup
 from lean_rl.rollout.generate import token_versions
 from lean_rl.sample import Sample, Status
 from lean_rl.testing.sglang_engines import engine_config_for_tests
+from lean_rl.options import build
 
 from training_helpers import train_config
 
@@ -173,7 +174,7 @@ def test_replay_brings_trainer_log_probs_closer_to_the_engine(bf16_moe_engine, e
     config = MegatronConfig(arch_from_hf_config(model), ParallelConfig(), use_rollout_routing_replay=True)
     with MegatronGroup(config) as actor:
         actor.load_hf_checkpoint(model)
-        actor.setup_training(train_config(micro_batch_size=4), AlgorithmConfig())  # old = trainer's, detached
+        actor.setup_training(train_config(micro_batch_size=4), build(AlgorithmConfig))  # old = trainer's, detached
         replayed_batch, plain_batch = rollout_batch(groups), rollout_batch(without)
         replayed = _abs_diff(forward_rollout(actor, replayed_batch), replayed_batch)
         plain = _abs_diff(forward_rollout(actor, plain_batch), plain_batch)
@@ -237,7 +238,7 @@ def test_replay_is_the_same_in_every_layout(bf16_moe_engine, engine_groups, para
         config = MegatronConfig(arch_from_hf_config(model), layout, use_rollout_routing_replay=True)
         with MegatronGroup(config) as actor:
             actor.load_hf_checkpoint(model)
-            actor.setup_training(train_config(micro_batch_size=2), AlgorithmConfig())
+            actor.setup_training(train_config(micro_batch_size=2), build(AlgorithmConfig))
             log_probs.append(_replayed_log_probs(actor, scrambled, 2))
             metrics.append(train_on_rollout(actor, scrambled, policy_version=0))
     masks = rollout_batch(engine_groups).masks

@@ -18,6 +18,7 @@ from lean_rl.backends.sglang.config import EngineConfig, resolve_api_key, resolv
 from lean_rl.backends.sglang.processes import ChildProcess, wait_until_healthy
 from lean_rl.backends.sglang.router import RouterAdmin, RouterError
 from lean_rl.utils.net import find_free_port
+from lean_rl.options import build
 
 pytestmark = pytest.mark.integration
 
@@ -116,7 +117,7 @@ class _FakeWorker(BaseHTTPRequestHandler):
 
 
 def test_the_router_sends_the_key_to_its_workers(tmp_path):
-    config = resolve_api_key(resolve_ports(EngineConfig(model_path="/fake", num_engines=1, device="cpu")), environ={})
+    config = resolve_api_key(resolve_ports(build(EngineConfig, model_path="/fake", num_engines=1, device="cpu")), environ={})
     key, router_url = config.api_key, config.router_url
     worker = ThreadingHTTPServer(("127.0.0.1", find_free_port("127.0.0.1")), _FakeWorker)
     threading.Thread(target=worker.serve_forever, daemon=True).start()

@@ -26,6 +26,7 @@ from lean_rl.weight_sync.config import WeightSyncConfig
 from lean_rl.weight_sync.errors import WeightSyncError, WeightSyncProbeError
 from lean_rl.weight_sync.sync import WeightSync
 from lean_rl.weight_sync.engine_weights import EngineWeights
+from lean_rl.options import build
 
 pytestmark = pytest.mark.integration
 
@@ -105,7 +106,7 @@ def send_inline(client, named: dict[str, torch.Tensor], version: str) -> None:
 def test_probe_names_the_engine_and_the_tensor(trainer, engines, engine_group, tiny_model_factory):
     seed1 = load_file(str(tiny_model_factory("qwen2", seed=1) / "model.safetensors"))
     urls = engine_group.engine_urls
-    with WeightSync.create(WeightSyncConfig(transport="tensor"), trainer, urls,
+    with WeightSync.create(build(WeightSyncConfig, transport="tensor"), trainer, urls,
                            api_key=engine_group.config.api_key) as sync:
         sync.update(7)
         down = "model.layers.1.mlp.down_proj.weight"
@@ -130,7 +131,7 @@ def test_probe_names_the_engine_and_the_tensor(trainer, engines, engine_group, t
             sync.probe(9)
 
     # Weights bit-exact but a tolerance no float32 forward meets: the error says where the gap is.
-    strict = WeightSyncConfig(transport="distributed", probe_tol=1e-12)
+    strict = build(WeightSyncConfig, transport="distributed", probe_tol=1e-12)
     with WeightSync.create(strict, trainer, urls, api_key=engine_group.config.api_key) as sync:
         with pytest.raises(WeightSyncProbeError, match="parameters match the trainer's bytes") as error:
             sync.update(10)
@@ -140,7 +141,7 @@ def test_probe_names_the_engine_and_the_tensor(trainer, engines, engine_group, t
 @pytest.mark.parametrize("trainer", ["tp2"], indirect=True)
 def test_a_refused_update_names_the_engine_and_closes_the_other_sessions(trainer, engines, engine_group):
     urls = engine_group.engine_urls
-    with WeightSync.create(WeightSyncConfig(transport="distributed"), trainer, urls,
+    with WeightSync.create(build(WeightSyncConfig, transport="distributed"), trainer, urls,
                            api_key=engine_group.config.api_key) as sync:
         engines[0].begin_weight_update()  # someone else holds engine 0's session
         try:
@@ -156,7 +157,7 @@ def test_a_refused_update_names_the_engine_and_closes_the_other_sessions(trainer
 @pytest.mark.parametrize("trainer", ["tp2"], indirect=True)
 def test_sync_while_paused_then_probe_after_resuming(trainer, engines, engine_group):
     """The fully async loop's order: pause, sync without the probe (it generates), continue, probe."""
-    with WeightSync.create(WeightSyncConfig(transport="distributed"), trainer, engine_group.engine_urls,
+    with WeightSync.create(build(WeightSyncConfig, transport="distributed"), trainer, engine_group.engine_urls,
                            api_key=engine_group.config.api_key) as sync:
         for client in engines:
             client.pause_generation("in_place")
@@ -183,7 +184,7 @@ def test_a_restarted_engine_gets_the_trainers_weights_before_it_rejoins(trainer,
     keeps it out of the router until EngineWeights has given it the trainer's weights and version; a
     kill just before a sync: the sync waits for the restart and is done again, on both engines."""
     monitor = EngineMonitor(engine_group, interval_s=0.5)
-    weights = EngineWeights.start(WeightSyncConfig(transport="distributed"), trainer, engine_group, monitor,
+    weights = EngineWeights.start(build(WeightSyncConfig, transport="distributed"), trainer, engine_group, monitor,
                                   version=7, api_key=engine_group.config.api_key)
     monitor.start()
     try:
@@ -217,7 +218,7 @@ def test_every_transport_delivers_the_trainers_weights(trainer, engines, engine_
     for step, transport in enumerate(["distributed", "tensor", "disk"], start=1):
         restore(engines, tiny_qwen2)
         assert all(max_diff_to_transformers(c, check_sequence) > 1.0 for c in engines)  # seed 0 serves now
-        cfg = WeightSyncConfig(transport=transport, buffer_size_bytes=SMALL_BUCKETS)
+        cfg = build(WeightSyncConfig, transport=transport, buffer_size_bytes=SMALL_BUCKETS)
         listening_before = listeners(trainer.rank_pids()[0])
         with WeightSync.create(cfg, trainer, engine_group.engine_urls,
                                api_key=engine_group.config.api_key) as sync:
@@ -255,7 +256,7 @@ def test_expert_parallel_moe_to_its_own_engine(ray_cluster, trainer_cache, tiny_
         try:
             for step, transport in enumerate(["distributed", "tensor", "disk"], start=1):
                 restore([client], served)
-                cfg = WeightSyncConfig(transport=transport, buffer_size_bytes=SMALL_BUCKETS)
+                cfg = build(WeightSyncConfig, transport=transport, buffer_size_bytes=SMALL_BUCKETS)
                 with WeightSync.create(cfg, trainer, moe_engines.engine_urls, api_key=config.api_key) as sync:
                     with pytest.raises(WeightSyncProbeError, match="experts.w13_weight"):
                         sync.probe(step)

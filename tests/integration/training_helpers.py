@@ -6,6 +6,7 @@ from __future__ import annotations
 from lean_rl.algorithms.config import AlgorithmConfig
 from lean_rl.backends.megatron.train_config import BatchConfig, CheckpointConfig, OptimizerConfig, TrainConfig
 from lean_rl.testing.sample_groups import make_groups, set_rollout_log_probs  # noqa: F401 (re-exported)
+from lean_rl.options import build
 
 
 def train_config(hf_checkpoint=None, *, lr: float = 1e-3, micro_batch_size: int = 2, load=None,
@@ -22,4 +23,4 @@ def train_config(hf_checkpoint=None, *, lr: float = 1e-3, micro_batch_size: int 
 def fixed_old_policy(**kwargs) -> AlgorithmConfig:
     """Old policy = the rollout log-probs (fixed), so training on one batch again and again moves the
     PPO ratio and the surrogate loss falls until the clip stops it."""
-    return AlgorithmConfig(use_rollout_logprobs=True, **kwargs)
+    return build(AlgorithmConfig, use_rollout_logprobs=True, **kwargs)

@@ -9,6 +9,7 @@ import torch
 
 from lean_rl.algorithms.advantages import (compute_advantages, discounted_returns, gae, group_normalized,
                                            leave_one_out, masked_whiten)
+from lean_rl.options import build
 
 # group 0: rewards 1, 0        mean 0.5, unbiased std sqrt(0.5) = 0.7071068
 # group 1: rewards 2, 2, 5     mean 3, deviations -1 -1 2, unbiased var 6/2 = 3, std 1.7320508
@@ -263,8 +264,8 @@ def test_pass_at_k_and_its_k_are_configured_together():
     from lean_rl.algorithms.hooks import AdvantageInputs, builtin_advantages
 
     with pytest.raises(Exception, match="--advantage-estimator pass_at_k needs --pass-k"):
-        AlgorithmConfig(advantage_estimator="pass_at_k")
-    algo = AlgorithmConfig(advantage_estimator="pass_at_k", pass_k=2)
+        build(AlgorithmConfig, advantage_estimator="pass_at_k")
+    algo = build(AlgorithmConfig, advantage_estimator="pass_at_k", pass_k=2)
     inputs = AdvantageInputs(rewards=torch.tensor([0.0, 1.0, 0.0, 0.0]), group_ids=torch.zeros(4, dtype=torch.long),
                              mask=torch.ones(4, 1), valid=torch.ones(4, dtype=torch.bool),
                              rollout_log_probs=torch.zeros(4, 1))

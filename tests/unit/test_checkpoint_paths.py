@@ -1,6 +1,7 @@
 import pytest
 
 from lean_rl.backends.megatron import checkpoint_paths as cp
+from lean_rl.options import build
 
 
 def test_publish_renames_and_updates_the_tracker(tmp_path):
@@ -265,7 +266,7 @@ def _init_for_training(load):
     from lean_rl.backends.megatron.train_driver import initialize_for_training
 
     train = TrainConfig(checkpoint=CheckpointConfig(hf_checkpoint="/hf", load=str(load)))
-    return initialize_for_training(None, train, AlgorithmConfig())  # fails before the group is touched
+    return initialize_for_training(None, train, build(AlgorithmConfig))  # fails before the group is touched
 
 
 @pytest.mark.parametrize("tracker, message", [

@@ -17,6 +17,7 @@ from lean_rl.backends.sglang.responses import ScoreResult
 from lean_rl.weight_sync.config import WeightSyncConfig
 from lean_rl.weight_sync.engine_weights import EngineWeights
 from lean_rl.weight_sync.rank import RankWeightSync, StageSent
+from lean_rl.options import build
 
 
 class Log(list):
@@ -106,7 +107,7 @@ def run(tiny_qwen2):
     engines = SimpleNamespace(engine_urls=urls, engine_url=urls.__getitem__,
                               config=SimpleNamespace(start_timeout_s=1))
     weights = EngineWeights.start(
-        WeightSyncConfig(colocate=True, device="cuda"), trainer, engines, monitor, version=0,
+        build(WeightSyncConfig, colocate=True, device="cuda"), trainer, engines, monitor, version=0,
         tokenizer_path=str(tiny_qwen2), defer_rejoin=True, after_send=lambda: log("trainer offloads"),
         client_factory=client_factory(log, str(tiny_qwen2), versions))
     return SimpleNamespace(log=log, weights=weights, monitor=monitor, urls=urls)

@@ -16,7 +16,7 @@ from lean_rl.backends.megatron.rollout_batch import failure_reason, rollout_batc
 from lean_rl.backends.megatron.train_driver import train_on_rollout
 from lean_rl.backends.sglang.config import EngineConfig, resolve_api_key, resolve_ports
 from lean_rl.config import parse_config
-from lean_rl.options import ConfigError
+from lean_rl.options import ConfigError, build
 from lean_rl.rollout.distillation import score_with_teacher
 from lean_rl.rollout.distillation_config import DistillationConfig, check_same_vocabulary, teacher_engine_config
 from lean_rl.sample import Sample, Status
@@ -57,7 +57,7 @@ def test_the_advantage_loses_coef_times_student_minus_teacher_on_trained_tokens(
 ])
 def test_config_errors_name_the_flag(kwargs, flag):
     with pytest.raises(ConfigError, match=flag.replace("(", r"\(").replace(".", r"\.")):
-        DistillationConfig(**kwargs)
+        build(DistillationConfig, **kwargs)
 
 
 def test_megatron_type_is_not_offered_on_the_command_line(tmp_path, capsys):
@@ -67,16 +67,16 @@ def test_megatron_type_is_not_offered_on_the_command_line(tmp_path, capsys):
 
 
 def test_defaults_off_and_one_teacher_engine(tmp_path):
-    assert not DistillationConfig().use_opd and DistillationConfig().teacher_engine_count == 0
+    assert not build(DistillationConfig).use_opd and build(DistillationConfig).teacher_engine_count == 0
     (tmp_path / "config.json").write_text("{}")
-    served = DistillationConfig(use_opd=True, opd_type="sglang", teacher_hf_checkpoint=str(tmp_path))
+    served = build(DistillationConfig, use_opd=True, opd_type="sglang", teacher_hf_checkpoint=str(tmp_path))
     assert served.serves_teacher and served.teacher_num_engines == 1 and served.teacher_engine_count == 1
-    external = DistillationConfig(use_opd=True, opd_type="sglang", teacher_url="http://127.0.0.1:30000")
+    external = build(DistillationConfig, use_opd=True, opd_type="sglang", teacher_url="http://127.0.0.1:30000")
     assert not external.serves_teacher and external.teacher_engine_count == 0
 
 
 def test_teacher_engines_take_the_students_settings_on_ports_of_their_own_and_share_the_cores():
-    student = resolve_api_key(resolve_ports(EngineConfig(model_path="/student", num_engines=2, device="cpu",
+    student = resolve_api_key(resolve_ports(build(EngineConfig, model_path="/student", num_engines=2, device="cpu",
                                                          other_cpu_engines=3, max_total_tokens=4096,
                                                          server_passthrough=("--chunked-prefill-size", "64"))))
     teacher = teacher_engine_config(student, "/teacher", 3)
@@ -118,7 +118,7 @@ def _sample(index, response=(7, 8), status=Status.COMPLETED):
 
 def test_a_teacher_that_cannot_be_reached_fails_the_sample_with_teacher_error():
     port = find_free_port("127.0.0.1")  # nothing listens there: a real connection failure
-    opd = DistillationConfig(use_opd=True, opd_type="sglang", teacher_url=f"http://127.0.0.1:{port}")
+    opd = build(DistillationConfig, use_opd=True, opd_type="sglang", teacher_url=f"http://127.0.0.1:{port}")
     cfg = SimpleNamespace(distillation=opd, engines=SimpleNamespace(request_timeout_s=5.0),
                           rollout=SimpleNamespace(request_retries=0))
     samples = [_sample(0), _sample(1, status=Status.FAILED), _sample(2, response=())]
@@ -134,7 +134,7 @@ def test_the_trainer_refuses_unscored_samples_before_any_forward_pass():
     scored, unscored = _sample(0), _sample(1)
     scored.teacher_log_probs = [-0.5, -0.25]
     with pytest.raises(ValueError, match=r"--use-opd: samples \[1\] have no teacher_log_probs"):
-        train_on_rollout(RefusingActor(AlgorithmConfig()), [[scored, unscored]], policy_version=0, opd_kl_coef=1.0)
+        train_on_rollout(RefusingActor(build(AlgorithmConfig)), [[scored, unscored]], policy_version=0, opd_kl_coef=1.0)
 
 
 def test_rollout_batch_lays_out_teacher_log_probs_response_aligned():

@@ -9,7 +9,7 @@ import pytest
 from lean_rl.algorithms.config import AlgorithmConfig
 from lean_rl.backends.megatron.rollout_batch import FailedSamplesError, check_failed_fraction, rollout_batch
 from lean_rl.backends.megatron.train_driver import train_on_rollout
-from lean_rl.options import ConfigError, add_options, read_options
+from lean_rl.options import ConfigError, add_options, build, read_options
 from lean_rl.sample import Sample, Status
 from tests.unit.stand_ins import RefusingActor
 
@@ -56,18 +56,18 @@ def test_up_to_the_fraction_passes_and_past_it_stops_with_the_flag_counts_and_re
 
 
 def test_the_flag_defaults_to_half_and_is_checked():
-    assert AlgorithmConfig().max_failed_fraction == 0.5
+    assert build(AlgorithmConfig).max_failed_fraction == 0.5
     parser = argparse.ArgumentParser()
     add_options(parser, AlgorithmConfig)
     assert read_options(AlgorithmConfig, parser.parse_args(["--max-failed-fraction", "0.1"])).max_failed_fraction == 0.1
     for bad in (-0.1, 1.5, float("nan")):
         with pytest.raises(ConfigError, match="--max-failed-fraction"):
-            AlgorithmConfig(max_failed_fraction=bad)
+            build(AlgorithmConfig, max_failed_fraction=bad)
 
 
 def test_train_on_rollout_refuses_the_rollout_before_any_forward_pass_or_optimizer_step():
     with pytest.raises(FailedSamplesError, match="--max-failed-fraction 0.25"):
-        train_on_rollout(RefusingActor(AlgorithmConfig(max_failed_fraction=0.25)), _groups(3), policy_version=0)
+        train_on_rollout(RefusingActor(build(AlgorithmConfig, max_failed_fraction=0.25)), _groups(3), policy_version=0)
     # every sample FAILED: the flag's message, not the optimizer step's "no trainable token"
     with pytest.raises(FailedSamplesError, match="8 of 8 samples"):
-        train_on_rollout(RefusingActor(AlgorithmConfig()), _groups(8), policy_version=0)
+        train_on_rollout(RefusingActor(build(AlgorithmConfig)), _groups(8), policy_version=0)

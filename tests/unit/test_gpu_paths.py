@@ -12,7 +12,7 @@ import pytest
 from lean_rl.backends.megatron.config import PrecisionFlags
 from lean_rl.backends.sglang.config import (COLOCATED_GPU_ENV, COLOCATED_GPU_FLAGS, EngineConfig, engines_dtype,
                                            flags_to_dict, serving_dtype, split_passthrough)
-from lean_rl.options import ConfigError, add_options, read_options
+from lean_rl.options import ConfigError, add_options, build, read_options
 from lean_rl.weight_sync.config import WeightSyncConfig, resolve_transport
 from lean_rl.weight_sync.ipc_map import IpcLayout, engine_ranks, stage_lead_ranks, unserved_by_ipc
 
@@ -129,7 +129,7 @@ def test_gpu_colocated_uses_ipc_only_where_it_serves_every_engine_else_disk():
         resolve_transport("tensor", False, "cuda", None)
     with pytest.raises(ConfigError, match="same GPU into one NCCL group"):
         resolve_transport("distributed", True, "cuda", None)
-    assert WeightSyncConfig(colocate=True, device="cuda", ipc_unserved="x").transport == "disk"
+    assert build(WeightSyncConfig, colocate=True, device="cuda", ipc_unserved="x").transport == "disk"
 
 
 def test_run_config_derives_the_ipc_verdict(tiny_qwen2, tmp_path, monkeypatch):
@@ -166,12 +166,12 @@ def test_lora_on_a_gpu_with_te_asks_for_the_local_spec(monkeypatch):
     real_find_spec = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec",
                         lambda name, *a: object() if name == "transformer_engine" else real_find_spec(name, *a))
-    lora = LoraConfig(lora_rank=8)
+    lora = build(LoraConfig, lora_rank=8)
     with pytest.raises(ConfigError, match="--transformer-impl local"):
         lora.check_layer_spec("transformer_engine", "cuda")
     lora.check_layer_spec("local", "cuda")
     lora.check_layer_spec("transformer_engine", "cpu")
-    LoraConfig().check_layer_spec("transformer_engine", "cuda")  # no LoRA, no constraint
+    build(LoraConfig).check_layer_spec("transformer_engine", "cuda")  # no LoRA, no constraint
 
 
 # ---------------------------------------------------------------- trainer ranks' environment (C6)

@@ -9,7 +9,7 @@ import torch
 
 from lean_rl.backends.megatron.config import ParallelConfig
 from lean_rl.backends.megatron.train_config import LORA_TARGETS, LoraConfig, TrainConfig
-from lean_rl.options import ConfigError, add_options, read_options
+from lean_rl.options import ConfigError, add_options, build, read_options
 
 
 def _parse(*argv) -> LoraConfig:
@@ -30,13 +30,13 @@ def test_flags():
 
 
 @pytest.mark.parametrize("build, flag", [
-    (lambda: LoraConfig(lora_rank=-1), "--lora-rank"),
-    (lambda: LoraConfig(lora_rank=8, lora_target_modules=("q_proj",)), "--lora-target-modules q_proj"),
-    (lambda: LoraConfig(lora_rank=8, lora_alpha=0.0), "--lora-alpha"),
-    (lambda: LoraConfig(lora_rank=8, lora_dropout=1.0), "--lora-dropout"),
-    (lambda: LoraConfig(lora_alpha=16.0), "--lora-alpha has no effect without --lora-rank"),
-    (lambda: LoraConfig(lora_target_modules=("linear_qkv",)), "--lora-target-modules has no effect"),
-    (lambda: LoraConfig(lora_rank=8).check_parallel(ParallelConfig(tensor_model_parallel_size=2)),
+    (lambda: build(LoraConfig, lora_rank=-1), "--lora-rank"),
+    (lambda: build(LoraConfig, lora_rank=8, lora_target_modules=("q_proj",)), "--lora-target-modules q_proj"),
+    (lambda: build(LoraConfig, lora_rank=8, lora_alpha=0.0), "--lora-alpha"),
+    (lambda: build(LoraConfig, lora_rank=8, lora_dropout=1.0), "--lora-dropout"),
+    (lambda: build(LoraConfig, lora_alpha=16.0), "--lora-alpha has no effect without --lora-rank"),
+    (lambda: build(LoraConfig, lora_target_modules=("linear_qkv",)), "--lora-target-modules has no effect"),
+    (lambda: build(LoraConfig, lora_rank=8).check_parallel(ParallelConfig(tensor_model_parallel_size=2)),
      "--lora-rank needs --tensor-model-parallel-size 1"),
 ])
 def test_errors_name_the_flag(build, flag):

@@ -11,6 +11,7 @@ from lean_rl.algorithms.kl import kl_estimate
 from lean_rl.algorithms.losses import (aggregate, aggregation_weights, behaviour_weights, policy_loss, ppo_clip,
                                       rejection_mask, rollout_log_ratio, sequence_ratio, tis_weights, value_loss)
 from lean_rl.algorithms.policy_losses import clip_cov_drop, token_covariance
+from lean_rl.options import build
 
 LN2 = math.log(2)
 
@@ -143,7 +144,7 @@ def _inputs():
 
 
 def test_policy_loss_total_with_kl_and_entropy_terms():
-    cfg = AlgorithmConfig(kl_loss_coef=0.1, kl_loss_type="k1", entropy_coef=0.01)
+    cfg = build(AlgorithmConfig, kl_loss_coef=0.1, kl_loss_type="k1", entropy_coef=0.01)
     inputs = _inputs()
     old = torch.log(torch.tensor([[0.25, 0.4]]))  # ratios 2.0 and 1.0
     ref = torch.log(torch.tensor([[0.25, 0.8]]))  # k1 = ln 2 and -ln 2
@@ -161,7 +162,7 @@ def test_policy_loss_total_with_kl_and_entropy_terms():
 
 def test_policy_loss_without_old_log_probs_is_on_policy():
     inputs = _inputs()
-    loss, metrics = policy_loss(AlgorithmConfig(), **inputs)
+    loss, metrics = policy_loss(build(AlgorithmConfig), **inputs)
     assert loss.item() == pytest.approx(0.5 * (-1.0 + 1.0))  # ratio 1: -A
     loss.backward()
     # d/dlogp of -A * exp(logp - sg(logp)) at ratio 1 = -A, times weight 0.5
@@ -172,7 +173,7 @@ def test_policy_loss_without_old_log_probs_is_on_policy():
 def test_tis_scales_the_policy_gradient_term():
     inputs = _inputs()
     rollout = torch.log(torch.tensor([[0.1, 0.8]]))  # old = current: weights min(5, 2) = 2 and 0.5
-    loss, metrics = policy_loss(AlgorithmConfig(use_tis=True, tis_clip=2.0), rollout_log_probs=rollout, **inputs)
+    loss, metrics = policy_loss(build(AlgorithmConfig, use_tis=True, tis_clip=2.0), rollout_log_probs=rollout, **inputs)
     assert loss.item() == pytest.approx(0.5 * (-1.0 * 2.0 + 1.0 * 0.5))
     assert metrics["tis_clipfrac"].item() == pytest.approx(0.5)
     assert metrics["tis_weight"].item() == pytest.approx(0.5 * (2.0 + 0.5))
@@ -182,7 +183,7 @@ def test_decoupled_ppo_clips_against_the_proximal_policy_and_weights_by_behaviou
     inputs = _inputs()
     prox = torch.log(torch.tensor([[0.25, 0.4]]))  # ratio vs proximal: 2.0 (clipped to 1.2), 1.0
     behav = torch.log(torch.tensor([[0.125, 0.1]]))  # exp(prox - behav) = 2.0, 4.0 (above cap 3: dropped)
-    cfg = AlgorithmConfig(decoupled_ppo=True, behav_imp_weight_cap=3.0)
+    cfg = build(AlgorithmConfig, decoupled_ppo=True, behav_imp_weight_cap=3.0)
     loss, metrics = policy_loss(cfg, old_log_probs=prox, rollout_log_probs=behav, **inputs)
     assert loss.item() == pytest.approx(0.5 * (-1.2 * 2.0 + 1.0 * 0.0))
     assert metrics["behav_dropped_frac"].item() == pytest.approx(0.5)
@@ -193,7 +194,7 @@ def test_decoupled_ppo_clips_against_the_proximal_policy_and_weights_by_behaviou
 def test_gspo_policy_loss_uses_the_sequence_ratio():
     inputs = _inputs()
     old = torch.log(torch.tensor([[0.25, 0.4]]))  # token ratios 2 and 1 -> sequence ratio sqrt(2) = 1.414
-    loss, _ = policy_loss(AlgorithmConfig(advantage_estimator="gspo", eps_clip=0.5), old_log_probs=old, **inputs)
+    loss, _ = policy_loss(build(AlgorithmConfig, advantage_estimator="gspo", eps_clip=0.5), old_log_probs=old, **inputs)
     r = math.sqrt(2)
     # token 1: A=1: max(-r, -1.414 clipped to 1.5 -> -r) = -r; token 2: A=-1: max(r, r) = r
     assert loss.item() == pytest.approx(0.5 * (-r + r), abs=1e-6)
@@ -242,21 +243,21 @@ def test_policy_loss_rejects_and_logs_the_mismatch_every_step():
     log_probs = old.clone().requires_grad_()
     inputs = dict(log_probs=log_probs, advantages=torch.ones(2, 3), mask=mask, weights=mask / 5,
                   metric_weights=mask / 5)
-    loss, metrics = policy_loss(AlgorithmConfig(use_rs=True, rs_upper_bound=1.5), rollout_log_probs=rollout, **inputs)
+    loss, metrics = policy_loss(build(AlgorithmConfig, use_rs=True, rs_upper_bound=1.5), rollout_log_probs=rollout, **inputs)
     assert loss.item() == pytest.approx(-1 / 5)  # ratio 1 (on policy), A = 1: only the one kept token counts
     assert metrics["rs_masked_frac"].item() == pytest.approx(4 / 5)
     deltas = [math.log(2), 0.0, math.log(0.5), math.log(4), math.log(4)]
     assert metrics["rollout_logprob_abs_diff"].item() == pytest.approx(sum(map(abs, deltas)) / 5, rel=1e-5)
     # KL(rollout || train) by k3 with r = pi_train / pi_rollout: (r - 1) - log r
     assert metrics["mismatch_kl"].item() == pytest.approx(sum(math.exp(d) - 1 - d for d in deltas) / 5, rel=1e-5)
-    _, plain = policy_loss(AlgorithmConfig(), rollout_log_probs=rollout, **inputs)
+    _, plain = policy_loss(build(AlgorithmConfig), rollout_log_probs=rollout, **inputs)
     assert "rs_masked_frac" not in plain and plain["rollout_logprob_abs_diff"] == metrics["rollout_logprob_abs_diff"]
 
 
 def test_rejection_bounds_are_checked():
-    assert AlgorithmConfig(use_rs=True, rs_upper_bound=4.0).rs_lower_bound == 0.25
+    assert build(AlgorithmConfig, use_rs=True, rs_upper_bound=4.0).rs_lower_bound == 0.25
     with pytest.raises(Exception, match="--rs-lower-bound"):
-        AlgorithmConfig(use_rs=True, rs_lower_bound=3.0, rs_upper_bound=2.0)
+        build(AlgorithmConfig, use_rs=True, rs_lower_bound=3.0, rs_upper_bound=2.0)
 
 
 # --- CISPO, GMPO, KL-Cov, Clip-Cov (lean_rl/algorithms/policy_losses.py) ---
@@ -269,7 +270,7 @@ def _three_tokens():
                 mask=torch.ones(1, 3), weights=torch.full((1, 3), 1 / 3), metric_weights=torch.full((1, 3), 1 / 3))
 
 
-@pytest.mark.parametrize("cfg", [AlgorithmConfig(advantage_estimator="cispo"), AlgorithmConfig(policy_loss="cispo")])
+@pytest.mark.parametrize("cfg", [build(AlgorithmConfig, advantage_estimator="cispo"), build(AlgorithmConfig, policy_loss="cispo")])
 def test_cispo_detaches_the_clipped_weight_and_keeps_every_tokens_gradient(cfg):
     """MiniMax-M1 eq. (4): J = E[ sum_t sg(r^_t) A_t log pi(t) ], r^_t = clip(r_t, 1 - eps_low, 1 + eps_high)."""
     inputs = _three_tokens()
@@ -285,21 +286,21 @@ def test_cispo_detaches_the_clipped_weight_and_keeps_every_tokens_gradient(cfg):
 
 
 def test_cispo_may_drop_the_lower_bound_and_other_losses_keep_eps_clip_below_one():
-    assert AlgorithmConfig(advantage_estimator="cispo", eps_clip=1.0, eps_clip_high=4.0).policy_loss == "cispo"
+    assert build(AlgorithmConfig, advantage_estimator="cispo", eps_clip=1.0, eps_clip_high=4.0).policy_loss == "cispo"
     with pytest.raises(Exception, match="--eps-clip must be in"):
-        AlgorithmConfig(eps_clip=1.0)
+        build(AlgorithmConfig, eps_clip=1.0)
     with pytest.raises(Exception, match="--advantage-estimator gspo uses --policy-loss gspo"):
-        AlgorithmConfig(advantage_estimator="gspo", policy_loss="cispo")
+        build(AlgorithmConfig, advantage_estimator="gspo", policy_loss="cispo")
     with pytest.raises(Exception, match="--eps-clip-c"):
-        AlgorithmConfig(policy_loss="gmpo", eps_clip_c=3.0)
-    assert AlgorithmConfig().policy_loss == "ppo" and AlgorithmConfig(advantage_estimator="gspo").policy_loss == "gspo"
+        build(AlgorithmConfig, policy_loss="gmpo", eps_clip_c=3.0)
+    assert build(AlgorithmConfig).policy_loss == "ppo" and build(AlgorithmConfig, advantage_estimator="gspo").policy_loss == "gspo"
 
 
 def test_gmpo_geometric_mean_of_sign_aware_clipped_token_ratios():
     """GMPO (arXiv 2507.20673) eq. (6), eps = 0.4 in log space:
     J = 1/G sum_i { prod_t min(r_t A_i, clip(r_t, e^-eps, e^eps) A_i)^(1/|o_i|) } sign(A_i)
       = 1/G sum_i A_i (prod_t min / max(r_t, clip(r_t)))^(1/|o_i|)   (min for A > 0, max for A < 0)"""
-    cfg = AlgorithmConfig(policy_loss="gmpo", eps_clip=0.4, eps_clip_high=0.4)
+    cfg = build(AlgorithmConfig, policy_loss="gmpo", eps_clip=0.4, eps_clip_high=0.4)
     assert cfg.aggregation == "seq-mean-token-mean"
     log_ratio = torch.tensor([[0.5, 0.1, -0.6], [0.5, -0.6, 3.0]])  # row 1's last token is not trained
     mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])
@@ -347,7 +348,7 @@ def test_kl_cov_penalises_the_top_covariance_tokens_without_ratio_clipping():
     """Cui et al. (arXiv 2505.22617) eq. (11): L = -A_t r_t, plus k |log pi_t - log pi_old_t| for t in the
     top-k fraction by covariance; here k = max(1, int(0.25 * 4)) = 1 token: (1, 0), cov 1.375."""
     inputs = _cov_inputs()
-    loss, metrics = policy_loss(AlgorithmConfig(policy_loss="kl_cov", kl_cov_ratio=0.25, ppo_kl_coef=2.0), **inputs)
+    loss, metrics = policy_loss(build(AlgorithmConfig, policy_loss="kl_cov", kl_cov_ratio=0.25, ppo_kl_coef=2.0), **inputs)
     e = math.exp
     # -A r: -e^0.1, -e^0.2 (PPO would clip it to -1.2), +e^-0.3 plus 2 * 0.3, +1
     assert loss.item() == pytest.approx((-e(0.1) - e(0.2) + e(-0.3) + 2 * 0.3 + 1) / 4, abs=1e-6)
@@ -362,7 +363,7 @@ def test_clip_cov_takes_the_gradient_from_unclipped_tokens_in_the_covariance_ban
     """Cui et al. Clip-Cov: candidates have clip_cov_lb < cov < clip_cov_ub and were not clipped by PPO;
     with lb 0.5: (0, 0) (cov 0.625) and (1, 0) (cov 1.375, but PPO clipped it: A = -1, r = e^-0.3 < 0.8)."""
     inputs = _cov_inputs()
-    cfg = AlgorithmConfig(policy_loss="clip_cov", clip_cov_ratio=0.25, clip_cov_lb=0.5, clip_cov_ub=5.0)
+    cfg = build(AlgorithmConfig, policy_loss="clip_cov", clip_cov_ratio=0.25, clip_cov_lb=0.5, clip_cov_ub=5.0)
     loss, metrics = policy_loss(cfg, **inputs)
     e = math.exp
     # the value is PPO's: -e^0.1, -1.2 (clipped), max(e^-0.3, 0.8) = 0.8 (clipped), 1
@@ -386,7 +387,7 @@ def test_clip_cov_draws_a_deterministic_bounded_subset_of_the_candidates():
 def test_sapo_soft_gate_value_and_gradient():
     """SAPO (arXiv 2511.20347): loss_t = -A_t * sigmoid(tau (r_t - 1)) * 4 / tau, tau by the sign of A_t;
     its gradient -A_t * 4 s (1 - s) r_t grad logp_t is PPO's -A_t grad logp_t at r = 1."""
-    cfg = AlgorithmConfig(policy_loss="sapo", sapo_tau_pos=1.0, sapo_tau_neg=2.0)
+    cfg = build(AlgorithmConfig, policy_loss="sapo", sapo_tau_pos=1.0, sapo_tau_neg=2.0)
     log_probs = torch.log(torch.tensor([[0.5, 0.5, 0.4]])).requires_grad_()
     old = torch.log(torch.tensor([[0.25, 0.5, 0.4]]))  # r = 2, 1, 1
     advantages = torch.tensor([[1.0, -1.0, 2.0]])
@@ -408,7 +409,7 @@ def test_gmpo_uses_the_rows_mean_advantage_when_advantages_differ_per_token():
     """Token-level advantages (GAE, REINFORCE++ with gamma < 1, a KL reward, OPD): GMPO has one A_i per
     sequence, so row i's loss is -A_i exp(mean_t l~_t) with A_i the mean over the trained tokens and
     its sign choosing the clip side; every trained token's gradient has the sign of -A_i."""
-    cfg = AlgorithmConfig(policy_loss="gmpo", eps_clip=0.4, eps_clip_high=0.4)
+    cfg = build(AlgorithmConfig, policy_loss="gmpo", eps_clip=0.4, eps_clip_high=0.4)
     log_ratio = torch.tensor([[0.5, 0.1, -0.2, 0.0]])
     mask = torch.tensor([[1.0, 1.0, 1.0, 0.0]])  # the last token is not trained: its advantage must not count
     advantages = torch.tensor([[2.0, -0.5, -0.3, -90.0]])  # mean over trained tokens: 0.4 > 0
@@ -428,7 +429,7 @@ def test_gmpo_uses_the_rows_mean_advantage_when_advantages_differ_per_token():
 
 
 def test_gmpo_sequence_level_advantages_are_unchanged_by_the_row_mean():
-    cfg = AlgorithmConfig(policy_loss="gmpo", eps_clip=0.2, eps_clip_high=0.3)
+    cfg = build(AlgorithmConfig, policy_loss="gmpo", eps_clip=0.2, eps_clip_high=0.3)
     generator = torch.Generator().manual_seed(3)
     log_ratio = torch.randn(4, 6, generator=generator) * 0.3
     mask = (torch.rand(4, 6, generator=generator) > 0.2).float()

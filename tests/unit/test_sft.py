@@ -9,7 +9,7 @@ import torch
 from lean_rl.algorithms.config import AlgorithmConfig
 from lean_rl.algorithms.hooks import loss_function
 from lean_rl.algorithms.losses import aggregation_weights, sft_loss
-from lean_rl.options import ConfigError
+from lean_rl.options import ConfigError, build
 from lean_rl.rollout.sft import conversation_tokens, fill_sample
 from lean_rl.sample import Sample
 
@@ -22,7 +22,7 @@ def test_sft_loss_is_the_mean_negative_log_likelihood_of_the_masked_tokens():
     log_probs = torch.tensor([[-1.0, -2.0, -3.0], [-0.5, -4.0, 0.0]], requires_grad=True)
     mask = torch.tensor([[1, 0, 1], [1, 1, 0]])
     weights = aggregation_weights(mask, "token-mean")
-    loss, metrics = sft_loss(AlgorithmConfig(loss_type="sft_loss"), log_probs=log_probs, mask=mask, weights=weights,
+    loss, metrics = sft_loss(build(AlgorithmConfig, loss_type="sft_loss"), log_probs=log_probs, mask=mask, weights=weights,
                              metric_weights=weights, advantages=torch.zeros(2, 3))
     assert loss.item() == pytest.approx((1 + 3 + 0.5 + 4) / 4) and metrics["sft_loss"].item() == pytest.approx(2.125)
     loss.backward()  # only the trained tokens get a gradient, each -1/4
@@ -30,13 +30,13 @@ def test_sft_loss_is_the_mean_negative_log_likelihood_of_the_masked_tokens():
 
 
 def test_loss_type_chooses_the_loss_and_agrees_with_the_custom_path():
-    assert loss_function(AlgorithmConfig(loss_type="sft_loss")) is sft_loss
-    assert AlgorithmConfig().loss_type == "policy_loss"
-    assert AlgorithmConfig(custom_loss_function_path="m.f").loss_type == "custom_loss"
+    assert loss_function(build(AlgorithmConfig, loss_type="sft_loss")) is sft_loss
+    assert build(AlgorithmConfig).loss_type == "policy_loss"
+    assert build(AlgorithmConfig, custom_loss_function_path="m.f").loss_type == "custom_loss"
     with pytest.raises(ConfigError, match="--loss-type custom_loss needs --custom-loss-function-path"):
-        AlgorithmConfig(loss_type="custom_loss")
+        build(AlgorithmConfig, loss_type="custom_loss")
     with pytest.raises(ConfigError, match="it needs --loss-type custom_loss, not sft_loss"):
-        AlgorithmConfig(loss_type="sft_loss", custom_loss_function_path="m.f")
+        build(AlgorithmConfig, loss_type="sft_loss", custom_loss_function_path="m.f")
 
 
 def test_only_the_assistant_turns_are_trained(tiny_qwen2):

@@ -11,7 +11,7 @@ from lean_rl.backends.sglang.config import (API_KEY_ENV, CHILD_API_KEY_ENV, NO_A
                                             resolve_api_key, resolve_ports, split_passthrough)
 from lean_rl.backends.sglang.client import EngineClient
 from lean_rl.backends.sglang.router import RouterAdmin
-from lean_rl.options import ConfigError, add_options, read_options
+from lean_rl.options import ConfigError, add_options, build, read_options
 
 KEY = "k3y-For_tests.0123456789"
 
@@ -79,7 +79,7 @@ def test_the_key_is_in_no_repr_and_on_no_command_line_only_in_the_childrens_envi
 
 
 def test_an_unresolved_key_is_an_error_not_silently_no_authentication():
-    config = EngineConfig(model_path="/m", num_engines=1, device="cpu")
+    config = build(EngineConfig, model_path="/m", num_engines=1, device="cpu")
     for call in (config.auth_headers, config.server_env, config.router_env):
         with pytest.raises(ConfigError, match="resolve_api_key"):
             call()

@@ -4,7 +4,7 @@ import pytest
 
 from lean_rl.backends.sglang.config import DEFAULT_CPU_MAX_TOTAL_TOKENS, EngineConfig, resolve_ports, split_passthrough
 from lean_rl.backends.sglang.launch import device_from_argv
-from lean_rl.options import ConfigError, add_options, read_options
+from lean_rl.options import ConfigError, add_options, build, read_options
 
 
 def parse(argv, device="cpu"):
@@ -153,12 +153,12 @@ def test_ports_are_chosen_by_resolve_ports_not_by_the_config(monkeypatch):
     fixed = resolve_ports(parse(["--hf-checkpoint", "/m", "--sglang-base-port", "32000", "--router-port", "32100"])[0])
     assert (fixed.engine_ports, fixed.resolved_router_port) == ((32000,), 32100)
     monkeypatch.undo()  # real free ports: distinct
-    free = resolve_ports(EngineConfig(model_path="/m", num_engines=2, device="cpu"))
+    free = resolve_ports(build(EngineConfig, model_path="/m", num_engines=2, device="cpu"))
     assert len(set(free.engine_ports) | {free.resolved_router_port}) == 3
 
 
 def test_config_is_frozen():
-    config = EngineConfig(model_path="/m", num_engines=1, device="cpu")
+    config = build(EngineConfig, model_path="/m", num_engines=1, device="cpu")
     with pytest.raises(AttributeError):
         config.num_engines = 2
 
@@ -176,13 +176,13 @@ def test_cpu_engines_share_the_cores_with_one_share_left_for_the_trainer(monkeyp
     import os
 
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(16)))
-    assert EngineConfig(model_path="/m", num_engines=1, device="cpu").threads_per_cpu_engine == 8
-    assert EngineConfig(model_path="/m", num_engines=3, device="cpu").threads_per_cpu_engine == 4
-    assert EngineConfig(model_path="/m", num_engines=20, device="cpu").threads_per_cpu_engine == 1
+    assert build(EngineConfig, model_path="/m", num_engines=1, device="cpu").threads_per_cpu_engine == 8
+    assert build(EngineConfig, model_path="/m", num_engines=3, device="cpu").threads_per_cpu_engine == 4
+    assert build(EngineConfig, model_path="/m", num_engines=20, device="cpu").threads_per_cpu_engine == 1
     no_auth = {"api_key": ""}  # --sglang-api-key none (tests/unit/test_sglang_api_key.py: with a key)
-    assert EngineConfig(model_path="/m", num_engines=1, device="cpu", **no_auth).server_env() == {
+    assert build(EngineConfig, model_path="/m", num_engines=1, device="cpu", **no_auth).server_env() == {
         "OMP_NUM_THREADS": "8"}
-    assert EngineConfig(model_path="/m", num_engines=1, device="cuda", gpus_per_engine=1, **no_auth).server_env() == {}
+    assert build(EngineConfig, model_path="/m", num_engines=1, device="cuda", gpus_per_engine=1, **no_auth).server_env() == {}
     config, _ = parse(["--hf-checkpoint", "/m", "--rollout-num-engines", "2", "--engine-cpu-threads", "6"])
     assert config.threads_per_cpu_engine == 6
     with pytest.raises(ConfigError, match="--engine-cpu-threads: must be >= 1, got 0"):

@@ -7,7 +7,7 @@ import pytest
 from lean_rl.algorithms.config import AlgorithmConfig
 from lean_rl.backends.megatron.config import ParallelConfig
 from lean_rl.backends.megatron.train_config import BatchConfig, BatchPlan, OptimizerConfig, PlacementConfig, TrainConfig
-from lean_rl.options import ConfigError, add_options, read_options
+from lean_rl.options import ConfigError, add_options, build, read_options
 
 
 def _parse(*argv, rollout_max_response_len=None):
@@ -56,7 +56,7 @@ def test_derived_defaults_per_estimator():
 ])
 def test_algorithm_errors_name_the_flag(kwargs, flag):
     with pytest.raises(ConfigError, match=flag):
-        AlgorithmConfig(**kwargs)
+        build(AlgorithmConfig, **kwargs)
 
 
 @pytest.mark.parametrize("build, flag", [

@@ -19,6 +19,7 @@ from lean_rl.extensions import Extensions
 from lean_rl.train_hooks import before_training
 from lean_rl.sample import Sample, Status
 from lean_rl.utils.plugins import HookReturnError
+from lean_rl.options import build
 
 HOOKS = textwrap.dedent("""
     import torch
@@ -91,7 +92,7 @@ def test_a_rejected_sample_trains_nothing_but_stays_in_its_group_statistics(hook
     assert groups[0][1].loss_mask == [0, 0, 0] and groups[0][1].metadata["sample_filter"] == "rejected"
     batch = rollout_batch(groups)
     assert batch.masks.sum(dim=1).tolist() == [2.0, 0.0, 2.0] and batch.valid.all()
-    advantages, _ = builtin_advantages(AlgorithmConfig(advantage_estimator="dr_grpo", max_response_len=8), AdvantageInputs(
+    advantages, _ = builtin_advantages(build(AlgorithmConfig, advantage_estimator="dr_grpo", max_response_len=8), AdvantageInputs(
         rewards=batch.rewards, group_ids=batch.group_ids, mask=batch.masks, valid=batch.valid,
         rollout_log_probs=batch.rollout_log_probs))
     # the group mean is still over all three rewards (1/3), as in slime: the rejected one counts there
@@ -138,13 +139,13 @@ def _inputs():
 
 
 def test_a_custom_advantage_function_replaces_the_estimator(hooks):
-    scaled = AlgorithmConfig(custom_advantage_function_path="train_hooks_mod.sequence_advantages",
+    scaled = build(AlgorithmConfig, custom_advantage_function_path="train_hooks_mod.sequence_advantages",
                              custom={"scale": 2.0})
     advantages, returns = compute_custom_or_builtin_advantages(scaled, _inputs())
     # [B] sequence values spread over each sequence's trained tokens; 0 where the mask is 0
     assert advantages.tolist() == [[2.0, 2.0, 0.0], [0.0, 0.0, 0.0], [0.0, 0.0, 0.0]] and returns is None
-    doubled = AlgorithmConfig(custom_advantage_function_path="train_hooks_mod.doubled")
-    builtin, _ = compute_custom_or_builtin_advantages(AlgorithmConfig(), _inputs())
+    doubled = build(AlgorithmConfig, custom_advantage_function_path="train_hooks_mod.doubled")
+    builtin, _ = compute_custom_or_builtin_advantages(build(AlgorithmConfig), _inputs())
     assert torch.equal(compute_custom_or_builtin_advantages(doubled, _inputs())[0], 2 * builtin)
 
 
@@ -155,10 +156,10 @@ def test_a_custom_advantage_function_replaces_the_estimator(hooks):
     ([1.0, 2.0, 3.0], "returned list"),
 ])
 def test_a_custom_advantage_of_the_wrong_shape_stops_the_run(result, message):
-    algo = AlgorithmConfig(custom_advantage_function_path="m.adv")
+    algo = build(AlgorithmConfig, custom_advantage_function_path="m.adv")
     with pytest.raises(HookReturnError, match=rf"(?s)^--custom-advantage-function-path m.adv \(.*\) .*{message}"):
         checked_advantages(algo, lambda a, i: result, result, MASK)
-    ppo = AlgorithmConfig(advantage_estimator="ppo", custom_advantage_function_path="m.adv")
+    ppo = build(AlgorithmConfig, advantage_estimator="ppo", custom_advantage_function_path="m.adv")
     with pytest.raises(HookReturnError, match="with --advantage-estimator ppo the pair \\(advantages, returns\\)"):
         checked_advantages(ppo, lambda a, i: None, torch.zeros(3, 3), MASK)
 
@@ -173,9 +174,9 @@ def _loss_inputs():
 
 
 def test_a_custom_loss_replaces_the_policy_loss_on_the_rank(hooks):
-    algo = AlgorithmConfig()
+    algo = build(AlgorithmConfig)
     assert loss_function(algo) is policy_loss
-    custom = loss_function(AlgorithmConfig(custom_loss_function_path="train_hooks_mod.tripled_loss"))
+    custom = loss_function(build(AlgorithmConfig, custom_loss_function_path="train_hooks_mod.tripled_loss"))
     inputs = _loss_inputs()
     loss, metrics = custom(algo, **inputs)
     base, base_metrics = policy_loss(algo, **inputs)

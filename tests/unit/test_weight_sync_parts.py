@@ -13,7 +13,7 @@ import torch
 from safetensors.torch import save_file
 
 from lean_rl.weight_sync.buckets import Bucket, iter_buckets, standalone
-from lean_rl.options import ConfigError, add_options, read_options
+from lean_rl.options import ConfigError, add_options, build, read_options
 from lean_rl.weight_sync.config import WeightSyncConfig, probe_statistic, resolve_transport
 from lean_rl.weight_sync.disk import INDEX_FILE, DiskStaging
 from lean_rl.weight_sync.engine_params import (EngineChecksums, compare_checksums, engine_slot,
@@ -31,7 +31,7 @@ def test_auto_transport_follows_slime():
     assert parse(colocate=True).transport == "tensor"
     assert parse("--weight-sync-transport", "disk", colocate=True).transport == "disk"
     assert resolve_transport("tensor", colocate=False) == "tensor"
-    assert parse(colocate=True).colocate and WeightSyncConfig(colocate=True).transport == "tensor"
+    assert parse(colocate=True).colocate and build(WeightSyncConfig, colocate=True).transport == "tensor"
 
 
 def test_flags_reach_the_config():
@@ -59,7 +59,7 @@ def test_unknown_transport_and_dtype_are_errors():
     with pytest.raises(ConfigError, match="--weight-sync-transport"):
         resolve_transport("carrier-pigeon", colocate=False)
     with pytest.raises(ConfigError, match="--weight-sync-probe-tol"):
-        WeightSyncConfig(transport="disk").probe_tolerance("float32", "float8_e4m3fn")
+        build(WeightSyncConfig, transport="disk").probe_tolerance("float32", "float8_e4m3fn")
 
 
 # ---------------------------------------------------------------- buckets

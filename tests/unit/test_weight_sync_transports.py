@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 import lean_rl
-from lean_rl.options import ConfigError
+from lean_rl.options import ConfigError, build
 from lean_rl.weight_sync.config import TRANSPORTS, WeightSyncConfig, resolve_transport
 from lean_rl.weight_sync.errors import WeightSyncError
 from lean_rl.weight_sync.rank import RankSyncPlan
@@ -99,7 +99,7 @@ def test_every_flag_choice_has_one_class_in_a_file_of_its_own():
     ({"device": "cuda"}, DistributedTransport),
 ])
 def test_the_flag_resolves_to_a_class(flags, expected):
-    name = WeightSyncConfig(**flags).transport
+    name = build(WeightSyncConfig, **flags).transport
     first, second = transport_for(name), transport_for(name)
     assert type(first) is expected
     assert first is not second  # the driver half keeps one WeightSync's state: never shared

@@ -8,7 +8,7 @@ later. Importing this module does not import Megatron."""
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from lean_rl.options import ConfigError, flag_of, option
 
@@ -252,14 +252,13 @@ def padded_vocab_size(vocab_size: int, make_vocab_size_divisible_by: int, tensor
 
 @dataclass(frozen=True)
 class MegatronConfig:
-    """Architecture + parallel layout, cross-validated; `padded_vocab_size` is derived once here."""
+    """Architecture + parallel layout, cross-validated; `padded_vocab_size` is computed from them."""
 
     arch: ModelArch
     parallel: ParallelConfig
     use_rollout_routing_replay: bool = False  # --use-rollout-routing-replay (routing_replay.py)
     params_dtype: str = "float32"  # PrecisionFlags.params_dtype: the weights' and the compute's dtype
     transformer_impl: str = "transformer_engine"  # --transformer-impl (compat.uses_te_layer_spec)
-    padded_vocab_size: int = field(init=False)
 
     def __post_init__(self) -> None:
         arch, par = self.arch, self.parallel
@@ -289,8 +288,13 @@ class MegatronConfig:
             _require(not self.use_rollout_routing_replay,
                      "--use-rollout-routing-replay needs an MoE model (--num-experts): this one has no MoE layer, "
                      "so there are no routes to replay")
-        object.__setattr__(self, "padded_vocab_size",
-                           padded_vocab_size(arch.vocab_size, arch.make_vocab_size_divisible_by, tp))
+
+    @property
+    def padded_vocab_size(self) -> int:
+        """The vocabulary padded as Megatron pads it (a pure function of the arch and the TP size)."""
+        arch = self.arch
+        return padded_vocab_size(arch.vocab_size, arch.make_vocab_size_divisible_by,
+                                 self.parallel.tensor_model_parallel_size)
 
 
 def _flag(field_name: str) -> str:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from lean_rl.backends.megatron.config import ParallelConfig
 from lean_rl.options import ConfigError, flag_of, group, option
@@ -90,7 +91,6 @@ class BatchPlan:
     batch: BatchConfig
     data_parallel_size: int
     samples_per_rollout: int | None = None  # --rollout-batch-size x --n-samples-per-prompt, when known
-    steps_per_rollout: int | None = None  # derived from samples_per_rollout
 
     def __post_init__(self) -> None:
         b, unit = self.batch, self.micro_batch_unit
@@ -100,7 +100,12 @@ class BatchPlan:
                      f"--global-batch-size {b.global_batch_size} must be a multiple of --micro-batch-size "
                      f"{b.micro_batch_size} x data-parallel size {self.data_parallel_size} = {unit}")
         if self.samples_per_rollout is not None:
-            object.__setattr__(self, "steps_per_rollout", self.steps_for(self.samples_per_rollout))
+            self.steps_for(self.samples_per_rollout)  # the flags agree on the rollout's size: fail at start-up
+
+    @property
+    def steps_per_rollout(self) -> int | None:
+        """Optimizer steps of a rollout of the known size (None when the size is not known)."""
+        return None if self.samples_per_rollout is None else self.steps_for(self.samples_per_rollout)
 
     @property
     def micro_batch_unit(self) -> int | None:
@@ -275,9 +280,14 @@ class LoraConfig:
         (), metavar="NAME", help=f"Megatron linear layers to adapt, space or comma separated: {' '.join(LORA_TARGETS)} "
                                  "(default: all of them; MoE layers: their attention only)")
 
+    @staticmethod
+    def derive_fields(values: dict[str, Any]) -> dict[str, Any]:
+        """--lora-target-modules as names: "a,b c" and "a b c" are the same list (options.build)."""
+        items = values["lora_target_modules"]
+        return {**values, "lora_target_modules": tuple(n for item in items for n in item.replace(",", " ").split())}
+
     def __post_init__(self) -> None:
-        names = tuple(n for item in self.lora_target_modules for n in item.replace(",", " ").split())
-        object.__setattr__(self, "lora_target_modules", names)
+        names = self.lora_target_modules
         _require(isinstance(self.lora_rank, int) and self.lora_rank >= 0,
                  f"--lora-rank must be an integer >= 0, got {self.lora_rank!r}")
         unknown = [n for n in names if n not in LORA_TARGETS]

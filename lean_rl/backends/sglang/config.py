@@ -25,14 +25,14 @@ otherwise. A user's `--sglang-<flag>` replaces our default for `--<flag>`.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import re
 import secrets
 import sys
 from dataclasses import dataclass, field
+from typing import Any
 
-from lean_rl.options import ConfigError, option
+from lean_rl.options import ConfigError, option, rebuild
 from lean_rl.utils.net import find_free_port
 
 DEFAULT_HOST = "127.0.0.1"
@@ -182,7 +182,7 @@ class LiveEndpoints:
 
 @dataclass(frozen=True)
 class EngineConfig:
-    # The user's flags (--help order). num_engines and gpus_per_engine are final after __post_init__:
+    # The user's flags (--help order). num_engines and gpus_per_engine are final after derive_fields:
     # on GPU num_engines follows --rollout-num-gpus / --rollout-num-gpus-per-engine; on CPU
     # gpus_per_engine is 0.
     model_path: str | None = option(None, flag="--hf-checkpoint",
@@ -232,7 +232,7 @@ class EngineConfig:
     # trainer oversubscribe the cores, and OpenMP's spin-waiting threads then slow decoding ~100x
     # (measured: 2 engines on 2 cores, ~900 -> ~10 tok/s). Default: an equal share of the cores with
     # one share left for the trainer and driver.
-    threads_per_cpu_engine: int = field(init=False)
+    threads_per_cpu_engine: int = field(default=0, kw_only=True)
     # The dtype the servers compute in (--dtype): the trainer's (MegatronConfig.params_dtype), so that
     # the probe compares like with like, unless --sglang-dtype says otherwise (config.parse_config).
     dtype: str = field(default="float32", kw_only=True)
@@ -253,14 +253,20 @@ class EngineConfig:
     engine_nodes: tuple[str, ...] = field(default=(), kw_only=True)
     live: LiveEndpoints = field(default_factory=LiveEndpoints, kw_only=True, compare=False, repr=False)
 
-    def __post_init__(self):
-        if self.device == "cpu":
-            object.__setattr__(self, "gpus_per_engine", 0)
-        object.__setattr__(self, "num_engines", _num_engines(self))
-        validate_engine_config(self)
+    @staticmethod
+    def derive_fields(values: dict[str, Any]) -> dict[str, Any]:
+        """No GPU per engine on CPU; the engine count from the GPU counts; a CPU server's threads, an
+        equal share of the cores beside the other servers and the trainer (options.build runs it)."""
+        v = dict(values)
+        if v["device"] == "cpu":
+            v["gpus_per_engine"] = 0
+        v["num_engines"] = _num_engines(v["num_engines"], v["num_gpus"], v["gpus_per_engine"], v["device"])
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-        object.__setattr__(self, "threads_per_cpu_engine",
-                           self.cpu_threads or max(1, cores // (self.num_engines + self.other_cpu_engines + 1)))
+        v["threads_per_cpu_engine"] = v["cpu_threads"] or max(1, cores // (v["num_engines"] + v["other_cpu_engines"] + 1))
+        return v
+
+    def __post_init__(self):
+        validate_engine_config(self)
 
     @property
     def ports_resolved(self) -> bool:
@@ -423,13 +429,12 @@ def validate_engine_config(config: EngineConfig) -> None:
                 fail(prefix + name[2:], f"is set by lean_rl; use {managed[name[2:]]}")
 
 
-def _num_engines(config: EngineConfig) -> int:
+def _num_engines(given: int | None, gpus: int | None, per_engine: int, device: str) -> int:
     """The number of engines: --rollout-num-engines on CPU, else derived from the GPU counts."""
-    given, gpus, per_engine = config.num_engines, config.num_gpus, config.gpus_per_engine
-    if config.device == "cpu":
+    if device == "cpu":
         return 1 if given is None else given
-    if config.device != "cuda":
-        raise ConfigError(f"device: must be 'cpu' or 'cuda', got {config.device!r}")
+    if device != "cuda":
+        raise ConfigError(f"device: must be 'cpu' or 'cuda', got {device!r}")
     if per_engine is None or per_engine < 1:
         raise ConfigError(f"--rollout-num-gpus-per-engine: must be >= 1, got {per_engine}")
     if gpus is None:
@@ -487,10 +492,10 @@ def resolve_api_key(config: EngineConfig, environ: dict[str, str] | None = None)
     if config.api_key_file is not None:
         if config.api_key is not None:
             raise ConfigError("give one of --sglang-api-key and --sglang-api-key-file, not both")
-        return dataclasses.replace(config, api_key=read_api_key_file(config.api_key_file), api_key_file=None)
+        return rebuild(config, api_key=read_api_key_file(config.api_key_file), api_key_file=None)
     environ = os.environ if environ is None else environ
     key = _api_key_value(environ.get(API_KEY_ENV) or None, f"${API_KEY_ENV}")
-    return dataclasses.replace(config, api_key=secrets.token_urlsafe(32) if key is None else key)
+    return rebuild(config, api_key=secrets.token_urlsafe(32) if key is None else key)
 
 
 def resolve_ports(config: EngineConfig) -> EngineConfig:
@@ -513,4 +518,4 @@ def resolve_ports(config: EngineConfig) -> EngineConfig:
     engine_ports = tuple(base + i for i in range(n)) if base is not None else tuple(free_port() for _ in range(n))
     chosen.update(engine_ports)
     router_port = config.router_port if config.router_port is not None else free_port()
-    return dataclasses.replace(config, engine_ports=engine_ports, resolved_router_port=router_port)
+    return rebuild(config, engine_ports=engine_ports, resolved_router_port=router_port)

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import atexit
 import concurrent.futures
-import dataclasses
 import logging
 import os
 import time
@@ -29,6 +28,7 @@ from pathlib import Path
 
 import ray
 
+from lean_rl.options import rebuild
 from lean_rl.backends.sglang.client import EngineClient
 from lean_rl.backends.sglang.config import EngineConfig, flags_to_dict
 from lean_rl.backends.sglang.engine_actor import EngineActor
@@ -53,7 +53,7 @@ class EngineGroup:
         # `name`: of this group in logs and of its Ray placement group (a run may hold two: the --use-opd teacher's)
         self.name = name
         # Absolute paths: the servers run in their actors' working directory, not necessarily this one.
-        self.config = dataclasses.replace(config, model_path=str(Path(config.model_path).resolve())) \
+        self.config = rebuild(config, model_path=str(Path(config.model_path).resolve())) \
             if config.model_path else config
         self.run_dir = Path(run_dir).resolve()
         self.stop_timeout_s = stop_timeout_s
@@ -270,7 +270,7 @@ class EngineGroup:
         metrics_port = find_free_port(host)
         while metrics_port in (*self.config.engine_ports, self.router_port):
             metrics_port = find_free_port(host)
-        config = self.config if host == self.config.host else dataclasses.replace(self.config, host=host)
+        config = self.config if host == self.config.host else rebuild(self.config, host=host)
         cmd = config.router_command(self.router_port, metrics_port)  # the key goes in env, never argv
         env = {**os.environ, "PYTHONUNBUFFERED": "1", "NO_COLOR": "1", **config.router_env()}
         # The router dies with the *thread* that started it (PR_SET_PDEATHSIG, see processes.py), and
