@@ -7,6 +7,23 @@ import pytest
 
 from lean_rl.testing.tiny_model import make_tiny_model
 
+TYPE_CHECK_TEST = "tests/unit/test_type_check.py::test_lean_rl_has_no_type_finding_outside_the_baseline"
+
+
+def pytest_collection_finish(session):
+    """The type check starts now when this session runs it (tests/background_type_check.py)."""
+    for item in session.items:
+        if item.nodeid == TYPE_CHECK_TEST and not any(m.args and m.args[0] for m in item.iter_markers("skipif")):
+            import background_type_check
+
+            background_type_check.start()
+
+
+def pytest_sessionfinish(session):
+    import background_type_check
+
+    background_type_check.stop()
+
 
 @pytest.fixture(scope="session")
 def tiny_models_root(tmp_path_factory) -> Path:

@@ -9,6 +9,9 @@ from conftest import read_metrics, run_flags, run_lean_rl
 pytestmark = pytest.mark.e2e
 
 
+# slow (suite time, issue 24): two runs; tests/unit/test_debug_rollout.py holds the saved rollouts' round
+# trip, and the loop both modes run is train.py's (tests/e2e/test_train_loops.py)
+@pytest.mark.slow
 def test_rollout_only_then_train_only_on_the_saved_rollouts(tiny_qwen2, toy_data, tmp_path):
     saved = tmp_path / "rollouts" / "{rollout_id}.jsonl"
     rollout_out, train_out = tmp_path / "gen", tmp_path / "train"

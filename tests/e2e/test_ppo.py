@@ -11,7 +11,7 @@ pytestmark = pytest.mark.e2e
 STEPS, MORE = 12, 2
 
 
-def test_ppo_learns_and_resumes_with_its_critic(tiny_qwen2, toy_data, tmp_path):
+def _learn_and_checkpoint(tiny_qwen2, toy_data, tmp_path):
     ckpt = tmp_path / "ckpt"
     flags = run_flags(tiny_qwen2, toy_data, tmp_path, "--advantage-estimator", "ppo", "--normalize-advantages",
                       "--critic-lr", "1e-3", "--save", str(ckpt), "--load", str(ckpt), "--save-interval", "5")
@@ -27,7 +27,18 @@ def test_ppo_learns_and_resumes_with_its_critic(tiny_qwen2, toy_data, tmp_path):
     for root in (ckpt, ckpt / "critic"):
         assert latest_step(root) == STEPS
         assert sorted(p.name for p in root.glob("iter_*")) == ["iter_0000005", "iter_0000010", "iter_0000012"]
+    return flags, ckpt, values
 
+
+def test_ppo_learns_and_checkpoints_its_critic(tiny_qwen2, toy_data, tmp_path):
+    _learn_and_checkpoint(tiny_qwen2, toy_data, tmp_path)
+
+
+# slow (suite time, issue 24): a second run; the default run keeps the critic's checkpoints above and
+# the actor's exact resume (tests/e2e/test_resume.py)
+@pytest.mark.slow
+def test_ppo_learns_and_resumes_with_its_critic(tiny_qwen2, toy_data, tmp_path):
+    flags, ckpt, values = _learn_and_checkpoint(tiny_qwen2, toy_data, tmp_path)
     result = run_lean_rl("lean_rl.train", [*flags, "--num-rollout", str(STEPS + MORE)])
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
     log = result.stdout + result.stderr

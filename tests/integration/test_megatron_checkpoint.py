@@ -134,7 +134,9 @@ def test_model_only_checkpoint_starts_a_fresh_optimizer_and_serves_as_reference(
 
 
 @pytest.mark.parametrize("arch, parallel", [
-    pytest.param("qwen3_moe", ParallelConfig(expert_model_parallel_size=2), id="moe-ep2"),  # chained optimizer
+    # slow (suite time, issue 24): the default run resumes a dense model in the same and another layout
+    pytest.param("qwen3_moe", ParallelConfig(expert_model_parallel_size=2), id="moe-ep2",  # chained optimizer
+                 marks=pytest.mark.slow),
     pytest.param("qwen2", ParallelConfig(pipeline_model_parallel_size=2), id="pp2", marks=pytest.mark.slow),
     pytest.param("qwen2", ParallelConfig(tensor_model_parallel_size=2), id="tp2", marks=pytest.mark.slow),
 ])

@@ -30,7 +30,8 @@ def test_sglang_matches_transformers(sampled, tiny_qwen2):
     assert d.max_abs <= 1e-4 and d.mean_abs <= 1e-5, d
 
 
-@pytest.mark.parametrize("layout", ["tp1", "tp2", "pp2"])
+# pp2 slow (suite time, issue 24): tests/integration/test_megatron_hf_parity.py holds PP=2 against transformers
+@pytest.mark.parametrize("layout", ["tp1", "tp2", pytest.param("pp2", marks=pytest.mark.slow)])
 def test_sglang_matches_megatron(layout, sampled, tiny_qwen2, ray_cluster):
     engine = [torch.tensor(s.engine_log_probs) for s in sampled]
     megatron, _ = megatron_log_probs(tiny_qwen2, layout, sampled)

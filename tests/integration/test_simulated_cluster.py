@@ -35,6 +35,8 @@ def test_tasks_run_on_the_node_they_are_placed_on_and_see_its_address(simulated_
     assert seen == [[ip, ip, "127.0.0.1"] for ip in simulated_cluster.node_ips]
 
 
+# slow (suite time, issue 24): the test harness's own teardown; every multi-node test uses it
+@pytest.mark.slow
 def test_teardown_ends_every_process_of_the_cluster_and_only_those():
     cluster = SimulatedCluster(num_nodes=2, cpus_per_node=1, first_ip="127.0.0.5").start()
     groups = [node.pgid for node in cluster.nodes]

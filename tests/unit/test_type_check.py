@@ -9,10 +9,9 @@ from __future__ import annotations
 import importlib.metadata
 import importlib.util
 import re
-import subprocess
-import sys
 from pathlib import Path
 
+import background_type_check
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -38,8 +37,9 @@ pytestmark = pytest.mark.skipif(importlib.metadata.version("torch") != _pinned_t
 
 
 def test_lean_rl_has_no_type_finding_outside_the_baseline():
-    run = subprocess.run([sys.executable, str(SCRIPT)], cwd=ROOT, capture_output=True, text=True, timeout=700)
-    assert run.returncode == 0, f"scripts/type_check.py failed:\n{run.stdout}{run.stderr}"
+    # started at collection, beside the other tests (tests/background_type_check.py)
+    status, output = background_type_check.result(timeout_s=700)
+    assert status == 0, f"scripts/type_check.py failed:\n{output}"
 
 
 def test_checker_reads_the_calls_into_megatron_sglang_and_torch_cuda(tmp_path):
