@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from lean_rl.rollout.base import RolloutOutput
+from lean_rl.rollout.metrics import rollout_metrics
 from lean_rl.sample import Sample
 
 FLAG = "--load-debug-rollout-data"
@@ -44,6 +46,12 @@ def load_debug_rollout(template: str, step: int) -> list[list[Sample]]:
     if not groups:
         raise ValueError(f"{FLAG}: {path} holds no groups (rollout {step})")
     return groups
+
+
+def replayed_rollout(template: str, step: int) -> RolloutOutput:
+    """--load-debug-rollout-data: the metrics of the saved rollout `step` (its groups are what that
+    step trains on: load_debug_rollout)."""
+    return RolloutOutput(metrics=rollout_metrics(load_debug_rollout(template, step)))
 
 
 def record_train_groups(run, step: int, groups: list[list[Sample]]) -> list[list[Sample]]:

@@ -1,6 +1,6 @@
 """The run's SGLang engine groups: the policy's (into the trainer's bundles with --colocate) and, with
---use-opd --opd-teacher-hf-checkpoint, the teacher's beside it (never synced nor probed: its weights
-stay as loaded), plus the health monitor of the policy's; and where they landed on a cluster."""
+--use-opd --opd-teacher-hf-checkpoint, the teacher's (rollout/distillation.teacher_engine_group) beside
+it, plus the health monitor of the policy's; and where they landed on a cluster."""
 
 from __future__ import annotations
 
@@ -33,10 +33,9 @@ def start_engines(cfg: Config, output_dir: Path, trainer: MegatronGroup | None, 
     rollout reads."""
     from lean_rl.backends.sglang.engines import EngineGroup
     from lean_rl.backends.sglang.health import EngineMonitor
+    from lean_rl.rollout.distillation import teacher_engine_group
 
-    opd = cfg.distillation
-    teacher = None if opd.teacher_engines is None else \
-        EngineGroup(opd.teacher_engines, output_dir / "teacher_engines", name="teacher_engines")
+    teacher = teacher_engine_group(cfg, output_dir)
     engines = None
     try:
         with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="lean_rl-teacher") as pool:

@@ -45,7 +45,6 @@ async def run_until_stopped(rt: Runtime, loop: Callable[[Runtime], Awaitable[Non
         await rt.save(stopped.step)
         return stopped
     finally:
-        capture = sys.modules.get("lean_rl.rollout.openai_capture.server")
-        if capture is not None:  # a capture endpoint served this loop's rollouts: close its port
-            await capture.stop_capture_servers()
+        for close in rt.closers:  # registered by rollout code for this loop (Runtime.closers): capture servers
+            await close()
     return None

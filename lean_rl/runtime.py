@@ -17,6 +17,7 @@ import concurrent.futures
 import functools
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -24,14 +25,13 @@ from lean_rl.backends.megatron.train_options import TrainOptions
 from lean_rl.buffer.data_buffer import DataBuffer, create_data_buffer
 from lean_rl.ci_test import check_step
 from lean_rl.config import Config
-from lean_rl.debug_rollout import load_debug_rollout, record_train_groups
+from lean_rl.debug_rollout import load_debug_rollout, record_train_groups, replayed_rollout
 from lean_rl.checkpoint_save import write_checkpoint
 from lean_rl.engine_start import report_placement, start_engines
 from lean_rl.preflight import check_before_start, dataset_errors_as_config_errors
 from lean_rl.extensions import install
-from lean_rl.rollout.base import RolloutOutput, call_rollout_function
+from lean_rl.rollout.base import RolloutOutput, call_rollout_function, install_on_close
 from lean_rl.rollout.evaluation import load_eval_datasets
-from lean_rl.rollout.metrics import rollout_metrics
 from lean_rl.run_lock import lock_run_directories
 from lean_rl.sample import Sample
 from lean_rl.step_metrics import run_counters
@@ -55,6 +55,8 @@ class Runtime:
     def __init__(self, cfg: Config):
         self.cfg = cfg
         self.extensions = install(cfg)  # loaded and checked once; the rollout finds them installed
+        self.closers: list[Callable[[], Awaitable[None]]] = []  # awaited when the loop ends (run_loop.py)
+        install_on_close(cfg, self.closers.append)  # rollout code registers what it started (capture servers)
         self.timers = Timers()
         self.output_dir = Path(cfg.run.output_dir)
         self.buffer: DataBuffer | None = None
@@ -174,7 +176,7 @@ class Runtime:
     async def rollout(self, step: int) -> RolloutOutput:
         """One rollout (finished groups land in the buffer), or the metrics of --load-debug-rollout-data's."""
         if self.cfg.run.load_debug_rollout_data:
-            return RolloutOutput(metrics=rollout_metrics(load_debug_rollout(self.cfg.run.load_debug_rollout_data, step)))
+            return replayed_rollout(self.cfg.run.load_debug_rollout_data, step)
         return await call_rollout_function(self.cfg, self.extensions.rollout, step, self.buffer, False)
 
     def take_train_groups(self, step: int) -> list[list[Sample]]:

@@ -49,6 +49,22 @@ def install_extensions(cfg: Config, extensions: Extensions) -> Extensions:
     return extensions
 
 
+# What a run closes when its loop ends, registered by rollout code that started it (the capture
+# endpoint's servers): Runtime.on_close, installed here per run like the extensions.
+_ON_CLOSE: dict[int, tuple[Config, Callable[[Callable[[], Awaitable[None]]], None]]] = {}
+
+
+def install_on_close(cfg: Config, register: Callable[[Callable[[], Awaitable[None]]], None]) -> None:
+    _ON_CLOSE[id(cfg)] = (cfg, register)
+
+
+def close_with_the_run(cfg: Config, close: Callable[[], Awaitable[None]]) -> None:
+    """Have the run of `cfg` await `close()` when its loop ends (nothing outside a run: the caller closes)."""
+    entry = _ON_CLOSE.get(id(cfg))
+    if entry is not None and entry[0] is cfg:
+        entry[1](close)
+
+
 def installed_extensions(cfg: Config) -> Extensions:
     """The user hooks of the run whose Config is `cfg`."""
     entry = _INSTALLED.get(id(cfg))

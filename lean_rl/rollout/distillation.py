@@ -28,9 +28,22 @@ from lean_rl.rollout.base import engine_client, retry_engine_call
 from lean_rl.sample import Sample, Status
 
 if TYPE_CHECKING:  # not at run time: lean_rl.config imports every flag group (Megatron's included)
+    from pathlib import Path
+
+    from lean_rl.backends.sglang.engines import EngineGroup
     from lean_rl.config import Config
 
 TEACHER_ERROR = "teacher_error"  # metadata key of a sample the teacher could not score (FAILED)
+
+
+def teacher_engine_group(cfg: Config, output_dir: Path) -> EngineGroup | None:
+    """The teacher's own engine group when this run serves it (--opd-teacher-hf-checkpoint), not yet
+    started (engine_start.py starts it beside the policy's); never synced nor probed: its weights stay
+    as loaded. None with --opd-teacher-url or without --use-opd."""
+    from lean_rl.backends.sglang.engines import EngineGroup
+
+    teacher = cfg.distillation.teacher_engines
+    return None if teacher is None else EngineGroup(teacher, output_dir / "teacher_engines", name="teacher_engines")
 
 
 def teacher_client(cfg: Config) -> EngineClient:

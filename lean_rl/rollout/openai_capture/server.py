@@ -35,6 +35,7 @@ from urllib.parse import urlparse
 
 from aiohttp import web
 
+from lean_rl.rollout.base import close_with_the_run
 from lean_rl.rollout.openai_capture.chat import error_body
 from lean_rl.rollout.openai_capture.messages import anthropic_error, message_events
 from lean_rl.rollout.openai_capture.responses import response_events
@@ -202,6 +203,8 @@ async def capture_server(cfg: Config) -> CaptureServer:
         raise ValueError(f"the capture endpoint binds the router's address, and {host!r} is not one "
                          "(use --sglang-host with this node's address)")
     starts = _SERVERS.setdefault(loop, {})
+    if not starts:  # this loop's first server: the run stops this loop's servers when its loop ends
+        close_with_the_run(cfg, stop_capture_servers)
     if host not in starts:
         starts[host] = loop.create_task(CaptureServer(host).start())
     try:
