@@ -27,6 +27,7 @@ _DRIVER = textwrap.dedent("""
     from lean_rl.backends.megatron.train_config import (BatchConfig, CheckpointConfig, OptimizerConfig,
                                                         TrainConfig, TrainerLayout)
     from lean_rl.backends.megatron.train_driver import initialize_for_training, train_on_rollout
+    from lean_rl.options import build
     from lean_rl.testing.sample_groups import make_groups, set_rollout_log_probs
     from lean_rl.utils.ray_utils import init_ray
 
