@@ -40,7 +40,7 @@ from lean_rl.rollout.config import EvalConfig, RewardConfig, RolloutConfig
 from lean_rl.rollout.distillation_config import DistillationConfig
 from lean_rl.run_config import RunConfig
 from lean_rl.slime_flags import slime_hint
-from lean_rl.utils.custom_config import ReadOnlyMapping, load_custom_config
+from lean_rl.utils.custom_config import ReadOnlyMapping, load_custom_config, load_yaml_mapping
 from lean_rl.utils.device import detect_device
 from lean_rl.weight_sync.config import WeightSyncConfig
 
@@ -177,6 +177,7 @@ def parse_config(argv: list[str]) -> Config:
     rollout = _sft_rollout(args, data, read_options(RolloutConfig, args))
     reward = read_options(RewardConfig, args)
     evaluation = read_options(EvalConfig, args).with_rollout_sampling(rollout.sampling)
+    evaluation = evaluation.with_sets(load_yaml_mapping(evaluation.config_path, "--eval-config"))
     _check_run_against_rollout(run, rollout)
     for flag, path in [("--prompt-data", data.prompt_data)] + [
             (f"--eval-prompt-data {name}", p) for name, p in evaluation.datasets]:
@@ -189,8 +190,8 @@ def parse_config(argv: list[str]) -> Config:
                 raise ConfigError(f"{flag}: {err}") from None
     if not data.prompt_data and not data.data_source_path and not run.debug_train_only:
         raise ConfigError("--prompt-data is required (or --data-source-path)")
-    if data.prompt_data and data.data_source_path:
-        raise ConfigError("give either --prompt-data or --data-source-path (a source of your own), not both")
+    # --prompt-data with --data-source-path: the file is the source's to read (slime's sources read
+    # args.prompt_data); the buffer takes its prompts from the source
     custom = load_custom_config(rollout.custom_config.custom_config_path)
     device = detect_device()
     megatron = _megatron_config(argv, args, read_options(ParallelConfig, args), device)

@@ -9,19 +9,21 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
 from lean_rl.rollout import rewards
 from lean_rl.rollout.base import RolloutOutput, install_extensions
 from lean_rl.rollout.config import MULTI_TURN_GENERATE
 from lean_rl.sample import Sample
-from lean_rl.slime_compat.finder import install_slime_finder
+from lean_rl.utils.slime_finder import install_slime_finder
 from lean_rl.rollout.generate import generate as default_generate
 from lean_rl.slime_compat.hooks import (HookedGenerate, SampleHooks, SlimeAllSamplesProcess, SlimeDynamicFilter,
                                         SlimeGenerate, SlimeReward, SlimeRewardPostProcess, SlimeSampleFilter,
                                         is_slime_function)
+from lean_rl.slime_compat.rollout_function import SlimeRolloutFunction
 from lean_rl.slime_compat.run_state import bind_run
+from lean_rl.slime_compat.source_adapter import SlimeSourceFactory, is_slime_source
 from lean_rl.utils.plugins import accepts_positional, keyword_only, load_function
 
 if TYPE_CHECKING:  # not at run time: lean_rl.config imports every flag group
@@ -105,6 +107,9 @@ class Extensions:
     data_source: Callable | None = None
     custom_advantage: Callable | None = None
     custom_loss: Callable | None = None
+    custom_tis: Callable | None = None
+    # --eval-config sets with a reward of their own: name -> (reward function, whether it scores groups)
+    eval_rewards: dict[str, tuple[Callable, bool]] = field(default_factory=dict)
     @functools.cached_property
     def generate_call(self) -> Callable[..., Awaitable] | None:
         """`generate` as the rollout calls it: (cfg, sample, sampling_params, evaluation), whatever of
@@ -130,6 +135,7 @@ def generate_caller(fn: Callable) -> Callable[..., Awaitable]:
 def load_extensions(cfg: Config) -> Extensions:
     """Import and check every dotted-path extension; called at start-up, before any engine starts."""
     from lean_rl.algorithms.hooks import load_advantage_function, load_loss_function
+    from lean_rl.algorithms.slime_contracts import load_tis_function
     from lean_rl.buffer.user_source import load_source_factory
 
     # a hook written for slime imports slime.*: served by lean_rl's compatibility modules unless slime is
@@ -137,10 +143,13 @@ def load_extensions(cfg: Config) -> Extensions:
     install_slime_finder()
     bind_run(cfg)
     r = cfg.rollout
-    rollout_fn = load_function(r.rollout_function_path, "--rollout-function-path", num_args=4, must_be_sync=False)
+    rollout_fn = slime_hook(load_function(r.rollout_function_path, "--rollout-function-path", num_args=4,
+                                          must_be_sync=False),
+                            SlimeRolloutFunction, f"--rollout-function-path {r.rollout_function_path}")
     eval_fn = None
     if cfg.eval.function_path:
-        eval_fn = load_function(cfg.eval.function_path, "--eval-function-path", num_args=4, must_be_sync=False)
+        eval_fn = slime_hook(load_function(cfg.eval.function_path, "--eval-function-path", num_args=4, must_be_sync=False),
+                             SlimeRolloutFunction, f"--eval-function-path {cfg.eval.function_path}")
     generate_fn = None
     if r.custom_generate_function_path:
         generate_fn = slime_hook(load_function(r.custom_generate_function_path, "--custom-generate-function-path",
@@ -165,6 +174,14 @@ def load_extensions(cfg: Config) -> Extensions:
         reward_fn = rewards.BUILTIN_REWARDS[cfg.reward.rm_type]
     else:
         reward_fn = None
+    eval_rewards: dict[str, tuple[Callable, bool]] = {}
+    for eval_set in cfg.eval.sets:  # --eval-config: a set's own reward (never a group reward)
+        if eval_set.custom_rm_path:
+            flag = f"--eval-config {cfg.eval.config_path}: {eval_set.name}: custom_rm_path"
+            eval_rewards[eval_set.name] = (slime_hook(load_function(eval_set.custom_rm_path, flag, num_args=2,
+                                                                    must_be_async=True), SlimeReward, flag), False)
+        elif eval_set.rm_type:  # checked by parse_config
+            eval_rewards[eval_set.name] = (rewards.BUILTIN_REWARDS[eval_set.rm_type], False)
 
     def optional(path: str | None, flag: str, num_args: int, slime_wrapper, **checks) -> Callable | None:
         return slime_hook(load_function(path, flag, num_args=num_args, **checks), slime_wrapper,
@@ -181,18 +198,22 @@ def load_extensions(cfg: Config) -> Extensions:
                                      SlimeAllSamplesProcess),
         reward_post_process=optional(cfg.reward.custom_reward_post_process_path, "--custom-reward-post-process-path",
                                      2, SlimeRewardPostProcess, must_be_sync=True),
-        data_source=load_source_factory(cfg.data.data_source_path) if cfg.data.data_source_path else None,
+        data_source=slime_hook(load_source_factory(cfg.data.data_source_path), SlimeSourceFactory,
+                               f"--data-source-path {cfg.data.data_source_path}") if cfg.data.data_source_path else None,
         custom_advantage=load_advantage_function(cfg.algorithm.custom_advantage_function_path)
         if cfg.algorithm.custom_advantage_function_path else None,
         custom_loss=load_loss_function(cfg.algorithm.custom_loss_function_path)
         if cfg.algorithm.custom_loss_function_path else None,
+        custom_tis=load_tis_function(cfg.algorithm.custom_tis_function_path)
+        if cfg.algorithm.custom_tis_function_path else None,
+        eval_rewards=eval_rewards,
     )
 
 
 def slime_hook(fn: Callable, wrapper, flag: str) -> Callable:
-    """`fn` itself, or, when it was written against slime's API (its module imports slime), `fn`
-    wrapped into lean_rl's contract for its flag (lean_rl/slime_compat/hooks.py)."""
-    return wrapper(fn, flag) if is_slime_function(fn) else fn
+    """`fn` itself, or, when it was written against slime's API (its module imports slime, or it is a
+    slime data source class), `fn` wrapped into lean_rl's contract for its flag (lean_rl/slime_compat/)."""
+    return wrapper(fn, flag) if is_slime_function(fn) or is_slime_source(fn) else fn
 
 
 def install(cfg: Config) -> Extensions:

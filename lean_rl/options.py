@@ -126,6 +126,23 @@ def _dest_of(f: dataclasses.Field, meta: dict, tp: Any) -> str:
     return _dest(flag)
 
 
+def set_flag_values(namespace: argparse.Namespace, config: Any) -> argparse.Namespace:
+    """Every option of `config` (and of the configs inside it) set on `namespace` under the name
+    argparse gives its flag, as the parser would have read it (tuples as lists): the `args` view a
+    hook written for slime reads (lean_rl/slime_compat/args.py, algorithms/slime_contracts.py)."""
+    if not dataclasses.is_dataclass(config):
+        return namespace
+    by_name = {f.name: (meta, tp) for f, meta, tp in options_of(type(config))}
+    for f in dataclasses.fields(config):
+        value = getattr(config, f.name)
+        if f.name not in by_name or by_name[f.name][0]["kind"] == "group":
+            set_flag_values(namespace, value)  # a nested config (Config's groups)
+            continue
+        meta, tp = by_name[f.name]
+        setattr(namespace, _dest_of(f, meta, tp), list(value) if isinstance(value, tuple) else value)
+    return namespace
+
+
 def _check(value: Any, meta: dict, flag: str) -> None:
     if value is None or isinstance(value, bool) or not isinstance(value, (int, float)):
         return

@@ -440,7 +440,7 @@ SLIME_FLAGS: dict[str, SlimeFlag] = {
     "--eval-interval": same(),
     "--eval-prompt-data": mapped(_eval_prompt_data, "`--eval-prompt-data NAME PATH` once per pair (one path: "
                                  "named aime, as slime names it)"),
-    "--eval-config": refused(f"{NOT_YET}: --eval-prompt-data NAME PATH pairs"),
+    "--eval-config": same("slime's YAML (eval: defaults, datasets); per-set sampling, reward, data keys"),
     "--skip-eval-before-train": notice("lean_rl does not evaluate before the first step"),
     "--eval-input-key": mapped(_same_key("--input-key", "input"), "accepted when equal to --input-key"),
     "--eval-label-key": mapped(_same_key("--label-key", None), "accepted when equal to --label-key"),
@@ -509,7 +509,7 @@ SLIME_FLAGS: dict[str, SlimeFlag] = {
     "--use-tis": same(),
     "--tis-clip": same(),
     "--tis-clip-low": same(),
-    "--custom-tis-function-path": refused(f"{NOT_YET}: --use-tis --tis-level, --use-rs (rejection sampling)"),
+    "--custom-tis-function-path": same(),
     "--custom-pg-loss-reducer-function-path": refused("--loss-agg-mode, or --custom-loss-function-path"),
     "--use-routing-replay": refused("lean_rl replays the engine's routing: --use-rollout-routing-replay"),
     "--use-rollout-routing-replay": same(),

@@ -71,6 +71,10 @@ class AlgorithmConfig:
     tis_clip_low: float = option(0.0, help="lower bound of the TIS weight")
     tis_level: str = option("token", choices=IS_LEVELS, help=(
         "TIS ratio per token, per sequence (product of token ratios) or geometric (their geometric mean)"))
+    custom_tis_function_path: str | None = option(None, help=(
+        "dotted path of slime's `tis(args, *, pg_loss, train_log_probs, rollout_log_probs, loss_masks, total_lengths, "
+        "response_lengths) -> (pg_loss, loss_masks, metrics)` in place of --tis-level's weights (with --use-tis; "
+        "lean_rl/algorithms/slime_contracts.py)"))
     use_rs: bool = option(False, help=(
         "rejection sampling (masked IS): tokens or sequences whose engine/trainer ratio leaves "
         "[--rs-lower-bound, --rs-upper-bound] get no gradient"))
@@ -179,6 +183,8 @@ class AlgorithmConfig:
                  f"--tis-clip-low must be in [0, --tis-clip {self.tis_clip}), got {self.tis_clip_low}")
         _require(self.rs_lower_bound is not None and 0 < self.rs_lower_bound < self.rs_upper_bound,
                  f"--rs-lower-bound ({self.rs_lower_bound}) must be > 0 and < --rs-upper-bound ({self.rs_upper_bound})")
+        _require(self.custom_tis_function_path is None or self.use_tis,
+                 "--custom-tis-function-path replaces the TIS weights: it needs --use-tis")
         _require(not (self.use_tis and self.decoupled_ppo),
                  "--use-tis and --decoupled-ppo are two forms of the same correction; choose one")
         _require(not (self.decoupled_ppo and self.use_rollout_logprobs),

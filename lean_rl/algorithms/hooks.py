@@ -8,6 +8,7 @@ again where they are called; what they return is checked on every call."""
 from __future__ import annotations
 
 import functools
+import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable
 
@@ -15,7 +16,8 @@ import torch
 
 from lean_rl.algorithms.advantages import broadcast, compute_advantages
 from lean_rl.algorithms.losses import policy_loss, sft_loss
-from lean_rl.utils.plugins import hook_return_error, load_function
+from lean_rl.algorithms.slime_contracts import slime_advantages
+from lean_rl.utils.plugins import PluginError, hook_return_error, is_slime_function, load_function
 
 if TYPE_CHECKING:
     from lean_rl.algorithms.config import AlgorithmConfig
@@ -45,6 +47,9 @@ class AdvantageInputs:
     # [B] float32: the reward of each sequence's prompt's greedy response (--advantage-estimator remax;
     # sample.metadata["remax_baseline_reward"]), NaN where the rollout gave none
     baseline_rewards: torch.Tensor | None = None
+    # [B] int64: each sequence's response length and prompt + response length (slime's contract reads them)
+    response_lengths: torch.Tensor | None = None
+    total_lengths: torch.Tensor | None = None
 
 
 def builtin_advantages(algo: AlgorithmConfig, inputs: AdvantageInputs) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -78,6 +83,9 @@ def compute_custom_or_builtin_advantages(algo: AlgorithmConfig, inputs: Advantag
     fn = advantage_function(algo)
     if fn is builtin_advantages:
         return builtin_advantages(algo, inputs)
+    if is_slime_function(fn):  # slime's contract: f(args, rollout_data) fills rollout_data (slime_contracts.py)
+        result = slime_advantages(fn, algo, inputs, f"{ADVANTAGE_FLAG} {algo.custom_advantage_function_path}")
+        return checked_advantages(algo, fn, result, inputs.mask)
     return checked_advantages(algo, fn, fn(algo, inputs), inputs.mask)
 
 
@@ -110,7 +118,18 @@ def checked_advantages(algo: AlgorithmConfig, fn: Callable, result, mask: torch.
 
 # ---------------------------------------------------------------- the policy loss
 def load_loss_function(path: str) -> Callable:
-    return load_function(path, LOSS_FLAG, num_args=1, must_be_sync=True, keywords=LOSS_INPUTS)
+    try:
+        return load_function(path, LOSS_FLAG, num_args=1, must_be_sync=True, keywords=LOSS_INPUTS)
+    except PluginError:
+        module_name, _, attr = path.rpartition(".")
+        fn = getattr(sys.modules.get(module_name), attr, None)
+        if fn is not None and is_slime_function(fn):  # slime's contract: (args, batch, logits, sum_of_sample_mean)
+            raise PluginError(
+                f"{LOSS_FLAG} {path!r}: a loss written for slime, f(args, batch, logits, sum_of_sample_mean), reads "
+                "Megatron's packed logits, which lean_rl's trainer does not hand to a loss; write it on the per-token "
+                f"tensors lean_rl gives: loss(algo, *, {', '.join(LOSS_INPUTS)}) -> (loss, metrics) (docs/extending.md, "
+                "--custom-loss-function-path)") from None
+        raise
 
 
 def loss_function(algo: AlgorithmConfig) -> Callable:

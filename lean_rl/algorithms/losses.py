@@ -30,6 +30,7 @@ import torch
 
 from lean_rl.algorithms.kl import kl_estimate
 from lean_rl.algorithms.names import AGGREGATION_MODES, IS_LEVELS
+from lean_rl.algorithms.slime_contracts import custom_tis
 from lean_rl.algorithms.policy_losses import (clip_cov_drop, cispo, gmpo_log_ratio, sapo, sequence_advantage,
                                               token_covariance, top_covariance)
 
@@ -211,9 +212,14 @@ def policy_loss(cfg, *, log_probs: torch.Tensor, advantages: torch.Tensor, mask:
     if cfg.use_tis:
         if rollout_log_probs is None:
             raise ValueError("--use-tis needs the rollout log-probs of every sample")
-        off_policy, capped = tis_weights(old, rollout_log_probs, cfg.tis_clip, cfg.tis_clip_low, mask, cfg.tis_level)
-        metrics.update(tis_weight=off_policy, tis_clipfrac=capped)
-        pg = pg * off_policy
+        if cfg.custom_tis_function_path:  # slime's contract (algorithms/slime_contracts.py)
+            pg, kept, tis_metrics = custom_tis(cfg, pg, old, rollout_log_probs, mask)
+            metrics.update(tis_metrics)
+            pg = pg * kept
+        else:
+            off_policy, capped = tis_weights(old, rollout_log_probs, cfg.tis_clip, cfg.tis_clip_low, mask, cfg.tis_level)
+            metrics.update(tis_weight=off_policy, tis_clipfrac=capped)
+            pg = pg * off_policy
     elif cfg.decoupled_ppo:
         if rollout_log_probs is None or old_log_probs is None:
             raise ValueError("--decoupled-ppo needs rollout log-probs and recomputed proximal log-probs")

@@ -181,14 +181,14 @@ def _reset(sample: Sample) -> Sample:
 
 
 
-def create_data_buffer(cfg) -> DataBuffer:
+def create_data_buffer(cfg, source_factory=None) -> DataBuffer:
     """The run's buffer over --prompt-data, tokenized with the served checkpoint's tokenizer, or over
-    the source that --data-source-path makes."""
+    the source that --data-source-path makes (`source_factory`: the run's loaded hook)."""
     from lean_rl.buffer.prompt_source import load_prompts, load_tokenizer
     from lean_rl.buffer.user_source import make_user_source
 
     if cfg.data.data_source_path:
-        return DataBuffer(make_user_source(cfg), cfg.rollout.n_samples_per_prompt, cfg.rollout.max_staleness)
+        return DataBuffer(make_user_source(cfg, source_factory), cfg.rollout.n_samples_per_prompt, cfg.rollout.max_staleness)
     if not cfg.data.prompt_data:
         raise ValueError("--prompt-data is required (or --data-source-path)")
     records, skipped = load_prompts(cfg.data.prompt_data, cfg.data, load_tokenizer(cfg.engines.model_path))

@@ -26,9 +26,10 @@ def load_source_factory(path: str):
     return load_function(path, FLAG, num_args=1, must_be_sync=True)
 
 
-def make_user_source(cfg) -> "UserSource":
+def make_user_source(cfg, factory=None) -> "UserSource":
+    """The source `factory` (the run's loaded hook, see lean_rl/extensions.py; imported here when None) makes."""
     path = cfg.data.data_source_path
-    factory = load_source_factory(path)
+    factory = factory or load_source_factory(path)
     source = factory(cfg)
     missing = [name for name in METHODS if not callable(getattr(source, name, None))]
     if missing:

@@ -1,5 +1,6 @@
-"""Evaluation rollouts: every prompt of each `--eval-prompt-data` set, `--n-samples-per-eval-prompt`
-times; mean reward and pass@k per set. Eval prompts never touch the training buffer."""
+"""Evaluation rollouts: every prompt of each evaluation set (--eval-prompt-data, or --eval-config with
+per-set sampling, reward and data keys), `--n-samples-per-eval-prompt` times (or the set's own);
+mean reward and pass@k per set. Eval prompts never touch the training buffer."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import logging
 import math
 from typing import TYPE_CHECKING
 
+from lean_rl.options import rebuild
 from lean_rl.buffer.prompt_source import PromptRecord, load_prompts, load_tokenizer
 from lean_rl.rollout.base import RolloutOutput, generated_samples
 from lean_rl.rollout.rewards import reward_entry_means, score_group
@@ -17,6 +19,7 @@ from lean_rl.sample import Sample, Status
 
 if TYPE_CHECKING:  # not at run time: lean_rl.config imports every flag group (Megatron's included)
     from lean_rl.config import Config
+    from lean_rl.rollout.config import EvalSet
     from lean_rl.extensions import Extensions, GenerateFunction
 
 logger = logging.getLogger(__name__)
@@ -35,11 +38,17 @@ def _eval_records(name: str, path: str, data_cfg, tokenizer_path: str) -> tuple[
     return tuple(records)
 
 
+def _set_records(cfg: Config, eval_set: EvalSet) -> tuple[PromptRecord, ...]:
+    """The set's prompts, read with its own data keys (--eval-config) over the run's."""
+    data = rebuild(cfg.data, **dict(eval_set.data_overrides)) if eval_set.data_overrides else cfg.data
+    return _eval_records(eval_set.name, eval_set.path, data, cfg.engines.model_path)
+
+
 def load_eval_datasets(cfg: Config) -> dict[str, int]:
-    """Read every --eval-prompt-data set now (the first evaluation then finds them loaded): a bad
-    file fails at start-up, naming the set, not after the first --eval-interval steps. Returns the
-    number of prompts per set."""
-    return {name: len(_eval_records(name, path, cfg.data, cfg.engines.model_path)) for name, path in cfg.eval.datasets}
+    """Read every evaluation set now (the first evaluation then finds them loaded): a bad file fails
+    at start-up, naming the set, not after the first --eval-interval steps. Returns the number of
+    prompts per set."""
+    return {s.name: len(_set_records(cfg, s)) for s in cfg.eval.sets}
 
 
 class EvaluationFailedError(RuntimeError):
@@ -64,31 +73,32 @@ async def run_evaluation(cfg: Config, rollout_id: int, extensions: Extensions,
     evaluation=True; a generate that fans out (several samples per call) makes one attempt of them:
     pass@k counts an attempt as correct when any of its samples has reward >= 1.0, reward_mean
     averages over every sample."""
-    if extensions.reward is None and extensions.generate is None:  # nothing could set a reward
+    if extensions.reward is None and extensions.generate is None and \
+            len(extensions.eval_rewards) < len(cfg.eval.sets):  # nothing could set a set's reward
         raise ValueError("evaluation needs a reward: set --rm-type or --custom-rm-path")
     generate_call = extensions.generate_call or default_generate
     generate_fn = extensions.generate or default_generate
-    params = cfg.eval.sampling.to_sglang()
     semaphore = asyncio.Semaphore(cfg.rollout.max_concurrency)
     counters: collections.Counter = collections.Counter()
     output = RolloutOutput()
 
-    async def one(sample: Sample) -> list[Sample]:
+    async def one(sample: Sample, params: dict) -> list[Sample]:
         async with semaphore:
             try:
-                result = await generate_call(cfg, sample, dict(params), True)
+                result = await generate_call(cfg, sample, params, True)
             except Exception as err:  # noqa: BLE001 - one failed request must not end the run (it is counted)
                 sample.status = Status.FAILED
                 sample.metadata["generate_error"] = f"{type(err).__name__}: {err}"[:500]
                 return [sample]
         return generated_samples(cfg, generate_fn, result, sample.group_index)
 
-    for name, path in cfg.eval.datasets:
-        records = _eval_records(name, path, cfg.data, cfg.engines.model_path)
-        n = cfg.eval.n_samples_per_prompt
+    for eval_set in cfg.eval.sets:
+        name, n, params = eval_set.name, eval_set.n_samples_per_prompt, eval_set.sampling.to_sglang()
+        reward_fn, group_rm = extensions.eval_rewards.get(name, (extensions.reward, extensions.group_reward))
+        records = _set_records(cfg, eval_set)
         groups = [[Sample(index=i * n + j, group_index=i, prompt=r.prompt, tokens=list(r.tokens), label=r.label,
                           metadata=dict(r.metadata)) for j in range(n)] for i, r in enumerate(records)]
-        attempts = await asyncio.gather(*(asyncio.gather(*(one(s) for s in g)) for g in groups))
+        attempts = await asyncio.gather(*(asyncio.gather(*(one(s, dict(params)) for s in g)) for g in groups))
         failed = [s for g in attempts for attempt in g for s in attempt if s.status == Status.FAILED]
         check_failed_evaluation(cfg, name, failed, sum(len(attempt) for g in attempts for attempt in g))
         # what failed says nothing about the policy: no metric scores it (a failed attempt counts as not
@@ -96,8 +106,7 @@ async def run_evaluation(cfg: Config, rollout_id: int, extensions: Extensions,
         attempts = [[[s for s in attempt if s.status != Status.FAILED] for attempt in g] for g in attempts]
         finished = [[s for attempt in g for s in attempt] for g in attempts]
         finished = [g for g in finished if g]
-        await asyncio.gather(*(score_group(cfg, g, extensions.reward, extensions.group_reward, counters,
-                                           evaluation=True) for g in finished))
+        await asyncio.gather(*(score_group(cfg, g, reward_fn, group_rm, counters, evaluation=True) for g in finished))
         output.metrics[f"eval/{name}/failed"] = float(len(failed))
         if not finished:  # every sample failed (--eval-max-failed-fraction 1): nothing to score
             continue

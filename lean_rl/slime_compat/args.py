@@ -9,12 +9,10 @@ that sets `args.x` sees it on its next call, as in slime. The run itself never r
 from __future__ import annotations
 
 import argparse
-import dataclasses
-import typing
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
-from lean_rl.options import options_of
+from lean_rl.options import set_flag_values
 
 if TYPE_CHECKING:  # not at run time: lean_rl.config imports every flag group
     from lean_rl.config import Config
@@ -33,33 +31,13 @@ def slime_args(cfg: Config) -> argparse.Namespace:
 
 def build_args(cfg: Config) -> argparse.Namespace:
     args = argparse.Namespace()
-    _set_flags(args, cfg)
+    set_flag_values(args, cfg)
     for name, value in _slime_only(cfg).items():
         if not hasattr(args, name):  # a lean_rl flag of the same name says it better
             setattr(args, name, value)
     for key, value in dict(cfg.custom).items():  # --custom-config-path: slime sets each key on args
         setattr(args, key, value)
     return args
-
-
-def _set_flags(args: argparse.Namespace, config) -> None:
-    """Every option of `config` and of the configs inside it, under the name argparse gives its flag."""
-    if not dataclasses.is_dataclass(config):
-        return
-    by_name = {f.name: (meta, tp) for f, meta, tp in options_of(type(config))}
-    for f in dataclasses.fields(config):
-        value = getattr(config, f.name)
-        if f.name not in by_name:
-            _set_flags(args, value)  # a nested config (Config's groups)
-            continue
-        meta, tp = by_name[f.name]
-        if meta["kind"] == "group":
-            _set_flags(args, value)
-            continue
-        flag = meta["flag"] or "--" + f.name.replace("_", "-")
-        store_false = typing.get_origin(tp) is None and tp is bool and f.default is True and meta["action"] is None
-        name = f.name if store_false else flag.lstrip("-").replace("-", "_")
-        setattr(args, name, list(value) if isinstance(value, tuple) else value)
 
 
 def _slime_only(cfg: Config) -> dict:

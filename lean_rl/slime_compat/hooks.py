@@ -1,6 +1,6 @@
 """A slime-style user hook wrapped into lean_rl's contract (lean_rl/extensions.py chooses).
 
-A hook is slime-style when its module imports slime (served by finder.py, or the real one): then
+A hook is slime-style when its module imports slime (served by lean_rl/utils/slime_finder.py, or the real one): then
 it gets slime's `args` (args.py) and slime Samples (convert.py), and what it returns is read as
 slime reads it. Hooks whose contract is the same in both (the rollout's reward functions aside)
 need no wrapper; those that differ:
@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import inspect
 import logging
-import sys
 from typing import TYPE_CHECKING
 
 from lean_rl.rollout.base import rollout_stopping
@@ -25,30 +24,14 @@ from lean_rl.sample import Sample
 from lean_rl.slime_compat.args import slime_args
 from lean_rl.slime_compat.convert import from_slime, to_slime
 from lean_rl.slime_compat.filter_hub.base_types import DynamicFilterOutput
-from lean_rl.slime_compat.finder import COMPAT_PREFIX
 from lean_rl.slime_compat.run_state import start_recording
 from lean_rl.slime_compat.types import Sample as SlimeSample
-from lean_rl.utils.plugins import dotted_name, hook_return_error
+from lean_rl.utils.plugins import dotted_name, hook_return_error, is_slime_function  # noqa: F401 (re-exported)
 
 if TYPE_CHECKING:  # not at run time: lean_rl.config imports every flag group
     from lean_rl.config import Config
 
 logger = logging.getLogger(__name__)
-
-
-def is_slime_function(fn) -> bool:
-    """Whether `fn` was written against slime's API: its module imported something of slime's."""
-    fn = inspect.unwrap(getattr(fn, "func", fn))
-    module = sys.modules.get(getattr(fn, "__module__", None) or "")
-    if module is None:
-        return False
-    if module.__name__.startswith(COMPAT_PREFIX + "."):
-        return True  # ours, served as slime.* (rm_hub, filter_hub)
-    for value in vars(module).values():
-        name = value.__name__ if inspect.ismodule(value) else getattr(value, "__module__", None)
-        if isinstance(name, str) and (name == "slime" or name.startswith(("slime.", COMPAT_PREFIX + "."))):
-            return True
-    return False
 
 
 class _Wrapped:

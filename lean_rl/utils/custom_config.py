@@ -79,11 +79,16 @@ def _thawed(value: Any) -> Any:
 def load_custom_config(path: str | None) -> ReadOnlyMapping:
     """The file's top-level mapping (empty without a path). Errors name the flag, the file and, for a
     YAML syntax error, the line and column."""
+    return ReadOnlyMapping(load_yaml_mapping(path, "--custom-config-path") or {})
+
+
+def load_yaml_mapping(path: str | None, flag_name: str) -> dict | None:
+    """The YAML file `path` (given with `flag_name`) as a mapping with string keys; None without a path."""
     if path is None:
-        return ReadOnlyMapping()
+        return None
     import yaml
 
-    flag = f"--custom-config-path {path}"
+    flag = f"{flag_name} {path}"
     try:
         text = Path(path).read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as err:
@@ -94,7 +99,7 @@ def load_custom_config(path: str | None) -> ReadOnlyMapping:
         mark = getattr(err, "problem_mark", None)
         where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark is not None else path
         problem = getattr(err, "problem", None) or str(err)
-        raise ConfigError(f"--custom-config-path: {where}: invalid YAML: {problem}") from None
+        raise ConfigError(f"{flag_name}: {where}: invalid YAML: {problem}") from None
     if data is None:
         data = {}
     if not isinstance(data, dict):
@@ -102,4 +107,4 @@ def load_custom_config(path: str | None) -> ReadOnlyMapping:
     bad = [key for key in data if not isinstance(key, str)]
     if bad:
         raise ConfigError(f"{flag}: top-level keys must be strings, got {bad}")
-    return ReadOnlyMapping(data)
+    return data

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import sys
 from typing import Any, Callable
 
 from lean_rl.options import ConfigError
+from lean_rl.utils.slime_finder import COMPAT_PREFIX, install_slime_finder
 
 
 class PluginError(ConfigError):
@@ -31,6 +33,7 @@ def load_function(
     module_name, _, attr = path.rpartition(".")
     if not module_name or not attr:
         raise PluginError(f"{flag} {path!r}: expected a dotted path 'package.module.function'")
+    install_slime_finder()  # a hook written for slime imports slime.*: served by lean_rl unless slime is installed
     try:
         module = importlib.import_module(module_name)
     except ModuleNotFoundError as err:
@@ -107,3 +110,20 @@ def describe(value: Any, limit: int = 120) -> str:
 def hook_return_error(flag: str, fn: Callable[..., Any], value: Any, expected: str) -> HookReturnError:
     return HookReturnError(f"{flag} ({dotted_name(fn)}) returned {describe(value)}; it must return {expected} "
                            "(docs/extending.md)")
+
+
+
+
+def is_slime_function(fn) -> bool:
+    """Whether `fn` was written against slime's API: its module imported something of slime's."""
+    fn = inspect.unwrap(getattr(fn, "func", fn))
+    module = sys.modules.get(getattr(fn, "__module__", None) or "")
+    if module is None:
+        return False
+    if module.__name__.startswith(COMPAT_PREFIX + "."):
+        return True  # ours, served as slime.* (rm_hub, filter_hub)
+    for value in vars(module).values():
+        name = value.__name__ if inspect.ismodule(value) else getattr(value, "__module__", None)
+        if isinstance(name, str) and (name == "slime" or name.startswith(("slime.", COMPAT_PREFIX + "."))):
+            return True
+    return False

@@ -55,3 +55,40 @@ def test_a_slime_search_agent_trains_unchanged(tiny_qwen2, toy_data, tmp_path):
             assert s["metadata"]["slime_attributes"]["turns"] == 2  # the agent's own attribute, kept
     # the slime reward post-process ran on every step (train_hooks records the raw rewards it replaced)
     assert all(0.0 <= r["train/raw_reward_mean"] <= 1.0 for r in rows)
+
+
+def test_a_slime_rollout_function_with_slime_trainer_hooks_trains_unchanged(tiny_qwen2, toy_data, tmp_path):
+    """slime's rollout-function contract (its data source, a multi-agent fan-out, RolloutFnTrainOutput),
+    slime's advantage contract and slime's TIS contract, all from one unchanged file."""
+    custom = tmp_path / "agents.yaml"
+    custom.write_text("agent_tokens: 6\n")
+    flags = run_flags(tiny_qwen2, toy_data, tmp_path, "--colocate", "--num-rollout", str(STEPS),
+                      "--rollout-batch-size", "2", "--n-samples-per-prompt", "2", "--dump-samples-interval", "1",
+                      "--micro-batch-size", "4", "--rollout-function-path", "multi_agent_rollout.generate_rollout",
+                      "--custom-advantage-function-path", "multi_agent_rollout.advantages",
+                      "--use-tis", "--custom-tis-function-path", "multi_agent_rollout.tis",
+                      "--custom-config-path", str(custom))
+    env = {"PYTHONPATH": os.pathsep.join([str(SLIME_STYLE), str(REPO), os.environ.get("PYTHONPATH", "")])}
+    result = run_lean_rl("lean_rl.train", flags, extra_env=env)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
+    rows = read_metrics(tmp_path)
+    assert [r["step"] for r in rows] == list(range(STEPS))
+    for step, row in enumerate(rows):
+        trained = [json.loads(line) for line in
+                   (tmp_path / "run" / "samples" / f"step_{step:06d}.jsonl").read_text().splitlines()]
+        # two prompts, two samples each, each fanned out to a solver and a reviewer
+        assert len(trained) == 8 and sum(s["index"] >= 1_000_000 for s in trained) == 4
+        for s in trained:
+            assert {v for v, m in zip(s["weight_versions"], s["loss_mask"]) if m} == {step}
+        reviewers = [s for s in trained if s["index"] >= 1_000_000]
+        assert all(s["prompt"].endswith("\nAgain:") for s in reviewers)
+        # the advantage function's reward - mean(reward), token-weighted, is what was trained
+        rewards = [s["reward"] for s in trained]
+        mean = sum(rewards) / len(rewards)
+        tokens = [sum(s["loss_mask"]) for s in trained]
+        expected = sum((r - mean) * n for r, n in zip(rewards, tokens)) / sum(tokens)
+        assert row["rollout/advantage_mean"] == pytest.approx(expected, abs=1e-5)
+        assert row["multi_agent/agents_per_sample"] == 2.0
+        # the TIS function ran in the loss (its metric), engine and trainer agreeing on fp32 CPU
+        assert row["train/slime_tis_ratio"] == pytest.approx(1.0, abs=0.05)
+    assert all(r["sync/probe_max_abs_diff"] < 1e-3 for r in rows)

@@ -261,6 +261,40 @@ def test_evaluation_reports_mean_reward_and_pass_at_k_per_set(engine_group, prom
         assert all(s.response_length <= 8 for s in out.samples[name])
 
 
+def test_eval_config_gives_each_set_its_own_samples_sampling_reward_and_keys(engine_group, prompts_file, tmp_path,
+                                                                            user_plugins):
+    """slime's --eval-config: per-set n_samples_per_eval_prompt, max_response_len, reward and input key."""
+    other = tmp_path / "other.jsonl"
+    other.write_text("".join(json.dumps({"question": w, "label": w}) + "\n" for w in WORDS[:3]))
+    config = tmp_path / "eval.yaml"
+    config.write_text(f"""eval:
+  defaults:
+    n_samples_per_eval_prompt: 2
+    max_response_len: 6
+  datasets:
+    - name: main
+      path: {prompts_file}
+    - name: exact
+      path: {other}
+      input_key: question
+      n_samples_per_eval_prompt: 3
+      max_response_len: 3
+      rm_type: exact
+""")
+    cfg = make_cfg(engine_group, prompts_file, "--custom-rm-path", "rollout_plugins.token_checksum_rm",
+                   "--eval-config", str(config))
+    out = asyncio.run(generate_rollout(cfg, 0, buffer=None, evaluation=True))
+    assert len(out.samples["main"]) == 16 * 2 and len(out.samples["exact"]) == 3 * 3
+    assert all(s.response_length <= 6 for s in out.samples["main"])
+    assert all(s.response_length <= 3 for s in out.samples["exact"])
+    assert {s.prompt for s in out.samples["exact"]} == set(WORDS[:3])  # read with its own input key
+    # the run's reward (a checksum of the tokens) on main; exact match (0 or 1) on the other
+    assert all(s.reward > 1.0 for s in out.samples["main"])
+    assert {s.reward for s in out.samples["exact"]} <= {0.0, 1.0}
+    assert out.metrics["eval/exact/reward_mean"] == pytest.approx(
+        sum(s.reward for s in out.samples["exact"]) / 9)
+
+
 def test_evaluation_counts_failed_generations_and_stops_past_its_threshold(engine_group, prompts_file,
                                                                            user_plugins):
     flags = ("--custom-rm-path", "rollout_plugins.length_rm", "--custom-generate-function-path",

@@ -195,6 +195,7 @@ def test_bad_parquet_metadata_names_row(tmp_path):
 def test_bad_eval_dataset_names_the_set_and_fails_when_loaded_at_start_up(tmp_path, tiny_qwen2):
     from types import SimpleNamespace
 
+    from lean_rl.rollout.config import EvalSet, SamplingConfig
     from lean_rl.rollout.evaluation import load_eval_datasets
 
     good = _write_jsonl(tmp_path / "good.jsonl", [{"prompt": "a", "label": 1}, {"prompt": "b", "label": 2}])
@@ -207,11 +208,12 @@ def test_bad_eval_dataset_names_the_set_and_fails_when_loaded_at_start_up(tmp_pa
     cases["utf16"] = (tmp_path / "e4.jsonl", r"e4\.jsonl:1: not UTF-8 text")
     for name, (path, message) in cases.items():
         cfg = SimpleNamespace(data=DataConfig(prompt_data=str(good)), engines=SimpleNamespace(model_path=str(tiny_qwen2)),
-                              eval=SimpleNamespace(datasets=(("heldout", str(good)), (name, str(path)))))
+                              eval=SimpleNamespace(sets=(EvalSet("heldout", str(good), 1, SamplingConfig()),
+                                                         EvalSet(name, str(path), 1, SamplingConfig()))))
         with pytest.raises(ValueError, match=rf"^--eval-prompt-data {name}: .*{message}"):
             load_eval_datasets(cfg)
     cfg = SimpleNamespace(data=DataConfig(prompt_data=str(good)), engines=SimpleNamespace(model_path=str(tiny_qwen2)),
-                          eval=SimpleNamespace(datasets=(("heldout", str(good)),)))
+                          eval=SimpleNamespace(sets=(EvalSet("heldout", str(good), 1, SamplingConfig()),)))
     assert load_eval_datasets(cfg) == {"heldout": 2}
 
 

@@ -181,9 +181,10 @@ def test_generate_gets_evaluation_when_its_signature_takes_it(tiny_qwen2, prompt
 
 def test_data_source_replaces_prompt_data_and_some_hooks_need_a_rollout(tiny_qwen2, hooks_module, prompts):
     cfg = parse_config(["--hf-checkpoint", str(tiny_qwen2), "--data-source-path", f"{hooks_module}.source"])
-    with pytest.raises(ConfigError, match="give either --prompt-data or --data-source-path"):
-        parse_config(["--hf-checkpoint", str(tiny_qwen2), "--data-source-path", f"{hooks_module}.source",
-                      "--prompt-data", str(prompts)])
+    # both: the file is the source's to read (slime's data sources read args.prompt_data)
+    both = parse_config(["--hf-checkpoint", str(tiny_qwen2), "--data-source-path", f"{hooks_module}.source",
+                         "--prompt-data", str(prompts)])
+    assert both.data.prompt_data == str(prompts) and both.data.data_source_path == f"{hooks_module}.source"
     assert cfg.data.prompt_data is None and cfg.data.data_source_path == f"{hooks_module}.source"
     with pytest.raises(ConfigError, match="--prompt-data is required \\(or --data-source-path\\)"):
         parse_config(["--hf-checkpoint", str(tiny_qwen2)])
@@ -247,3 +248,32 @@ def test_a_bad_generate_return_names_the_flag_the_user_typed(tiny_qwen2, prompts
     with pytest.raises(HookReturnError) as err:
         generated_samples(cfg, generate, "not a sample")
     assert str(err.value).startswith(named)
+
+
+def test_eval_config_sets_take_the_set_then_defaults_then_the_flags(tiny_qwen2, prompts, tmp_path):
+    config = tmp_path / "eval.yaml"
+    config.write_text(f"eval:\n  defaults: {{top_p: 0.5, n_samples_per_eval_prompt: 4}}\n  datasets:\n"
+                      f"    - {{name: a, path: {prompts}}}\n"
+                      f"    - {{name: b, path: {prompts}, top_p: 0.9, rm_type: exact, input_key: q, stop: ['x']}}\n")
+    cfg = _cfg(tiny_qwen2, prompts, "--eval-config", str(config), "--eval-temperature", "0.3")
+    a, b = cfg.eval.sets
+    assert (a.n_samples_per_prompt, a.sampling.top_p, a.sampling.temperature, a.rm_type) == (4, 0.5, 0.3, None)
+    assert (b.sampling.top_p, b.rm_type, dict(b.data_overrides), b.sampling.stop) == (0.9, "exact", {"input_key": "q"},
+                                                                                      ("x",))
+    assert cfg.eval.datasets == (("a", str(prompts)), ("b", str(prompts)))
+    plain = _cfg(tiny_qwen2, prompts, "--eval-prompt-data", "p", str(prompts), "--n-samples-per-eval-prompt", "2")
+    assert [(s.name, s.n_samples_per_prompt) for s in plain.eval.sets] == [("p", 2)]
+
+
+@pytest.mark.parametrize("body, message", [
+    ("eval:\n  datasets: []\n", "expected `eval:"),
+    ("eval:\n  datasets:\n    - {name: a}\n", "datasets\\[0\\] needs a name and a path"),
+    ("eval:\n  datasets:\n    - {name: a, path: p, min_new_tokens: 3}\n", "a: key 'min_new_tokens' is not one"),
+    ("eval:\n  datasets:\n    - {name: a, path: p, rm_type: dapo}\n", "a: rm_type 'dapo': choose one of"),
+    ("eval:\n  datasets:\n    - {name: a, path: p}\n    - {name: a, path: q}\n", "two sets share a name"),
+])
+def test_a_bad_eval_config_names_the_file_and_the_set(tiny_qwen2, prompts, tmp_path, body, message):
+    config = tmp_path / "eval.yaml"
+    config.write_text(body)
+    with pytest.raises(ConfigError, match=f"--eval-config {config}: .*{message}"):
+        _cfg(tiny_qwen2, prompts, "--eval-config", str(config))

@@ -18,7 +18,7 @@ from lean_rl.extensions import load_extensions
 from lean_rl.sample import NOT_GENERATED, Sample, Status
 from lean_rl.slime_compat import convert
 from lean_rl.slime_compat.args import build_args
-from lean_rl.slime_compat.finder import install_slime_finder
+from lean_rl.utils.slime_finder import install_slime_finder
 from lean_rl.slime_compat.hooks import is_slime_function
 from lean_rl.slime_compat.run_state import GenerateAnswer, bind_run
 from lean_rl.train_hooks import before_training
@@ -69,7 +69,7 @@ def test_a_real_slime_is_left_alone(tmp_path):
     (tmp_path / "slime" / "utils" / "types.py").write_text("REAL = True\n")
     code = textwrap.dedent("""
         import logging; logging.basicConfig(level=logging.INFO)
-        from lean_rl.slime_compat.finder import install_slime_finder
+        from lean_rl.utils.slime_finder import install_slime_finder
         print("USING", install_slime_finder())
         import slime.utils.types as t
         print("REAL", getattr(t, "REAL", False))

@@ -179,7 +179,9 @@ def train_on_rollout(actor: "MegatronGroup", groups: list[list[Sample]], policy_
     advantages, returns = compute_custom_or_builtin_advantages(algo, AdvantageInputs(
         rewards=batch.rewards, group_ids=batch.group_ids, mask=masks, valid=batch.valid,
         rollout_log_probs=batch.rollout_log_probs, old_log_probs=old, ref_log_probs=ref, values=values,
-        kl=kl_in_reward, baseline_rewards=batch.baseline_rewards))
+        kl=kl_in_reward, baseline_rewards=batch.baseline_rewards,
+        response_lengths=torch.tensor([s.response_length for s in batch.sequences]),
+        total_lengths=torch.tensor([len(s.tokens) for s in batch.sequences])))
     metrics = batch_metrics(batch, policy_version)
     if opd_kl_coef is not None:  # on-policy distillation: after any estimator, as slime applies it
         advantages, metrics["train/opd_reverse_kl"] = reverse_kl_advantages(advantages, old, teacher, masks,

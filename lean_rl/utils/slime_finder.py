@@ -25,6 +25,7 @@ MODULES: dict[str, str | None] = {
     "slime.utils.processing_utils": "lean_rl.slime_compat.processing_utils",
     "slime.rollout": None,
     "slime.rollout.base_types": "lean_rl.slime_compat.base_types",
+    "slime.rollout.data_source": "lean_rl.slime_compat.data_source",
     "slime.rollout.sglang_rollout": "lean_rl.slime_compat.sglang_rollout",
     "slime.rollout.rm_hub": "lean_rl.slime_compat.rm_hub",
     "slime.rollout.rm_hub.math_utils": "lean_rl.slime_compat.rm_hub.math_utils",

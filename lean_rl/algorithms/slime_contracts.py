@@ -1,0 +1,134 @@
+"""slime's contracts for the trainer-side hooks, on lean_rl's tensors.
+
+lean_rl's estimator and loss see a rollout as [B, T] tensors, each row one response from column 0;
+slime's hooks see lists of per-sample tensors (one per response) and packed (concatenated) tokens:
+
+  --custom-advantage-function-path   f(args, rollout_data) sets rollout_data["advantages"] and
+                                     ["returns"] (lists, one tensor per sample); rollout_data holds
+                                     rewards, log_probs, rollout_log_probs, ref_log_probs, values, kl,
+                                     loss_masks, response_lengths, total_lengths
+  --custom-tis-function-path         f(args, *, pg_loss, train_log_probs, rollout_log_probs, loss_masks,
+                                     total_lengths, response_lengths) -> (pg_loss, loss_masks, metrics),
+                                     pg_loss and each metric packed over the micro-batch's responses
+
+`args` here is a namespace of the algorithm's flags under their argparse names (slime's names:
+args.tis_clip, args.kl_coef, args.gamma ...) and the --custom-config-path keys: the trainer ranks hold
+the algorithm's config, not the whole run's. A hook counts as slime's when its module imports slime
+(lean_rl.utils.plugins.is_slime_function); --custom-tis-function-path has only slime's contract."""
+
+from __future__ import annotations
+
+import argparse
+import functools
+from typing import TYPE_CHECKING, Callable
+
+import torch
+
+from lean_rl.options import set_flag_values
+from lean_rl.utils.plugins import hook_return_error, load_function
+
+if TYPE_CHECKING:
+    from lean_rl.algorithms.config import AlgorithmConfig
+    from lean_rl.algorithms.hooks import AdvantageInputs
+
+TIS_FLAG = "--custom-tis-function-path"
+TIS_INPUTS = ("pg_loss", "train_log_probs", "rollout_log_probs", "loss_masks", "total_lengths", "response_lengths")
+
+
+def algorithm_args(algo: AlgorithmConfig) -> argparse.Namespace:
+    """The `args` a slime trainer-side hook reads (a fresh namespace per call: the ranks share none)."""
+    args = set_flag_values(argparse.Namespace(), algo)
+    for key, value in dict(algo.custom).items():  # --custom-config-path: slime sets each key on args
+        setattr(args, key, value)
+    return args
+
+
+def per_sample(x: torch.Tensor, lengths: list[int]) -> list[torch.Tensor]:
+    """Row i of [B, T] cut to its response: lengths[i] values."""
+    return [x[i, :n] for i, n in enumerate(lengths)]
+
+
+def padded(values: list[torch.Tensor], like: torch.Tensor) -> torch.Tensor:
+    """Per-sample tensors back into [B, T] (zeros past each one's end)."""
+    out = torch.zeros_like(like, dtype=torch.float32)
+    for i, v in enumerate(values):
+        out[i, :v.numel()] = v.reshape(-1).to(out.dtype)
+    return out
+
+
+def trained_lengths(mask: torch.Tensor) -> list[int]:
+    """Each row's length up to its last trained token (what follows is padding, or untrained tokens
+    no loss term reads): a micro-batch carries no response lengths of its own."""
+    positions = torch.arange(1, mask.shape[1] + 1, device=mask.device)
+    return [int(n) for n in ((mask > 0) * positions).amax(dim=1)]
+
+
+# ---------------------------------------------------------------- advantages
+def slime_advantages(fn: Callable, algo: AlgorithmConfig, inputs: AdvantageInputs, flag: str):
+    """(advantages [B, T], returns [B, T]) from a slime advantage function."""
+    if inputs.response_lengths is None or inputs.total_lengths is None:
+        raise ValueError(f"{flag}: slime's contract needs the response and total lengths of the rollout")
+    lengths = [int(n) for n in inputs.response_lengths]
+    policy = inputs.old_log_probs if inputs.old_log_probs is not None else inputs.rollout_log_probs
+
+    def cut(x: torch.Tensor | None):
+        return None if x is None else per_sample(x, lengths)
+
+    kl = inputs.kl if inputs.kl is not None else torch.zeros_like(inputs.mask)
+    rollout_data = {
+        "rewards": inputs.rewards.tolist(), "log_probs": cut(policy), "rollout_log_probs": cut(inputs.rollout_log_probs),
+        "ref_log_probs": cut(inputs.ref_log_probs), "values": cut(inputs.values), "kl": cut(kl),
+        "loss_masks": cut(inputs.mask), "response_lengths": lengths,
+        "total_lengths": [int(n) for n in inputs.total_lengths]}
+    fn(algorithm_args(algo), rollout_data)
+    advantages, returns = rollout_data.get("advantages"), rollout_data.get("returns")
+    expected = (f"nothing, having set rollout_data['advantages'] and rollout_data['returns'] to lists of {len(lengths)} "
+                "tensors (one per sample, its response length)")
+    for name, value in (("advantages", advantages), ("returns", returns)):
+        if not (isinstance(value, list) and len(value) == len(lengths)
+                and all(isinstance(v, torch.Tensor) and v.numel() == n for v, n in zip(value, lengths))):
+            raise hook_return_error(flag, fn, {name: value}, expected)
+    assert isinstance(advantages, list) and isinstance(returns, list)  # checked above
+    return padded(advantages, inputs.mask), padded(returns, inputs.mask)
+
+
+# ---------------------------------------------------------------- truncated importance sampling
+def load_tis_function(path: str) -> Callable:
+    return load_function(path, TIS_FLAG, num_args=1, must_be_sync=True, keywords=TIS_INPUTS)
+
+
+@functools.lru_cache(maxsize=8)
+def tis_function(path: str) -> Callable:
+    """The hook, imported once per process (each trainer rank)."""
+    return load_tis_function(path)
+
+
+def custom_tis(algo: AlgorithmConfig, pg: torch.Tensor, old: torch.Tensor, rollout_log_probs: torch.Tensor,
+               mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
+    """(pg [B, T] weighted by the hook, its loss mask [B, T], its metrics [B, T]). The mask only
+    removes tokens from the loss (slime: the numerator; the normalizer stays the rollout's)."""
+    path = algo.custom_tis_function_path
+    assert path is not None
+    fn = tis_function(path)
+    lengths = trained_lengths(mask)
+    result = fn(algorithm_args(algo), pg_loss=torch.cat(per_sample(pg, lengths)),
+                train_log_probs=per_sample(old.detach(), lengths), rollout_log_probs=per_sample(rollout_log_probs, lengths),
+                loss_masks=per_sample(mask, lengths), total_lengths=lengths, response_lengths=lengths)
+    total = sum(lengths)
+    expected = (f"(pg_loss: a tensor of the {total} packed response tokens, loss_masks: a list of {len(lengths)} tensors, "
+                "metrics: dict[str, tensor of the packed tokens])")
+    if not (isinstance(result, tuple) and len(result) == 3 and isinstance(result[0], torch.Tensor)
+            and result[0].numel() == total and isinstance(result[1], list) and len(result[1]) == len(lengths)
+            and isinstance(result[2], dict)):
+        raise hook_return_error(f"{TIS_FLAG} {path}", fn, result, expected)
+    new_pg, masks, metrics = result
+    out_pg = torch.zeros_like(pg)
+    for i, piece in enumerate(torch.split(new_pg.reshape(-1), lengths)):
+        out_pg[i, :lengths[i]] = piece
+    out_mask = padded(masks, mask) * mask
+    out_metrics = {}
+    for name, value in metrics.items():
+        if not (isinstance(value, torch.Tensor) and value.numel() == total):
+            raise hook_return_error(f"{TIS_FLAG} {path}", fn, result, f"{expected}; metric {name!r} is not")
+        out_metrics[name] = padded(list(torch.split(value.detach().reshape(-1).float(), lengths)), mask)
+    return out_pg, out_mask, out_metrics
