@@ -16,7 +16,7 @@ import torch
 
 from lean_rl.algorithms.advantages import broadcast, compute_advantages
 from lean_rl.algorithms.losses import policy_loss, sft_loss
-from lean_rl.algorithms.slime_contracts import slime_advantages
+from lean_rl.algorithms.slime_contracts import slime_advantages, slime_loss
 from lean_rl.utils.plugins import PluginError, hook_return_error, is_slime_function, load_function
 
 if TYPE_CHECKING:
@@ -118,18 +118,16 @@ def checked_advantages(algo: AlgorithmConfig, fn: Callable, result, mask: torch.
 
 # ---------------------------------------------------------------- the policy loss
 def load_loss_function(path: str) -> Callable:
+    """lean_rl's loss, or slime's (its module imports slime: f(args, batch, logits, sum_of_sample_mean),
+    served through algorithms/slime_contracts.py)."""
     try:
         return load_function(path, LOSS_FLAG, num_args=1, must_be_sync=True, keywords=LOSS_INPUTS)
     except PluginError:
         module_name, _, attr = path.rpartition(".")
         fn = getattr(sys.modules.get(module_name), attr, None)
-        if fn is not None and is_slime_function(fn):  # slime's contract: (args, batch, logits, sum_of_sample_mean)
-            raise PluginError(
-                f"{LOSS_FLAG} {path!r}: a loss written for slime, f(args, batch, logits, sum_of_sample_mean), reads "
-                "Megatron's packed logits, which lean_rl's trainer does not hand to a loss; write it on the per-token "
-                f"tensors lean_rl gives: loss(algo, *, {', '.join(LOSS_INPUTS)}) -> (loss, metrics) (docs/extending.md, "
-                "--custom-loss-function-path)") from None
-        raise
+        if fn is None or not is_slime_function(fn):
+            raise
+    return slime_loss(load_function(path, LOSS_FLAG, num_args=4, must_be_sync=True), path)
 
 
 def loss_function(algo: AlgorithmConfig) -> Callable:

@@ -11,6 +11,14 @@ slime's hooks see lists of per-sample tensors (one per response) and packed (con
                                      total_lengths, response_lengths) -> (pg_loss, loss_masks, metrics),
                                      pg_loss and each metric packed over the micro-batch's responses
 
+  --custom-loss-function-path        f(args, batch, logits, sum_of_sample_mean) -> (loss, log_dict): batch
+                                     holds per-sample lists (advantages, log_probs, ref_log_probs,
+                                     rollout_log_probs, loss_masks, response_lengths); `logits` is the
+                                     trainer's output as slime's get_log_probs_and_entropy reads it
+                                     (TrainerLogits: the log-probs and entropy lean_rl's trainer computed,
+                                     vocab-parallel and at the rollout temperature); sum_of_sample_mean
+                                     reduces packed tokens with --loss-agg-mode's weights
+
 `args` here is a namespace of the algorithm's flags under their argparse names (slime's names:
 args.tis_clip, args.kl_coef, args.gamma ...) and the --custom-config-path keys: the trainer ranks hold
 the algorithm's config, not the whole run's. A hook counts as slime's when its module imports slime
@@ -23,6 +31,7 @@ import functools
 from typing import TYPE_CHECKING, Callable
 
 import torch
+import torch.nn.functional as F
 
 from lean_rl.options import set_flag_values
 from lean_rl.utils.plugins import hook_return_error, load_function
@@ -132,3 +141,53 @@ def custom_tis(algo: AlgorithmConfig, pg: torch.Tensor, old: torch.Tensor, rollo
             raise hook_return_error(f"{TIS_FLAG} {path}", fn, result, f"{expected}; metric {name!r} is not")
         out_metrics[name] = padded(list(torch.split(value.detach().reshape(-1).float(), lengths)), mask)
     return out_pg, out_mask, out_metrics
+
+
+# ---------------------------------------------------------------- the policy loss
+class TrainerLogits:
+    """What a slime loss gets as `logits`: the per-sample response log-probs (and entropy) that the
+    trainer computed from its vocab-parallel output; slime.backends.megatron_utils.loss.
+    get_log_probs_and_entropy (lean_rl/slime_compat/megatron_loss.py) hands them out."""
+
+    def __init__(self, log_probs: list[torch.Tensor], entropy: list[torch.Tensor] | None):
+        self.log_probs, self.entropy = log_probs, entropy
+
+
+def unpacked(x: torch.Tensor, lengths: list[int], width: int) -> torch.Tensor:
+    """Packed response tokens [sum(lengths)] -> [B, width], zero-padded, keeping the gradient."""
+    pieces = torch.split(x.reshape(-1), lengths)
+    return torch.stack([F.pad(piece, (0, width - piece.numel())) for piece in pieces])
+
+
+def slime_loss(fn: Callable, path: str) -> Callable:
+    """A slime loss as lean_rl's: (algo, **inputs) -> (loss, metrics)."""
+
+    def call(algo: AlgorithmConfig, *, log_probs: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
+             weights: torch.Tensor, metric_weights: torch.Tensor, old_log_probs: torch.Tensor | None = None,
+             ref_log_probs: torch.Tensor | None = None, rollout_log_probs: torch.Tensor | None = None,
+             entropy: torch.Tensor | None = None):
+        lengths = trained_lengths(mask)
+
+        def cut(x: torch.Tensor | None):
+            return None if x is None else per_sample(x, lengths)
+
+        old = log_probs.detach() if old_log_probs is None else old_log_probs
+        batch = {"advantages": cut(advantages), "log_probs": cut(old), "ref_log_probs": cut(ref_log_probs),
+                 "rollout_log_probs": cut(rollout_log_probs), "loss_masks": cut(mask.float()),
+                 "response_lengths": lengths, "total_lengths": lengths,
+                 "unconcat_tokens": None}  # read by get_log_probs_and_entropy in slime; TrainerLogits needs none
+        logits = TrainerLogits(per_sample(log_probs, lengths), cut(entropy))
+
+        def sum_of_sample_mean(x: torch.Tensor) -> torch.Tensor:
+            return (weights * unpacked(x, lengths, mask.shape[1])).sum()
+
+        result = fn(algorithm_args(algo), batch, logits, sum_of_sample_mean)
+        expected = "(loss: a 0-d tensor, log: dict[str, scalar])"
+        if not (isinstance(result, tuple) and len(result) == 2 and isinstance(result[1], dict)):
+            raise hook_return_error(f"--custom-loss-function-path {path}", fn, result, expected)
+        loss, log = result
+        return loss, {name: value.detach() if isinstance(value, torch.Tensor) else value for name, value in log.items()}
+
+    call.__wrapped__ = fn  # type: ignore[attr-defined]
+    call.__name__ = getattr(fn, "__name__", "loss")
+    return call

@@ -1,8 +1,10 @@
 """A slime user's functions trained by lean_rl with their files unchanged (issue 25): a search-style
 multi-turn generate written against slime's API (tests/e2e/slime_style/search_agent.py: `from
 slime.utils.types import Sample`, GenerateState, slime.utils.http_utils.post, a dict reward), slime's
-dynamic filter from its filter_hub and a slime reward post-process, served by lean_rl/slime_compat,
-3 steps of the tiny model with real SGLang, router, Megatron and Ray."""
+dynamic filter from its filter_hub, a slime reward post-process and a slime custom loss; and a slime
+rollout function over slime's data source with slime's advantage and TIS functions
+(tests/e2e/slime_style/multi_agent_rollout.py); served by lean_rl/slime_compat, 3 steps of the tiny
+model each with real SGLang, router, Megatron and Ray."""
 
 import json
 import os
@@ -23,7 +25,8 @@ def slime_run(tiny_qwen2, toy_data, tmp_path, *extra):
                       "--custom-rm-path", "search_agent.reward", "--reward-key", "score",
                       "--dynamic-sampling-filter-path",
                       "slime.rollout.filter_hub.dynamic_sampling_filters.check_reward_nonzero_std",
-                      "--custom-reward-post-process-path", "search_agent.reward_post_process", *extra)
+                      "--custom-reward-post-process-path", "search_agent.reward_post_process",
+                      "--loss-type", "custom_loss", "--custom-loss-function-path", "search_agent.ppo_loss", *extra)
     env = {"PYTHONPATH": os.pathsep.join([str(SLIME_STYLE), str(REPO), os.environ.get("PYTHONPATH", "")])}
     result = run_lean_rl("lean_rl.train", flags, extra_env=env)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
@@ -55,6 +58,8 @@ def test_a_slime_search_agent_trains_unchanged(tiny_qwen2, toy_data, tmp_path):
             assert s["metadata"]["slime_attributes"]["turns"] == 2  # the agent's own attribute, kept
     # the slime reward post-process ran on every step (train_hooks records the raw rewards it replaced)
     assert all(0.0 <= r["train/raw_reward_mean"] <= 1.0 for r in rows)
+    # slime's loss contract trained every step: its own metric, one per micro-batch
+    assert all(r["train/search_agent_loss_calls"] >= 1.0 for r in rows)
 
 
 def test_a_slime_rollout_function_with_slime_trainer_hooks_trains_unchanged(tiny_qwen2, toy_data, tmp_path):

@@ -158,12 +158,48 @@ def test_custom_tis_needs_use_tis():
         build(AlgorithmConfig, custom_tis_function_path="x.y")
 
 
-def test_a_slime_loss_is_refused_at_start_up_saying_why_and_what_to_write(monkeypatch):
-    from lean_rl.algorithms.hooks import load_loss_function
-    from lean_rl.utils.plugins import PluginError
+SLIME_LOSS = '''
+import torch
+from slime.backends.megatron_utils.loss import get_log_probs_and_entropy
+from slime.utils.ppo_utils import compute_approx_kl, compute_policy_loss
 
-    module = types.ModuleType("slime_style_loss")
-    exec("import slime.utils.types\ndef loss(args, batch, logits, sum_of_sample_mean):\n    pass\n", module.__dict__)
-    monkeypatch.setitem(sys.modules, "slime_style_loss", module)
-    with pytest.raises(PluginError, match="a loss written for slime.*packed logits.*loss\\(algo, \\*, log_probs"):
-        load_loss_function("slime_style_loss.loss")
+def ppo_loss(args, batch, logits, sum_of_sample_mean):
+    out = get_log_probs_and_entropy(logits, args=args, unconcat_tokens=batch["unconcat_tokens"],
+                                    total_lengths=batch["total_lengths"], response_lengths=batch["response_lengths"],
+                                    with_entropy=True)
+    log_probs = torch.cat(out["log_probs"])
+    ppo_kl = torch.cat(batch["log_probs"]) - log_probs
+    pg, clipfrac = compute_policy_loss(ppo_kl, torch.cat(batch["advantages"]), args.eps_clip, args.eps_clip_high)
+    kl = compute_approx_kl(log_probs, torch.cat(batch["ref_log_probs"]), args.kl_loss_type)
+    loss = sum_of_sample_mean(pg) + args.kl_loss_coef * sum_of_sample_mean(kl)
+    return loss, {"pg_loss": sum_of_sample_mean(pg), "pg_clipfrac": sum_of_sample_mean(clipfrac),
+                  "entropy": sum_of_sample_mean(torch.cat(out["entropy"]))}
+'''
+
+
+def test_a_slime_ppo_loss_gives_the_built_in_loss_and_gradient(monkeypatch):
+    from lean_rl.algorithms.hooks import loss_function
+
+    module = types.ModuleType("slime_style_ppo")
+    exec(SLIME_LOSS, module.__dict__)
+    monkeypatch.setitem(sys.modules, "slime_style_ppo", module)
+    torch.manual_seed(1)
+    mask = torch.tensor([[1.0, 1.0, 0.0, 1.0], [1.0, 1.0, 1.0, 0.0]])
+    weights = mask / mask.sum()
+
+    def run(algo):
+        log_probs = torch.randn(2, 4, generator=torch.Generator().manual_seed(2)).requires_grad_()
+        inputs = dict(advantages=torch.tensor([[1.0] * 4, [-0.5] * 4]), mask=mask, weights=weights,
+                      metric_weights=weights, old_log_probs=log_probs.detach() + 0.4 * torch.randn(2, 4),
+                      ref_log_probs=log_probs.detach() - 0.2, entropy=torch.rand(2, 4))
+        loss, metrics = loss_function(algo)(algo, log_probs=log_probs, **inputs)
+        loss.backward()
+        return loss, metrics, log_probs.grad
+
+    built_in = run(build(AlgorithmConfig, eps_clip=0.2, kl_loss_coef=0.1, kl_loss_type="k3"))
+    torch.manual_seed(1)
+    slime = run(build(AlgorithmConfig, eps_clip=0.2, kl_loss_coef=0.1, kl_loss_type="k3",
+                      custom_loss_function_path="slime_style_ppo.ppo_loss"))
+    assert torch.allclose(built_in[0], slime[0]) and torch.allclose(built_in[2], slime[2])
+    for name in ("pg_loss", "pg_clipfrac", "entropy"):
+        assert torch.allclose(built_in[1][name], slime[1][name]), name

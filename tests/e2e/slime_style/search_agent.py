@@ -4,13 +4,18 @@ lean_rl with this file unchanged: tests/e2e/test_slime_compat_run.py. Nothing he
 Each turn sends the text so far to the router's /generate, appends the answer's tokens with their
 log-probs; then a "search" (a local lookup standing in for a retrieval server) whose result is
 appended as tool tokens (not trained on). The reward is a dict (the toy task's score: the fraction of
-the model's tokens of the kind the prompt asks for, and the number of turns)."""
+the model's tokens of the kind the prompt asks for, and the number of turns). The loss is a custom
+PPO loss in slime's contract (--loss-type custom_loss)."""
 
 import asyncio
 import re
 
+import torch
+
+from slime.backends.megatron_utils.loss import get_log_probs_and_entropy
 from slime.rollout.sglang_rollout import GenerateState
 from slime.utils.http_utils import post
+from slime.utils.ppo_utils import compute_policy_loss
 from slime.utils.types import Sample
 
 SEARCH_CONFIG = {"max_turns": 2, "tokens_per_turn": 6, "search_concurrency": 8}
@@ -75,3 +80,15 @@ def reward_post_process(args, samples: list[Sample]):
         mean = sum(group) / len(group)
         rewards += [r - mean for r in group]
     return raw, rewards
+
+
+def ppo_loss(args, batch, logits, sum_of_sample_mean):
+    """PPO's clipped policy loss, as a slime custom loss computes it, plus its own metric."""
+    out = get_log_probs_and_entropy(logits, args=args, unconcat_tokens=batch["unconcat_tokens"],
+                                    total_lengths=batch["total_lengths"], response_lengths=batch["response_lengths"])
+    log_probs = torch.cat(out["log_probs"])
+    ppo_kl = torch.cat(batch["log_probs"]) - log_probs
+    pg_loss, clipfrac = compute_policy_loss(ppo_kl, torch.cat(batch["advantages"]), args.eps_clip, args.eps_clip_high)
+    loss = sum_of_sample_mean(pg_loss)
+    return loss, {"pg_loss": loss.detach(), "pg_clipfrac": sum_of_sample_mean(clipfrac),
+                  "search_agent_loss_calls": torch.tensor(1.0)}
