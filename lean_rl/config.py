@@ -36,7 +36,7 @@ from lean_rl.buffer.config import DataConfig
 from lean_rl.buffer.prompt_source import check_prompt_file_type
 from lean_rl.cli import DEBUG_HELP, ArgumentParser
 from lean_rl.options import ConfigError, add_options, read_options, rebuild
-from lean_rl.rollout.config import EvalConfig, RewardConfig, RolloutConfig
+from lean_rl.rollout.config import VERIFIERS_PROMPTS, EvalConfig, RewardConfig, RolloutConfig
 from lean_rl.rollout.distillation_config import DistillationConfig
 from lean_rl.run_config import RunConfig
 from lean_rl.slime_flags import slime_hint
@@ -173,6 +173,8 @@ def parse_config(argv: list[str]) -> Config:
         raise ConfigError(f"unrecognized arguments: {' '.join(passthrough.rest)}{slime_hint(passthrough.rest)}")
     run = read_options(RunConfig, args)
     data = read_options(DataConfig, args)
+    if args.verifiers_env and not data.prompt_data and not data.data_source_path:
+        data = rebuild(data, data_source_path=VERIFIERS_PROMPTS)  # the environment's own dataset
     no_engines = run.debug_train_only or args.loss_type == "sft_loss"  # Config.starts_engines, before it exists
     rollout = _sft_rollout(args, data, read_options(RolloutConfig, args))
     reward = read_options(RewardConfig, args)

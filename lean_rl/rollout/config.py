@@ -19,6 +19,8 @@ BUILTIN_REWARD_TYPES = ("boxed", "exact", "f1", "math", "remote")
 
 # The generate function that drives --environment-path (unless --custom-generate-function-path is given).
 MULTI_TURN_GENERATE = "lean_rl.rollout.multi_turn.generate"
+VERIFIERS_GENERATE = "lean_rl.rollout.verifiers_env.generate"
+VERIFIERS_PROMPTS = "lean_rl.rollout.verifiers_env.prompts"
 
 
 @dataclass(frozen=True)
@@ -69,6 +71,11 @@ class MultiTurnConfig:
                                              help="cap on one model turn (default: what is left of the response budget)")
     environment_timeout: float = option(60.0, positive=True,
                                         help="seconds one reset/step of the environment may take; past it the sample fails")
+    verifiers_env: str | None = option(None, help=(
+        "dotted path of a verifiers environment (a vf.Environment, or a function returning one, e.g. a "
+        "package's load_environment): its dataset feeds the buffer (unless --prompt-data or --data-source-path), "
+        "its own rollout runs against the capture endpoint, its rubric gives the reward "
+        "(lean_rl/rollout/verifiers_env.py; pip install -r requirements-envs.txt)"))
 
 
 @dataclass(frozen=True)
@@ -127,6 +134,8 @@ class RolloutConfig:
         v = dict(values)
         if v["multi_turn"].environment_path and v["custom_generate_function_path"] is None:
             v["custom_generate_function_path"] = MULTI_TURN_GENERATE
+        if v["multi_turn"].verifiers_env and v["custom_generate_function_path"] is None:
+            v["custom_generate_function_path"] = VERIFIERS_GENERATE
         if v["over_sampling_batch_size"] is None:
             v["over_sampling_batch_size"] = v["rollout_batch_size"]
         return v
@@ -145,6 +154,8 @@ class RolloutConfig:
             return "the default generate function"
         if path == MULTI_TURN_GENERATE and self.multi_turn.environment_path:
             return f"--environment-path {self.multi_turn.environment_path} (its generate, {MULTI_TURN_GENERATE})"
+        if path == VERIFIERS_GENERATE and self.multi_turn.verifiers_env:
+            return f"--verifiers-env {self.multi_turn.verifiers_env} (its generate, {VERIFIERS_GENERATE})"
         return f"--custom-generate-function-path {path}"
 
 

@@ -277,3 +277,27 @@ def test_a_bad_eval_config_names_the_file_and_the_set(tiny_qwen2, prompts, tmp_p
     config.write_text(body)
     with pytest.raises(ConfigError, match=f"--eval-config {config}: .*{message}"):
         _cfg(tiny_qwen2, prompts, "--eval-config", str(config))
+
+
+def test_verifiers_env_runs_its_generate_and_feeds_its_dataset_unless_prompts_are_given(tiny_qwen2, prompts):
+    from lean_rl.rollout.config import VERIFIERS_GENERATE, VERIFIERS_PROMPTS
+
+    cfg = parse_config(["--hf-checkpoint", str(tiny_qwen2), "--verifiers-env", "my_envs.load_environment"])
+    assert cfg.rollout.custom_generate_function_path == VERIFIERS_GENERATE
+    assert cfg.data.data_source_path == VERIFIERS_PROMPTS and cfg.data.prompt_data is None
+    assert cfg.rollout.generate_function_flag.startswith("--verifiers-env my_envs.load_environment")
+    own = _cfg(tiny_qwen2, prompts, "--verifiers-env", "my_envs.load_environment")
+    assert own.data.prompt_data == str(prompts) and own.data.data_source_path is None
+
+
+def test_verifiers_env_without_the_library_says_how_to_install_it(monkeypatch):
+    import sys
+
+    from lean_rl.rollout.verifiers_env import load_environment
+    from lean_rl.utils.plugins import PluginError
+
+    monkeypatch.setitem(sys.modules, "verifiers", None)  # as on the core install: `import verifiers` fails
+    load_environment.cache_clear()
+    with pytest.raises(PluginError, match="--verifiers-env my_envs.load: the verifiers library is not installed.*"
+                                          "pip install -r requirements-envs.txt"):
+        load_environment("my_envs.load")
