@@ -34,7 +34,9 @@ if TYPE_CHECKING:  # not at run time: lean_rl.config imports every flag group
 logger = logging.getLogger(__name__)
 
 
-class _Wrapped:
+class Wrapped:
+    """A user's function (or class) behind lean_rl's contract for its flag; named as the user's."""
+
     def __init__(self, fn, flag: str):
         self.fn, self.flag = fn, flag
         self.__name__ = getattr(fn, "__name__", type(fn).__name__)
@@ -72,7 +74,7 @@ def _accepted(fn, kwargs: dict) -> dict:
     return {k: v for k, v in kwargs.items() if k in names}
 
 
-class HookedGenerate(_Wrapped):
+class HookedGenerate(Wrapped):
     """A lean_rl generate function followed by --rollout-sample-hook-path's hooks (on slime samples:
     the hooks are slime's; versions of the tokens the generate made are kept)."""
 
@@ -90,7 +92,7 @@ class HookedGenerate(_Wrapped):
         return out if isinstance(result, list) else out[0]
 
 
-class SlimeGenerate(_Wrapped):
+class SlimeGenerate(Wrapped):
     """--custom-generate-function-path: (cfg, sample, sampling_params, evaluation) -> lean_rl Sample(s)."""
 
     def __init__(self, fn, flag: str, hooks: SampleHooks | None = None):
@@ -115,7 +117,7 @@ class SlimeGenerate(_Wrapped):
         return out if isinstance(result, list) else out[0]
 
 
-class SlimeReward(_Wrapped):
+class SlimeReward(Wrapped):
     """--custom-rm-path: (cfg, sample) -> reward, or (cfg, samples) -> rewards with --group-rm."""
 
     async def __call__(self, cfg: Config, sample_or_group):
@@ -125,7 +127,7 @@ class SlimeReward(_Wrapped):
         return await self.fn(args, to_slime(cfg, sample_or_group))
 
 
-class SlimeDynamicFilter(_Wrapped):
+class SlimeDynamicFilter(Wrapped):
     """--dynamic-sampling-filter-path: (cfg, group) -> bool. A DynamicFilterOutput's reason is kept in
     each sample's metadata["dynamic_filter_reason"]; keep_when_insufficient is not needed (lean_rl tops
     the batch up while groups are dropped), so a rejected group is dropped."""
@@ -140,7 +142,7 @@ class SlimeDynamicFilter(_Wrapped):
         return bool(output)  # slime reads its truth value (a bool, a numpy or torch scalar)
 
 
-class WholeRolloutHook(_Wrapped):
+class WholeRolloutHook(Wrapped):
     """A slime hook called once with the whole rollout (lean_rl/train_hooks.py calls `over_groups`)."""
 
     def __call__(self, cfg: Config, group: list[Sample]):
@@ -179,7 +181,7 @@ class SlimeRewardPostProcess(WholeRolloutHook):
         return out
 
 
-class SlimeAllSamplesProcess(_Wrapped):
+class SlimeAllSamplesProcess(Wrapped):
     """--rollout-all-samples-process-path: (cfg, groups, rollout_id) -> f(args, slime groups, None)."""
 
     def __call__(self, cfg: Config, groups: list[list[Sample]], rollout_id: int):

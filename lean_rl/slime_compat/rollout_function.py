@@ -27,6 +27,7 @@ from lean_rl.slime_compat.args import slime_args
 from lean_rl.slime_compat.async_utils import run
 from lean_rl.slime_compat.base_types import RolloutFnEvalOutput, RolloutFnTrainOutput
 from lean_rl.slime_compat.convert import from_slime, to_slime
+from lean_rl.slime_compat.hooks import Wrapped
 from lean_rl.slime_compat.run_state import GenerateAnswer, start_recording
 from lean_rl.slime_compat.types import Sample as SlimeSample
 from lean_rl.utils.plugins import hook_return_error
@@ -86,16 +87,9 @@ class BufferDataSource:
         return 0 if self.buffer is None else self.buffer.num_pending()
 
 
-class SlimeRolloutFunction:
+class SlimeRolloutFunction(Wrapped):
     """A slime rollout function called with lean_rl's rollout arguments (cfg, rollout_id, buffer,
     evaluation); synchronous, as slime's are (lean_rl runs it on a thread, within --rollout-timeout)."""
-
-    def __init__(self, fn, flag: str):
-        self.fn, self.flag = fn, flag
-        self.__name__ = getattr(fn, "__name__", type(fn).__name__)
-        self.__qualname__ = getattr(fn, "__qualname__", self.__name__)
-        self.__module__ = getattr(fn, "__module__", None) or type(fn).__module__
-        self.__wrapped__ = fn
 
     def __call__(self, cfg: Config, rollout_id: int, buffer: DataBuffer | None, evaluation: bool = False
                  ) -> RolloutOutput:

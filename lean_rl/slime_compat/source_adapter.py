@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from lean_rl.buffer.prompt_source import PromptRecord, load_tokenizer
 from lean_rl.slime_compat.args import slime_args
+from lean_rl.slime_compat.hooks import Wrapped
 from lean_rl.slime_compat.types import Sample as SlimeSample
 from lean_rl.utils.plugins import hook_return_error
 
@@ -19,18 +20,11 @@ if TYPE_CHECKING:  # not at run time: lean_rl.config imports every flag group
 FLAG = "--data-source-path"
 
 
-class SlimeSourceFactory:
+class SlimeSourceFactory(Wrapped):
     """What lean_rl's buffer calls with the run's Config: the slime class built with slime's `args`."""
 
-    def __init__(self, cls, flag: str):
-        self.cls, self.flag = cls, flag
-        self.__name__ = getattr(cls, "__name__", type(cls).__name__)
-        self.__qualname__ = getattr(cls, "__qualname__", self.__name__)
-        self.__module__ = getattr(cls, "__module__", None) or type(cls).__module__
-        self.__wrapped__ = cls
-
     def __call__(self, cfg: Config) -> "SlimeSource":
-        return SlimeSource(self.cls(slime_args(cfg)), cfg, self.flag)
+        return SlimeSource(self.fn(slime_args(cfg)), cfg, self.flag)
 
 
 class SlimeSource:
