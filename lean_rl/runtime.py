@@ -95,8 +95,7 @@ class Runtime:
         # before any process starts: the model dir, checkpoints, ports, --save (preflight.py), the datasets
         check_before_start(cfg)
         with dataset_errors_as_config_errors():
-            has_prompts = cfg.data.prompt_data or cfg.data.data_source_path
-            self.buffer = create_data_buffer(cfg, self.extensions.data_source) if has_prompts else None
+            self.buffer = create_data_buffer(cfg, self.extensions.data_source) if cfg.data.has_prompts else None
             if cfg.eval.datasets and cfg.starts_engines:
                 load_eval_datasets(cfg)  # a bad eval set fails now, not at the first evaluation (cached for it)
         logger.info("start-up checks passed (flags, model, data, hooks, checkpoints, ports); starting Ray")

@@ -28,3 +28,8 @@ class DataConfig:
     num_epochs: int | None = option(None, positive=True)  # None: as many as the run needs
     rollout_max_prompt_len: int | None = option(None, positive=True, help="skip (and count) longer prompts")
     skip_bad_rows: bool = option(False, help="skip and count malformed rows instead of failing")
+
+    @property
+    def has_prompts(self) -> bool:
+        """Whether the run has training prompts: a file, or a source of its own."""
+        return bool(self.prompt_data or self.data_source_path)
