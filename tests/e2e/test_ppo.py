@@ -21,8 +21,10 @@ def _learn_and_checkpoint(tiny_qwen2, toy_data, tmp_path):
     first, last = reward_gain(rows)
     assert last - first >= 0.3, [round(r["rollout/reward_mean"], 3) for r in rows]
     # the value model starts at V = 0 (zero value head) and follows the returns as the reward climbs
+    # (compared over 3 steps: one step's mean value is over that step's prompts, and wobbles)
     values = [r["critic/values"] for r in rows]
-    assert values[0] == 0.0 and 0 < values[STEPS // 2] < values[-1], values
+    early, late = sum(values[2:5]) / 3, sum(values[-3:]) / 3
+    assert values[0] == 0.0 and 0 < early < late, values
     # every --save-interval and after the last rollout, the critic beside the actor at the same step
     for root in (ckpt, ckpt / "critic"):
         assert latest_step(root) == STEPS

@@ -62,6 +62,11 @@ def test_a_slime_search_agent_trains_unchanged(tiny_qwen2, toy_data, tmp_path):
     assert all(r["train/search_agent_loss_calls"] >= 1.0 for r in rows)
 
 
+# slow (suite time, issue 24): a second 3-step run; the default suite keeps the search agent's run above
+# (a slime file unchanged, through to training) and this rollout function against real engines
+# (tests/integration/test_rollout.py::test_a_slime_rollout_function_over_slimes_data_source_fills_the_buffer);
+# slime's advantage and TIS contracts equal the built-ins (tests/unit/test_slime_contracts.py)
+@pytest.mark.slow
 def test_a_slime_rollout_function_with_slime_trainer_hooks_trains_unchanged(tiny_qwen2, toy_data, tmp_path):
     """slime's rollout-function contract (its data source, a multi-agent fan-out, RolloutFnTrainOutput),
     slime's advantage contract and slime's TIS contract, all from one unchanged file."""

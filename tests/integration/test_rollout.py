@@ -9,6 +9,7 @@ import signal
 import sys
 import textwrap
 import time
+from pathlib import Path
 
 import pytest
 
@@ -23,6 +24,7 @@ from lean_rl.sample import NOT_GENERATED, Status
 
 pytestmark = pytest.mark.integration
 
+REPO = Path(__file__).resolve().parents[2]
 WORDS = "the cat dog sat on mat ran fast big small red blue green hello world".split()
 
 
@@ -293,6 +295,40 @@ def test_eval_config_gives_each_set_its_own_samples_sampling_reward_and_keys(eng
     assert {s.reward for s in out.samples["exact"]} <= {0.0, 1.0}
     assert out.metrics["eval/exact/reward_mean"] == pytest.approx(
         sum(s.reward for s in out.samples["exact"]) / 9)
+
+
+def test_a_slime_rollout_function_over_slimes_data_source_fills_the_buffer(engine_group, prompts_file, tmp_path,
+                                                                          user_plugins, monkeypatch):
+    """slime's rollout-function contract with an unchanged slime-style file (tests/e2e/slime_style/
+    multi_agent_rollout.py): slime's data source is the buffer, a fan-out to two agents comes back as
+    groups of lean_rl samples with exact versions; the solver's reward is the function's, the reviewer's
+    the run's --custom-rm-path. (Its 3-step training run with slime's advantage and TIS functions:
+    tests/e2e/test_slime_compat_run.py, slow.)"""
+    from lean_rl.rollout.base import call_rollout_function, installed_extensions
+
+    monkeypatch.syspath_prepend(str(REPO / "tests" / "e2e" / "slime_style"))
+    custom = tmp_path / "agents.yaml"
+    custom.write_text("agent_tokens: 5\n")
+    cfg = make_cfg(engine_group, prompts_file, "--rollout-batch-size", "2", "--n-samples-per-prompt", "2",
+                   "--custom-rm-path", "rollout_plugins.token_checksum_rm", "--custom-config-path", str(custom),
+                   "--rollout-function-path", "multi_agent_rollout.generate_rollout")
+    buffer = create_data_buffer(cfg)
+    out = asyncio.run(call_rollout_function(cfg, installed_extensions(cfg).rollout, 0, buffer, False))
+    assert out.metrics["multi_agent/agents_per_sample"] == 2.0 and out.metrics["rollout/groups"] == 2
+    groups = buffer.get_train_groups(10)
+    assert [len(g) for g in groups] == [4, 4] and buffer.num_in_flight() == 0  # every group handed out came back
+    for group in groups:
+        solvers = [s for s in group if s.index < 1_000_000]
+        reviewers = [s for s in group if s.index >= 1_000_000]
+        assert len(solvers) == len(reviewers) == 2 and len({s.group_index for s in group}) == 1
+        for s in group:
+            s.check()
+            assert 0 < s.response_length <= 5 and all(s.loss_mask)
+        assert all(0.0 <= s.reward <= 1.0 for s in solvers)  # the function's own reward
+        assert all(s.reward > 1.0 for s in reviewers)  # left unset by the function: the run's checksum reward
+        assert all(r.prompt.endswith("\nAgain:") for r in reviewers)
+    # every token's version is the one policy the engines served (exact, from the answers `post` saw)
+    assert len({v for g in groups for s in g for v in s.weight_versions}) == 1
 
 
 def test_evaluation_counts_failed_generations_and_stops_past_its_threshold(engine_group, prompts_file,
