@@ -8,7 +8,6 @@ again where they are called; what they return is checked on every call."""
 from __future__ import annotations
 
 import functools
-import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable
 
@@ -17,7 +16,7 @@ import torch
 from lean_rl.algorithms.advantages import broadcast, compute_advantages
 from lean_rl.algorithms.losses import policy_loss, sft_loss
 from lean_rl.algorithms.slime_contracts import slime_advantages, slime_loss
-from lean_rl.utils.plugins import PluginError, hook_return_error, is_slime_function, load_function
+from lean_rl.utils.plugins import hook_return_error, import_object, is_slime_function, load_function
 
 if TYPE_CHECKING:
     from lean_rl.algorithms.config import AlgorithmConfig
@@ -118,16 +117,11 @@ def checked_advantages(algo: AlgorithmConfig, fn: Callable, result, mask: torch.
 
 # ---------------------------------------------------------------- the policy loss
 def load_loss_function(path: str) -> Callable:
-    """lean_rl's loss, or slime's (its module imports slime: f(args, batch, logits, sum_of_sample_mean),
-    served through algorithms/slime_contracts.py)."""
-    try:
-        return load_function(path, LOSS_FLAG, num_args=1, must_be_sync=True, keywords=LOSS_INPUTS)
-    except PluginError:
-        module_name, _, attr = path.rpartition(".")
-        fn = getattr(sys.modules.get(module_name), attr, None)
-        if fn is None or not is_slime_function(fn):
-            raise
-    return slime_loss(load_function(path, LOSS_FLAG, num_args=4, must_be_sync=True), path)
+    """lean_rl's loss, or slime's when its module imports slime (f(args, batch, logits, sum_of_sample_mean),
+    served through algorithms/slime_contracts.py), as every hook's contract is chosen."""
+    if is_slime_function(import_object(path, LOSS_FLAG)):
+        return slime_loss(load_function(path, LOSS_FLAG, num_args=4, must_be_sync=True), path)
+    return load_function(path, LOSS_FLAG, num_args=1, must_be_sync=True, keywords=LOSS_INPUTS)
 
 
 def loss_function(algo: AlgorithmConfig) -> Callable:

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import argparse
 import functools
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Any, Callable, overload
 
 import torch
 import torch.nn.functional as F
@@ -52,9 +52,17 @@ def algorithm_args(algo: AlgorithmConfig) -> argparse.Namespace:
     return args
 
 
-def per_sample(x: torch.Tensor, lengths: list[int]) -> list[torch.Tensor]:
-    """Row i of [B, T] cut to its response: lengths[i] values."""
-    return [x[i, :n] for i, n in enumerate(lengths)]
+@overload
+def per_sample(x: torch.Tensor, lengths: list[int]) -> list[torch.Tensor]: ...
+@overload
+def per_sample(x: None, lengths: list[int]) -> None: ...
+@overload
+def per_sample(x: torch.Tensor | None, lengths: list[int]) -> list[torch.Tensor] | None: ...
+
+
+def per_sample(x: torch.Tensor | None, lengths: list[int]) -> list[torch.Tensor] | None:
+    """Row i of [B, T] cut to its response: lengths[i] values (None stays None: an input the step lacks)."""
+    return None if x is None else [x[i, :n] for i, n in enumerate(lengths)]
 
 
 def padded(values: list[torch.Tensor], like: torch.Tensor) -> torch.Tensor:
@@ -79,15 +87,12 @@ def slime_advantages(fn: Callable, algo: AlgorithmConfig, inputs: AdvantageInput
         raise ValueError(f"{flag}: slime's contract needs the response and total lengths of the rollout")
     lengths = [int(n) for n in inputs.response_lengths]
     policy = inputs.old_log_probs if inputs.old_log_probs is not None else inputs.rollout_log_probs
-
-    def cut(x: torch.Tensor | None):
-        return None if x is None else per_sample(x, lengths)
-
     kl = inputs.kl if inputs.kl is not None else torch.zeros_like(inputs.mask)
-    rollout_data = {
-        "rewards": inputs.rewards.tolist(), "log_probs": cut(policy), "rollout_log_probs": cut(inputs.rollout_log_probs),
-        "ref_log_probs": cut(inputs.ref_log_probs), "values": cut(inputs.values), "kl": cut(kl),
-        "loss_masks": cut(inputs.mask), "response_lengths": lengths,
+    rollout_data: dict[str, Any] = {
+        "rewards": inputs.rewards.tolist(), "log_probs": per_sample(policy, lengths),
+        "rollout_log_probs": per_sample(inputs.rollout_log_probs, lengths),
+        "ref_log_probs": per_sample(inputs.ref_log_probs, lengths), "values": per_sample(inputs.values, lengths),
+        "kl": per_sample(kl, lengths), "loss_masks": per_sample(inputs.mask, lengths), "response_lengths": lengths,
         "total_lengths": [int(n) for n in inputs.total_lengths]}
     fn(algorithm_args(algo), rollout_data)
     advantages, returns = rollout_data.get("advantages"), rollout_data.get("returns")
@@ -131,16 +136,13 @@ def custom_tis(algo: AlgorithmConfig, pg: torch.Tensor, old: torch.Tensor, rollo
             and isinstance(result[2], dict)):
         raise hook_return_error(f"{TIS_FLAG} {path}", fn, result, expected)
     new_pg, masks, metrics = result
-    out_pg = torch.zeros_like(pg)
-    for i, piece in enumerate(torch.split(new_pg.reshape(-1), lengths)):
-        out_pg[i, :lengths[i]] = piece
-    out_mask = padded(masks, mask) * mask
+    width = mask.shape[1]
     out_metrics = {}
     for name, value in metrics.items():
         if not (isinstance(value, torch.Tensor) and value.numel() == total):
             raise hook_return_error(f"{TIS_FLAG} {path}", fn, result, f"{expected}; metric {name!r} is not")
-        out_metrics[name] = padded(list(torch.split(value.detach().reshape(-1).float(), lengths)), mask)
-    return out_pg, out_mask, out_metrics
+        out_metrics[name] = unpacked(value.detach().float(), lengths, width)
+    return unpacked(new_pg, lengths, width), padded(masks, mask) * mask, out_metrics
 
 
 # ---------------------------------------------------------------- the policy loss
@@ -167,16 +169,13 @@ def slime_loss(fn: Callable, path: str) -> Callable:
              ref_log_probs: torch.Tensor | None = None, rollout_log_probs: torch.Tensor | None = None,
              entropy: torch.Tensor | None = None):
         lengths = trained_lengths(mask)
-
-        def cut(x: torch.Tensor | None):
-            return None if x is None else per_sample(x, lengths)
-
         old = log_probs.detach() if old_log_probs is None else old_log_probs
-        batch = {"advantages": cut(advantages), "log_probs": cut(old), "ref_log_probs": cut(ref_log_probs),
-                 "rollout_log_probs": cut(rollout_log_probs), "loss_masks": cut(mask.float()),
-                 "response_lengths": lengths, "total_lengths": lengths,
+        batch = {"advantages": per_sample(advantages, lengths), "log_probs": per_sample(old, lengths),
+                 "ref_log_probs": per_sample(ref_log_probs, lengths),
+                 "rollout_log_probs": per_sample(rollout_log_probs, lengths),
+                 "loss_masks": per_sample(mask.float(), lengths), "response_lengths": lengths, "total_lengths": lengths,
                  "unconcat_tokens": None}  # read by get_log_probs_and_entropy in slime; TrainerLogits needs none
-        logits = TrainerLogits(per_sample(log_probs, lengths), cut(entropy))
+        logits = TrainerLogits(per_sample(log_probs, lengths), per_sample(entropy, lengths))
 
         def sum_of_sample_mean(x: torch.Tensor) -> torch.Tensor:
             return (weights * unpacked(x, lengths, mask.shape[1])).sum()

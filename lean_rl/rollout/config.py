@@ -183,8 +183,7 @@ class RewardConfig:
 
 
 # --eval-config: the per-set settings slime's eval config may give, and where each one lands
-EVAL_SET_SAMPLING = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k",
-                     "max_response_len": "max_response_len", "stop": "stop", "stop_token_ids": "stop_token_ids"}
+EVAL_SET_SAMPLING = ("temperature", "top_p", "top_k", "max_response_len", "stop", "stop_token_ids")  # SamplingConfig's
 EVAL_SET_DATA = ("input_key", "label_key", "metadata_key", "tool_key", "apply_chat_template")
 EVAL_SET_KEYS = ("name", "path", "n_samples_per_eval_prompt", "rm_type", "custom_rm_path", *EVAL_SET_SAMPLING,
                  *EVAL_SET_DATA)
@@ -269,8 +268,8 @@ class EvalConfig:
                     raise ConfigError(f"{where}: {entry['name'] if key in entry else 'defaults'}: key {key!r} is not "
                                       f"one lean_rl reads; it reads {', '.join(EVAL_SET_KEYS)}")
             given = {**defaults, **entry}
-            changes: dict[str, Any] = {field_name: tuple(given[key]) if isinstance(given[key], list) else given[key]
-                                       for key, field_name in EVAL_SET_SAMPLING.items() if key in given}
+            changes: dict[str, Any] = {key: tuple(given[key]) if isinstance(given[key], list) else given[key]
+                                       for key in EVAL_SET_SAMPLING if key in given}
             sampling = dataclasses.replace(self.sampling, **changes)
             if given.get("rm_type") and given.get("custom_rm_path"):
                 raise ConfigError(f"{where}: {entry['name']}: give either rm_type or custom_rm_path, not both")

@@ -16,14 +16,13 @@ the buffer, each row's prompt rendered with the served model's chat template (`p
 from __future__ import annotations
 
 import functools
-import importlib
 from typing import TYPE_CHECKING, Any
 
 from lean_rl.buffer.prompt_source import PromptRecord, PromptSource, load_tokenizer, render_prompt
 from lean_rl.options import rebuild
 from lean_rl.rollout.openai_capture import CaptureSession
 from lean_rl.sample import Sample, Status
-from lean_rl.utils.plugins import PluginError
+from lean_rl.utils.plugins import PluginError, import_object
 
 if TYPE_CHECKING:  # not at run time: lean_rl.config imports every flag group
     from lean_rl.config import Config
@@ -40,11 +39,7 @@ def load_environment(path: str):
     except ImportError as err:
         raise PluginError(f"{FLAG} {path}: the verifiers library is not installed ({err}); install the optional "
                           "extra: pip install -r requirements-envs.txt -c requirements.txt") from None
-    module_name, _, attr = path.rpartition(".")
-    try:
-        found = getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError, ValueError) as err:
-        raise PluginError(f"{FLAG} {path}: cannot import it ({type(err).__name__}: {err})") from None
+    found = import_object(path, FLAG)
     env = found if isinstance(found, vf.Environment) else found()
     if not isinstance(env, vf.Environment):
         raise PluginError(f"{FLAG} {path}: expected a verifiers Environment (or a function returning one), "

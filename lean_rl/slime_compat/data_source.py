@@ -48,30 +48,37 @@ class DataSource(abc.ABC):
 
 
 class RolloutDataSource(DataSource):
-    """--prompt-data, in order (shuffled per epoch under --rollout-shuffle), read-only."""
+    """--prompt-data, in order (shuffled per epoch under --rollout-shuffle), read-only. The cursor is a
+    lean_rl PromptSource's (epoch_id and sample_offset read from it)."""
 
     def __init__(self, args: Namespace):
         from lean_rl.buffer.prompt_source import PromptSource, load_prompts, load_tokenizer
 
         self.args = args
-        self.epoch_id = self.sample_offset = self.sample_group_index = self.sample_index = 0
+        self.sample_group_index = self.sample_index = 0
         self.metadata: dict = {}
         cfg = bound_config()
         self._tokenizer = load_tokenizer(cfg.engines.model_path)
         records = load_prompts(args.prompt_data, cfg.data, self._tokenizer)[0] if args.prompt_data else []
-        self._records = records
-        self._order = PromptSource(records, cfg.data.rollout_shuffle, cfg.data.seed)._epoch_order
+        # no prompt data: blank samples, as slime's (a rollout function that makes its own prompts)
+        self._prompts = PromptSource(records, cfg.data.rollout_shuffle, cfg.data.seed) if records else None
+
+    @property
+    def epoch_id(self) -> int:
+        return self._prompts.epoch if self._prompts else 0
+
+    @property
+    def sample_offset(self) -> int:
+        return self._prompts.position if self._prompts else 0
 
     def get_samples(self, num_samples: int) -> list[list[Sample]]:
         groups = []
         for _ in range(num_samples):
-            if not self._records:
-                prompt_sample = Sample()
-            else:
-                if self.sample_offset == len(self._records):
-                    self.epoch_id, self.sample_offset = self.epoch_id + 1, 0
-                record = self._records[self._order(self.epoch_id)[self.sample_offset]]
-                self.sample_offset += 1
+            prompt_sample = Sample()
+            if self._prompts is not None:
+                item = self._prompts.next()  # endless (no epoch limit): never None
+                assert item is not None
+                record = item[1]
                 prompt_sample = Sample(prompt=self._rendered(record), label=record.label,
                                        metadata=dict(record.metadata))
             group = []
@@ -95,18 +102,15 @@ class RolloutDataSource(DataSource):
     def _state_path(self, directory: str | None, rollout_id) -> str | None:
         return os.path.join(directory, "rollout", f"global_dataset_state_dict_{rollout_id}.json") if directory else None
 
-    def _state(self) -> dict:
-        return {"sample_offset": self.sample_offset, "epoch_id": self.epoch_id,
-                "sample_group_index": self.sample_group_index, "sample_index": self.sample_index,
-                "metadata": self.metadata}
-
     def save(self, rollout_id) -> None:
         path = self._state_path(self.args.save, rollout_id)
         if path is None:
             return
         os.makedirs(os.path.dirname(path), exist_ok=True)
         with open(path, "w") as f:
-            json.dump(self._state(), f)
+            json.dump({"sample_offset": self.sample_offset, "epoch_id": self.epoch_id,
+                       "sample_group_index": self.sample_group_index, "sample_index": self.sample_index,
+                       "metadata": self.metadata}, f)
 
     def load(self, rollout_id=None) -> None:
         path = self._state_path(self.args.load, rollout_id)
@@ -115,11 +119,14 @@ class RolloutDataSource(DataSource):
             return
         with open(path) as f:
             state = json.load(f)
-        for name, value in state.items():
-            setattr(self, name, value)
+        self.sample_group_index, self.sample_index = state["sample_group_index"], state["sample_index"]
+        self.metadata = state["metadata"]
+        if self._prompts is not None:
+            self._prompts.load_state_dict({"epoch": state["epoch_id"], "position": state["sample_offset"],
+                                           "num_records": len(self)})
 
     def __len__(self) -> int:
-        return len(self._records)
+        return len(self._prompts.records) if self._prompts else 0
 
 
 class RolloutDataSourceWithBuffer(RolloutDataSource):

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from lean_rl.rollout.base import RolloutOutput, installed_extensions
 from lean_rl.rollout.metrics import rollout_metrics
-from lean_rl.rollout.rewards import score_group
+from lean_rl.rollout.rewards import reward_key, score_group
 from lean_rl.sample import Sample, Status
 from lean_rl.slime_compat.args import slime_args
 from lean_rl.slime_compat.async_utils import run
@@ -100,7 +100,7 @@ class SlimeRolloutFunction(Wrapped):
         if inspect.isawaitable(result):
             result = run(result)
         if evaluation:
-            return self._evaluation_output(cfg, result, source)
+            return self._evaluation_output(cfg, result)
         return self._train_output(cfg, result, source, started)
 
     def _train_output(self, cfg: Config, result, source: BufferDataSource, started: float) -> RolloutOutput:
@@ -126,20 +126,20 @@ class SlimeRolloutFunction(Wrapped):
         out.update({k: float(v) for k, v in metrics.items() if isinstance(v, (int, float))})
         return RolloutOutput(metrics=out)
 
-    def _evaluation_output(self, cfg: Config, result, source: BufferDataSource) -> RolloutOutput:
+    def _evaluation_output(self, cfg: Config, result) -> RolloutOutput:
         data = result.data if isinstance(result, RolloutFnEvalOutput) else result
         expected = "a RolloutFnEvalOutput, or {name: {'rewards': [...], 'samples': [...] (optional)}}"
         if not isinstance(data, dict) or not all(isinstance(v, dict) and "rewards" in v for v in data.values()):
             raise hook_return_error(self.flag, self.fn, result, expected)
         out = RolloutOutput()
         for name, entry in data.items():
-            rewards = [_reward_value(r, cfg.eval.reward_key or cfg.reward.reward_key) for r in entry["rewards"]]
+            rewards = [_reward_value(r, reward_key(cfg, evaluation=True)) for r in entry["rewards"]]
             out.metrics[f"eval/{name}/reward_mean"] = sum(rewards) / max(1, len(rewards))
             if entry.get("truncated"):
                 out.metrics[f"eval/{name}/truncated_ratio"] = sum(map(bool, entry["truncated"])) / len(entry["truncated"])
             samples = [s for s in entry.get("samples") or [] if isinstance(s, SlimeSample)]
             if samples:
-                out.samples[name] = [_eval_sample(cfg, s, source) for s in samples]
+                out.samples[name] = [_eval_sample(cfg, s) for s in samples]
         if isinstance(result, RolloutFnEvalOutput) and result.metrics:
             out.metrics.update({k: float(v) for k, v in result.metrics.items() if isinstance(v, (int, float))})
         return out
@@ -153,10 +153,10 @@ def _reward_value(reward: Any, key: str | None) -> float:
     return float(reward)
 
 
-def _eval_sample(cfg: Config, s: SlimeSample, source: BufferDataSource) -> Sample:
+def _eval_sample(cfg: Config, s: SlimeSample) -> Sample:
     """An evaluation sample as lean_rl dumps it (no training: its versions are not needed)."""
     reward = s.reward
-    key = cfg.eval.reward_key or cfg.reward.reward_key
+    key = reward_key(cfg, evaluation=True)
     return Sample(index=s.index or 0, group_index=s.group_index or 0, prompt=s.prompt, tokens=list(s.tokens),
                   response=s.response or "", response_length=0, label=s.label,
                   reward=_reward_value(reward, key) if reward is not None else None,

@@ -15,6 +15,23 @@ class PluginError(ConfigError):
     """A dotted path that does not load, or a function of the wrong shape: the user's flag to fix."""
 
 
+def import_object(path: str, flag: str) -> Any:
+    """What the dotted path `pkg.module.attr` names, imported; a PluginError naming `flag` when it cannot be."""
+    module_name, _, attr = path.rpartition(".")
+    if not module_name or not attr:
+        raise PluginError(f"{flag} {path!r}: expected a dotted path 'package.module.function'")
+    install_slime_finder()  # a hook written for slime imports slime.*: served by lean_rl unless slime is installed
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as err:
+        raise PluginError(f"{flag} {path!r}: cannot import module {module_name!r} ({err})") from err
+    except Exception as err:  # the user's module raised while importing: say where
+        raise PluginError(f"{flag} {path!r}: importing {module_name!r} raised {type(err).__name__}: {err}") from err
+    if not hasattr(module, attr):
+        raise PluginError(f"{flag} {path!r}: module {module_name!r} has no attribute {attr!r}")
+    return getattr(module, attr)
+
+
 def load_function(
     path: str,
     flag: str,
@@ -30,19 +47,8 @@ def load_function(
 
     `flag` names the command-line flag in every error, so a typo is reported as the user typed it.
     """
-    module_name, _, attr = path.rpartition(".")
-    if not module_name or not attr:
-        raise PluginError(f"{flag} {path!r}: expected a dotted path 'package.module.function'")
-    install_slime_finder()  # a hook written for slime imports slime.*: served by lean_rl unless slime is installed
-    try:
-        module = importlib.import_module(module_name)
-    except ModuleNotFoundError as err:
-        raise PluginError(f"{flag} {path!r}: cannot import module {module_name!r} ({err})") from err
-    except Exception as err:  # the user's module raised while importing: say where
-        raise PluginError(f"{flag} {path!r}: importing {module_name!r} raised {type(err).__name__}: {err}") from err
-    if not hasattr(module, attr):
-        raise PluginError(f"{flag} {path!r}: module {module_name!r} has no attribute {attr!r}")
-    fn = getattr(module, attr)
+    fn = import_object(path, flag)
+    attr = path.rpartition(".")[2]
     if not callable(fn):
         raise PluginError(f"{flag} {path!r}: {attr!r} is a {type(fn).__name__}, not a function")
     is_async = inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(getattr(fn, "__call__", None))

@@ -27,10 +27,14 @@ SLIME_SOURCE = '''
 from slime.rollout.data_source import RolloutDataSourceWithBuffer
 
 class DigitsFirst(RolloutDataSourceWithBuffer):
-    """A curriculum: prompts labelled "digits" before the others (slime's way: a subclass)."""
-    def __init__(self, args):
-        super().__init__(args)
-        self._records.sort(key=lambda r: r.label != "digits")
+    """A curriculum: the first epoch only the prompts labelled "digits", then all (slime's way: a subclass)."""
+    def get_samples(self, num_samples):
+        groups = []
+        while len(groups) < num_samples:
+            group = super().get_samples(1)[0]
+            if group[0].label == "digits" or self.epoch_id > 0:
+                groups.append(group)
+        return groups
 '''
 
 
