@@ -207,3 +207,18 @@ def test_a_slime_ppo_loss_gives_the_built_in_loss_and_gradient(monkeypatch):
     assert torch.allclose(built_in[0], slime[0]) and torch.allclose(built_in[2], slime[2])
     for name in ("pg_loss", "pg_clipfrac", "entropy"):
         assert torch.allclose(built_in[1][name], slime[1][name]), name
+
+
+def test_slimes_reader_without_prompt_data_hands_out_blank_groups(slime_source_cfg):
+    """slime's RolloutDataSource without --prompt-data: blank samples (a rollout function makes its own
+    prompts), numbered as slime numbers them."""
+    from lean_rl.slime_compat.args import build_args
+    from lean_rl.slime_compat.data_source import RolloutDataSource
+
+    args = build_args(slime_source_cfg())
+    args.prompt_data = None
+    source = RolloutDataSource(args)
+    groups = source.get_samples(2)
+    assert len(source) == 0 and (source.epoch_id, source.sample_offset) == (0, 0)
+    assert [[(s.group_index, s.index, s.prompt) for s in g] for g in groups] == [[(0, 0, ""), (0, 1, "")],
+                                                                                 [(1, 2, ""), (1, 3, "")]]
