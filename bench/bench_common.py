@@ -18,7 +18,8 @@ from pathlib import Path
 
 from lean_rl.cli import DEBUG_HELP, ArgumentParser, run_command
 
-ROW_KEYS = ("what", "figure", "floor", "ratio", "goal", "command")
+ROW_KEYS = ("what", "figure", "floor", "ratio", "goal", "command")  # the table's columns
+PHYSICAL = "physical_floor"  # and one more key of every row, not shown: see row()
 NO_GOAL = "—"
 
 
@@ -70,9 +71,21 @@ def command_line(name: str, argv: list[str]) -> str:
     return shlex.join(["python", f"bench/{name}.py", *kept])
 
 
-def row(what: str, figure: str, floor: str, ratio: float | None, goal: str, command: str) -> dict:
+def row(what: str, figure: str, floor: str, ratio: float | None, goal: str, command: str,
+        physical: bool = False) -> dict:
+    """`physical`: the floor is the simplest code that moves the same bytes through the same medium
+    (bench/floors.py) and `ratio` is ours' cost over the floor's, so it cannot fall below 1 unless the
+    floor is broken (bench/run_all.py refuses such a row)."""
     return {"what": what, "figure": figure, "floor": floor, "ratio": None if ratio is None else float(ratio),
-            "goal": goal, "command": command}
+            "goal": goal, "command": command, PHYSICAL: physical}
+
+
+def broken_floor(r: dict) -> str | None:
+    """Why a row's physical floor cannot be one (ours beat it), or None."""
+    if r.get(PHYSICAL) and r["ratio"] is not None and r["ratio"] < 1.0:
+        return (f"broken floor: ours / floor = {r['ratio']:.3g} < 1 for {r['what']!r}; its floor "
+                f"({r['floor']}) measured another implementation, not the limit")
+    return None
 
 
 def write_rows(path: str | None, rows: list[dict]) -> None:

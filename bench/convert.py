@@ -4,8 +4,9 @@ re-saved as HF shards of --input-shard-size so that "one shard" means something:
     python bench/convert.py [--arch qwen2] [--input-shard-size 100MB] [--workdir DIR] [--repeat 3]
 
 For each direction it prints, beside floors measured in the same run:
-- time ratio: conversion seconds / seconds to read the same weight files and write the same bytes
-  (raw, 16 MiB blocks, one fsync per file: what any converter must at least do); median of --repeat;
+- time ratio: conversion seconds / seconds to read the same input weight files and write files of the
+  names and sizes the converter wrote (raw, 16 MiB blocks, one fsync per output file, as the converter
+  syncs each: what any converter must at least do); median of --repeat;
 - memory ratio: the converter process's peak RSS (VmHWM, imports included) / the largest input
   shard, and the same for the RSS it adds on top of its own imports (the streaming claim: about one
   shard plus the largest tensor, not the model).
@@ -54,15 +55,8 @@ def worker(kind: str, src: str, dst: str, shard_size: str) -> dict:
 
     base = _current_rss_bytes()
     started = time.monotonic()
-    if kind == "raw":  # the weight files only (tensor bytes + their headers), one fsync per file
-        out = Path(dst)
-        out.mkdir(parents=True)
-        for path in sorted(p for p in Path(src).rglob("*") if p.suffix in (".safetensors", ".distcp")):
-            with open(path, "rb") as reader, open(out / path.name, "wb") as writer:
-                while block := reader.read(BLOCK):
-                    writer.write(block)
-                writer.flush()
-                os.fsync(writer.fileno())
+    if kind == "raw":  # SHARD is the converter's output directory: the files to write, as many and as large
+        raw_copy(Path(src), Path(dst), Path(shard_size))
     elif kind == "hf_to_megatron":
         convert_hf_to_megatron(src, dst, max_file_bytes=parse_size(shard_size))
     elif kind == "megatron_to_hf":
@@ -70,6 +64,39 @@ def worker(kind: str, src: str, dst: str, shard_size: str) -> dict:
     else:
         raise ValueError(kind)
     return {"seconds": time.monotonic() - started, "rss_after_imports": base, "peak_rss": _peak_rss_bytes()}
+
+
+def _weight_files(directory: Path) -> list[Path]:
+    return sorted(p for p in directory.rglob("*") if p.suffix in (".safetensors", ".distcp"))
+
+
+def raw_copy(src: Path, dst: Path, layout: Path) -> None:
+    """The physical floor of a conversion: read every weight file of `src` and write the files the converter
+    wrote to `layout` (the same names and sizes, so the same number of fsyncs), in 16 MiB blocks, one fsync
+    per file; the bytes written are the bytes read (zeros where the output is the larger)."""
+    dst.mkdir(parents=True)
+
+    def blocks():
+        for path in _weight_files(src):
+            with open(path, "rb") as reader:
+                while block := reader.read(BLOCK):
+                    yield block
+
+    stream = blocks()
+    pending = b""
+    for target in _weight_files(layout):
+        left = target.stat().st_size
+        with open(dst / target.name, "wb") as writer:
+            while left > 0:
+                if not pending:
+                    pending = next(stream, b"") or bytes(min(BLOCK, left))
+                piece, pending = pending[:left], pending[left:]
+                writer.write(piece)
+                left -= len(piece)
+            writer.flush()
+            os.fsync(writer.fileno())
+    for _ in stream:  # every input byte is read, as the converter reads it
+        pass
 
 
 def measure(kind: str, src: Path, dst: Path, shard_size: str, repeat: int) -> dict:
@@ -154,11 +181,11 @@ def main(argv: list[str]) -> int:
                 largest_tensor = max(largest_tensor, numel * 4)
 
     megatron, hf_back = workdir / "megatron", workdir / "hf_back"
-    raw_hf = measure("raw", hf, workdir / "raw_hf", args.input_shard_size, args.repeat)
     to_megatron = measure("hf_to_megatron", hf, megatron, args.input_shard_size, args.repeat)
     dist_dir = megatron / "iter_0000000"
-    raw_dist = measure("raw", dist_dir, workdir / "raw_dist", args.input_shard_size, args.repeat)
+    raw_hf = measure("raw", hf, workdir / "raw_hf", str(dist_dir), args.repeat)
     to_hf = measure("megatron_to_hf", megatron, hf_back, args.input_shard_size, args.repeat)
+    raw_dist = measure("raw", dist_dir, workdir / "raw_dist", str(hf_back), args.repeat)
     largest_dist = max(p.stat().st_size for p in _files(dist_dir, ".distcp"))
 
     mib = 2**20
@@ -178,7 +205,8 @@ def main(argv: list[str]) -> int:
         added = conv["peak_rss"] - conv["rss_after_imports"]
         rows.append(row(f"conversion {name} time / a raw read + write of the same weight files ({model}, "
                         f"median of {args.repeat})", f"{conv['seconds']:.2f} s",
-                        f"{raw['seconds']:.2f} s raw read + write", conv["seconds"] / raw["seconds"], NO_GOAL, command))
+                        f"{raw['seconds']:.2f} s raw read + write", conv["seconds"] / raw["seconds"], NO_GOAL, command,
+                        physical=True))
         # the streaming claim: what the converter adds above its imports is about one input shard plus one tensor
         rows.append(row(f"conversion {name} peak RSS above the interpreter's imports ({conv['rss_after_imports'] / mib:.0f}"
                         f" MiB) / the largest input shard ({model})", f"{added / mib:.0f} MiB",

@@ -15,7 +15,8 @@ VmHWM minus the RSS just before the step: the bytes the step itself needed at it
 (torch's allocations do not go through Python's allocator).
 
 The longest micro-batch whose logits path fits in --limit-gib: from --tokens, the token count is doubled
-in fresh processes while the measured peak stays under --probe-gib (what this machine can spare); the
+in fresh processes while the measured peak stays under --probe-gib (what this machine can spare) and the
+count under --max-probe-tokens; the
 peak is then extrapolated linearly to --limit-gib from the last two measurements (memory of this path is
 affine in the token count: a fixed part, the weight, its gradient and one chunk's logits, plus so many
 bytes per token)."""
@@ -104,7 +105,7 @@ def in_fresh_process(chunk: int, tokens: int, vocab: int, hidden: int) -> dict:
 def longest_within(chunk: int, args, first: dict) -> tuple[int, list[tuple[int, int]]]:
     """(estimated longest token count within --limit-gib, the (tokens, bytes) measured on the way)."""
     points = [(args.tokens, first["step_bytes"])]
-    while points[-1][1] * 2 < args.probe_gib * GIB:
+    while points[-1][1] * 2 < args.probe_gib * GIB and points[-1][0] * 2 <= args.max_probe_tokens:
         tokens = points[-1][0] * 2
         points.append((tokens, in_fresh_process(chunk, tokens, args.vocab, args.hidden)["step_bytes"]))
         print(f"  chunk {chunk}: {tokens} tokens -> {points[-1][1] / GIB:.2f} GiB", flush=True)
@@ -123,6 +124,9 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--hidden", type=at_least(1), default=576, help="hidden size (SmolLM2-135M: 576)")
     parser.add_argument("--chunk", type=at_least(1), default=1024, help="--logits-chunk-size of the chunked row")
     parser.add_argument("--limit-gib", type=float, default=16.0, help="memory for the longest-sequence estimate")
+    parser.add_argument("--max-probe-tokens", type=at_least(1), default=65536, help=(
+        "stop doubling past this many tokens even below --probe-gib (the chunked path grows so slowly that "
+        "doubling to --probe-gib would take hours on CPU)"))
     parser.add_argument("--probe-gib", type=float, default=6.0,
                         help="largest peak actually run while doubling (what this machine can spare)")
     args = parse_bench_args(parser, argv)

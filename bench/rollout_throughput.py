@@ -7,8 +7,11 @@
 Both sides send the same prompts with the same sampling parameters (ignore_eos, so every request makes
 exactly --max-new-tokens tokens) through the same sglang-router at the same concurrency. Ours is the
 whole default rollout: buffer hand-out, per-sample requests with log-probs, decoding, rewards, groups
-back into the buffer. The floor is bare httpx posts of the same requests. Rounds alternate (ours,
-floor, ours, ...) so that drift of a shared machine hits both; the ratio is of the median rounds.
+back into the buffer. The floor is the same requests (the same bodies, request ids included) posted bare
+through one httpx connection pool sized like ours, each answer read as JSON: what any rollout over
+HTTP must at least do. Rounds alternate (ours, floor, ours, ...) so that drift of a shared machine
+hits both; the ratio is ours' median round over the floor's best (its time, >= 1 unless the floor is
+broken: bench/run_all.py refuses it then).
 """
 
 from __future__ import annotations
@@ -25,7 +28,9 @@ import httpx
 
 from bench_common import at_least, bench_parser, command_line, parse_bench_args, row, run_bench, write_rows
 from lean_rl.extensions import install as install_hooks
+from lean_rl.backends.sglang.client import EngineClient
 from lean_rl.backends.sglang.engines import EngineGroup
+from lean_rl.backends.sglang.responses import build_generate_payload
 from lean_rl.buffer.data_buffer import create_data_buffer
 from lean_rl.config import parse_config
 from lean_rl.buffer.prompt_source import load_tokenizer
@@ -34,7 +39,7 @@ from lean_rl.rollout.default import generate_rollout
 from lean_rl.testing.sglang_engines import engine_config_for_tests
 from lean_rl.testing.tiny_model import PRESETS, make_tiny_model
 
-GOAL = 0.95  # ours / floor
+GOAL = 1.1  # ours' time / the floor's
 QUICK = {"prompts": 32, "max_new_tokens": 64, "rounds": 3}
 WORDS = "the cat dog sat on mat ran fast big small red blue green hello world one two three".split()
 
@@ -48,20 +53,23 @@ def write_prompts(path: Path, n: int) -> Path:
 
 async def floor_round(router_url: str, prompts: list[list[int]], samples: int, params: dict, concurrency: int,
                       headers: dict[str, str]) -> tuple[float, int]:
-    """Bare concurrent /generate posts (with the run's auth `headers`): (seconds, output tokens)."""
+    """The floor: the same /generate requests (body as ours sends it, log-probs and a request id included)
+    posted at the same concurrency through one httpx connection pool sized like ours (EngineClient's),
+    with the run's auth `headers`, each answer read as JSON. (seconds, output tokens)."""
     semaphore = asyncio.Semaphore(concurrency)
-    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+    limits = httpx.Limits(max_connections=EngineClient.max_connections, max_keepalive_connections=256)
     async with httpx.AsyncClient(base_url=router_url, timeout=600, limits=limits, trust_env=False,
                                  headers=headers) as http:
-        async def one(ids):
+        async def one(number, ids):
             async with semaphore:
-                reply = await http.post("/generate", json={"input_ids": ids, "sampling_params": params,
-                                                           "return_logprob": True})
+                body = build_generate_payload(ids, params, return_logprob=True, rid=f"floor-{number}")
+                reply = await http.post("/generate", json=body)
                 reply.raise_for_status()
                 return reply.json()["meta_info"]["completion_tokens"]
 
         started = time.monotonic()
-        tokens = await asyncio.gather(*(one(p) for p in prompts for _ in range(samples)))
+        requests = [ids for ids in prompts for _ in range(samples)]
+        tokens = await asyncio.gather(*(one(number, ids) for number, ids in enumerate(requests)))
         return time.monotonic() - started, sum(tokens)
 
 
@@ -118,17 +126,20 @@ def main(argv: list[str]) -> int:
                     raise RuntimeError(f"{name}: {tokens} tokens generated, expected {expected}")
                 results[name].append(tokens / seconds)
                 print(f"{name:5s} {tokens} tokens in {seconds:6.2f} s = {tokens / seconds:7.1f} tok/s", flush=True)
-    ours, floor = statistics.median(results["ours"]), statistics.median(results["floor"])
+    # the floor is the best the same requests did through the same pool in this run (noise only slows a
+    # round down); ours is the median round. The ratio is ours' time over the floor's: >= 1 unless broken.
+    ours, floor = statistics.median(results["ours"]), max(results["floor"])
     print(f"\nrollout throughput ({args.num_engines} engines, {args.prompts}x{args.samples} requests x "
-          f"{args.max_new_tokens} tokens, concurrency {args.concurrency}, median of {args.rounds}):")
-    print(f"  ours  {ours:8.1f} tok/s\n  floor {floor:8.1f} tok/s\n  ratio {ours / floor:8.3f}  (goal >= {GOAL})")
+          f"{args.max_new_tokens} tokens, concurrency {args.concurrency}, {args.rounds} rounds):")
+    print(f"  ours  {ours:8.1f} tok/s (median)\n  floor {floor:8.1f} tok/s (best)\n"
+          f"  floor / ours {floor / ours:8.3f}  (goal <= {GOAL})")
     model_name = model.name if args.hf_checkpoint else args.preset
     write_rows(args.json, [row(
-        f"rollout throughput, ours / bare `/generate` ({model_name}, {args.num_engines} engines, "
-        f"{args.prompts}×{args.samples} requests × {args.max_new_tokens} tokens, concurrency {args.concurrency}, "
-        f"median of {args.rounds})",
-        f"{ours:.0f} tok/s", f"{floor:.0f} tok/s bare `/generate`", ours / floor, f">= {GOAL}",
-        command_line("rollout_throughput", argv))])
+        f"rollout time, ours / the same `/generate` requests through one connection pool sized like ours "
+        f"({model_name}, {args.num_engines} engines, {args.prompts}×{args.samples} requests × {args.max_new_tokens} "
+        f"tokens, concurrency {args.concurrency}, ours the median of {args.rounds} rounds)",
+        f"{ours:.0f} tok/s", f"{floor:.0f} tok/s: the same requests, bare, best of {args.rounds} rounds",
+        floor / ours, f"<= {GOAL}", command_line("rollout_throughput", argv), physical=True)])
     return 0
 
 

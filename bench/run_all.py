@@ -4,7 +4,8 @@
 
 Each script runs as its own process, `python bench/NAME.py [--quick] --json FILE`, with a deadline (past
 it: SIGINT, so that the script stops its servers, then SIGKILL to its process group); the rows it writes
-(what, figure, floor, ratio, goal, command) go into the table as written. Above the table, one line
+(what, figure, floor, ratio, goal, command) go into the table as written, except that a row whose
+physical floor it beat (ratio < 1: bench_common.broken_floor) is refused as a failure. Above the table, one line
 names the machine, the commit, the date and the mode. A script that fails or overruns its deadline
 gets a row saying so (its last stderr line); run_all then exits 1, after writing the table with what
 the others measured. Progress and each script's log files go to stderr.
@@ -30,13 +31,13 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench_common import NO_GOAL, ROW_KEYS, at_least, command_line, row, run_bench
+from bench_common import NO_GOAL, PHYSICAL, ROW_KEYS, at_least, broken_floor, command_line, row, run_bench
 from lean_rl.cli import DEBUG_HELP, ArgumentParser
 
 REPO = Path(__file__).resolve().parents[1]
 BENCH = REPO / "bench"
-SCRIPTS = ("async_vs_sync", "capture_latency", "convert", "engine_start", "multi_turn_overhead", "multinode",
-           "rollout_throughput", "train_step", "weight_sync")
+SCRIPTS = ("async_vs_sync", "capture_latency", "convert", "engine_start", "long_sequence_memory", "multi_turn_overhead",
+           "multinode", "rollout_throughput", "train_step", "weight_sync")
 DEFAULT_TIMEOUT_S = {"quick": 900, "full": 3600}
 STOP_GRACE_S = 60  # after SIGINT, time to stop SGLang servers and Ray before SIGKILL
 README = REPO / "README.md"
@@ -183,8 +184,11 @@ def run_script(name: str, quick: bool, timeout_s: float, logs: Path) -> tuple[li
         rows = json.loads(json_path.read_text())
     except (OSError, ValueError) as error:
         return [failed_row(name, command, f"no readable --json rows ({error})")], False
-    if not rows or any(set(r) != set(ROW_KEYS) for r in rows):
-        return [failed_row(name, command, f"its --json rows lack the columns {', '.join(ROW_KEYS)}")], False
+    if not rows or any(set(r) != {*ROW_KEYS, PHYSICAL} for r in rows):
+        return [failed_row(name, command, f"its --json rows lack the columns {', '.join(ROW_KEYS)}, {PHYSICAL}")], False
+    broken = [reason for reason in map(broken_floor, rows) if reason]
+    if broken:
+        return [r for r in rows if not broken_floor(r)] + [failed_row(name, command, reason) for reason in broken], False
     return rows, True
 
 

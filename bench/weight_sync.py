@@ -6,22 +6,23 @@
 A Megatron group (one rank, gloo) loads a tiny-model checkpoint (seed 1) and syncs it to SGLang
 engines serving the seed-0 checkpoint of the same preset (tiny: 2 engines, base100m: 1 engine). Ours
 is SyncReport.seconds: from the start of update() until every engine holds the weights (export from
-Megatron, buckets, HTTP, engine load; the probe that follows is reported apart). Floors, on the same
-bytes (the HF state dict in the sync dtype), in the same run:
-- distributed: one raw gloo broadcast of all the bytes from one process to as many receiver processes
-  as there are engines, then a barrier (so that every receiver has them);
-- disk: safetensors save_file of the state dict, then load_file;
-- tensor (CPU): the inline payload's own cost, pickle + base64 of every bucket and back (on GPU the
-  transport sends CUDA IPC handles instead; not measured here).
-Rounds alternate ours and floor so that drift of a shared machine hits both; medians are compared.
+Megatron, buckets, HTTP, engine load; the probe that follows is reported apart). Floors are physical:
+the simplest code that moves the same bytes (the HF state dict in the sync dtype) through the same
+medium, in the same run (bench/floors.py), over loopback to as many receiver processes as engines:
+- distributed: the raw bytes, one TCP send to each receiver (what the broadcast must move at least);
+- tensor (CPU): the inline payload made (pickle + base64 per bucket), sent to each receiver over TCP and
+  decoded there (on GPU the transport sends CUDA IPC handles instead; not measured here);
+- disk: the raw bytes written to one file and read back.
+Fixed overhead: the sync of the tiny preset (0.8 MB, as good as empty) in the same run; with it, the
+larger preset's row splits its time into that fixed part and the rest's bytes per second.
+Rounds alternate ours and floor so that drift of a shared machine hits both; ours' median is compared
+with the floor's best round.
 `export` is the part of ours spent gathering HF tensors from the Megatron shards.
 """
 
 from __future__ import annotations
 
 import base64
-import datetime
-import multiprocessing
 import os
 import pickle
 import statistics
@@ -31,85 +32,75 @@ from pathlib import Path
 
 import torch
 
-from bench_common import at_least, bench_parser, command_line, parse_bench_args, row, run_bench, write_rows
+from bench_common import NO_GOAL, at_least, bench_parser, command_line, parse_bench_args, row, run_bench, write_rows
+from floors import SocketFloor
 from lean_rl.options import ConfigError, build
 from lean_rl.weight_sync.buckets import iter_buckets
 
 ENGINES = {"tiny": 2, "small": 2, "base100m": 1}
 TRANSPORTS = ("distributed", "tensor", "disk")
-QUICK = {"presets": ["base100m"], "rounds": 2}
+QUICK = {"presets": ["tiny", "base100m"], "rounds": 2}
 GOAL = 1.5  # ours / floor
 
 
 # ------------------------------------------------------------------ floors
-def _receiver(port: int, rank: int, world_size: int, nbytes: int, rounds: int) -> None:
-    import torch.distributed as dist
-
-    from lean_rl.weight_sync.process_group import join_group
-
-    torch.set_num_threads(1)
-    store = dist.TCPStore("127.0.0.1", port, world_size, is_master=False, timeout=datetime.timedelta(seconds=300))
-    pg = join_group(store, world_size, rank, "floor", "gloo", 300)
-    buffer = torch.empty(nbytes, dtype=torch.uint8)
-    for _ in range(rounds):
-        dist.broadcast(buffer, group=pg, group_src=0)
-        dist.barrier(group=pg)
-    dist.destroy_process_group(pg)  # gloo's threads must be joined before the interpreter exits
-
-
-class BroadcastFloor:
-    """Receiver processes that stay up for all rounds; `once()` times one broadcast + barrier."""
-
-    def __init__(self, nbytes: int, receivers: int, rounds: int):
-        import torch.distributed as dist
-
-        from lean_rl.weight_sync.process_group import join_as_rank_zero, open_group_store
-
-        self.dist = dist
-        world_size = 1 + receivers
-        store, port = open_group_store(world_size, 300)
-        context = multiprocessing.get_context("spawn")
-        self.procs = [context.Process(target=_receiver, args=(port, r, world_size, nbytes, rounds), daemon=True)
-                      for r in range(1, world_size)]
-        for proc in self.procs:
-            proc.start()
-        self.pg = join_as_rank_zero(store, world_size, "floor", "gloo", 300)
-        self._store = store
-        self.buffer = torch.randint(0, 255, (nbytes,), dtype=torch.uint8)
-
-    def once(self) -> float:
-        started = time.perf_counter()
-        self.dist.broadcast(self.buffer, group=self.pg, group_src=0)
-        self.dist.barrier(group=self.pg)
-        return time.perf_counter() - started
-
-    def close(self) -> None:
-        for proc in self.procs:
-            proc.join(timeout=60)
-            if proc.is_alive():
-                proc.kill()
-        self.dist.destroy_process_group(self.pg)
+def raw_bytes(state_dict: dict[str, torch.Tensor]) -> list[memoryview]:
+    """The state dict's bytes as they sit in memory, one view per tensor (no copy)."""
+    return [memoryview(t.contiguous().view(torch.uint8).reshape(-1).numpy()) for t in state_dict.values()]
 
 
 def disk_floor(state_dict: dict[str, torch.Tensor], directory: Path) -> float:
-    from safetensors.torch import load_file, save_file
-
-    path = directory / "floor.safetensors"
+    """The bytes written to one file and read back (what the disk transport moves, without its format)."""
+    path = directory / "floor.bin"
+    views = raw_bytes(state_dict)
     started = time.perf_counter()
-    save_file(state_dict, str(path))
-    loaded = load_file(str(path))
+    with open(path, "wb") as out:
+        for view in views:
+            out.write(view)
+    back = bytearray(path.stat().st_size)
+    with open(path, "rb") as source:
+        source.readinto(back)
     seconds = time.perf_counter() - started
-    assert len(loaded) == len(state_dict)
+    assert len(back) == sum(len(v) for v in views)
     path.unlink()
     return seconds
 
 
-def payload_floor(state_dict: dict[str, torch.Tensor], buffer_size: int) -> float:
+def encoded_buckets(state_dict: dict[str, torch.Tensor], buffer_size: int) -> tuple[list[bytes], float]:
+    """(pickle + base64 of every bucket, the seconds that took): the inline payload's bytes."""
     started = time.perf_counter()
-    for bucket, _ in iter_buckets(state_dict.items(), buffer_size):
-        payload = base64.b64encode(pickle.dumps(list(zip(bucket.names, bucket.tensors)), protocol=5))
-        pickle.loads(base64.b64decode(payload))
-    return time.perf_counter() - started
+    payloads = [base64.b64encode(pickle.dumps(list(zip(bucket.names, bucket.tensors)), protocol=5))
+                for bucket, _ in iter_buckets(state_dict.items(), buffer_size)]
+    return payloads, time.perf_counter() - started
+
+
+class Floor:
+    """The floor of one transport over loopback, receivers kept for all rounds (bench/floors.py):
+    distributed, the raw bytes sent once to each engine's receiver; tensor, the inline payload made
+    (pickle + base64 per bucket), sent to each receiver, decoded there; disk, one file write + read."""
+
+    def __init__(self, transport: str, state_dict: dict[str, torch.Tensor], receivers: int, rounds: int,
+                 buffer_size: int, work: Path):
+        self.transport, self.state_dict, self.work, self.buffer_size = transport, state_dict, work, buffer_size
+        self.socket = None
+        if transport == "distributed":
+            self.parts = raw_bytes(state_dict)
+            self.socket = SocketFloor(receivers, len(self.parts), rounds)
+        elif transport == "tensor":
+            count = sum(1 for _ in iter_buckets(state_dict.items(), buffer_size))
+            self.socket = SocketFloor(receivers, count, rounds, decode=True)
+
+    def once(self) -> float:
+        if self.transport == "disk":
+            return disk_floor(self.state_dict, self.work)
+        if self.transport == "tensor":
+            payloads, encode_seconds = encoded_buckets(self.state_dict, self.buffer_size)
+            return encode_seconds + self.socket.once(payloads)
+        return self.socket.once(self.parts)
+
+    def close(self) -> None:
+        if self.socket is not None:
+            self.socket.close()
 
 
 # ------------------------------------------------------------------ one preset
@@ -136,25 +127,22 @@ def run_preset(preset: str, args, work: Path) -> list[dict]:
         for transport in args.transports:
             cfg = build(WeightSyncConfig, transport=transport, buffer_size_bytes=args.buffer_size,
                                    disk_dir=str(work / f"sync-{preset}"), timeout_s=1800)
-            floor = BroadcastFloor(nbytes, engines_n, args.rounds) if transport == "distributed" else None
+            floor = Floor(transport, state_dict, engines_n, args.rounds + 1, args.buffer_size, work)
             ours, floors, reports = [], [], []
-            with WeightSync.create(cfg, trainer, engines.engine_urls, api_key=config.api_key) as sync:
-                sync.update(0)  # warm-up: first-touch allocations on both sides
-                for step in range(1, args.rounds + 1):
-                    report = sync.update(step)
-                    ours.append(report.seconds)
-                    reports.append(report)
-                    if transport == "distributed":
+            try:
+                with WeightSync.create(cfg, trainer, engines.engine_urls, api_key=config.api_key) as sync:
+                    sync.update(0)  # warm-up: first-touch allocations on both sides
+                    floor.once()
+                    for step in range(1, args.rounds + 1):
+                        report = sync.update(step)
+                        ours.append(report.seconds)
+                        reports.append(report)
                         floors.append(floor.once())
-                    elif transport == "disk":
-                        floors.append(disk_floor(state_dict, work))
-                    else:
-                        floors.append(payload_floor(state_dict, args.buffer_size))
-            if floor is not None:
+            finally:
                 floor.close()
             last = reports[-1]
             rows.append(dict(preset=preset, transport=transport, engines=engines_n, mbytes=last.bytes / 1e6,
-                             buckets=last.buckets, ours=statistics.median(ours), floor=statistics.median(floors),
+                             buckets=last.buckets, ours=statistics.median(ours), floor=min(floors),
                              probe=statistics.median(r.probe_seconds for r in reports),
                              export=statistics.median(r.export_seconds for r in reports),
                              max_diff=max(r.probe.max_abs_diff for r in reports)))
@@ -163,7 +151,21 @@ def run_preset(preset: str, args, work: Path) -> list[dict]:
     return rows
 
 
-FLOOR_NAMES = {"distributed": "gloo broadcast", "tensor": "pickle+b64 round trip", "disk": "safetensors write+read"}
+FLOOR_NAMES = {"distributed": "raw TCP send of the bytes to each engine's receiver",
+               "tensor": "pickle+b64 per bucket, TCP send, decode at each receiver",
+               "disk": "raw file write + read of the bytes"}
+FIXED_PRESET = "tiny"  # its sync is the fixed overhead of the others' rows
+
+
+def _figure(r: dict, fixed: dict | None) -> str:
+    """Seconds and export; beside the fixed preset's sync, the split into that and bytes per second."""
+    text = f"{r['ours']:.3f} s (export {r['export']:.3f} s)"
+    if r["preset"] == FIXED_PRESET:
+        return text + "; the fixed overhead of a sync"
+    if fixed is not None and r["ours"] > fixed["ours"]:
+        rate = (r["mbytes"] - fixed["mbytes"]) / (r["ours"] - fixed["ours"])
+        text += f" = {fixed['ours']:.3f} s fixed + {rate:.0f} MB/s"
+    return text
 
 
 def main(argv: list[str]) -> int:
@@ -195,10 +197,12 @@ def main(argv: list[str]) -> int:
               f"{r['ours']:8.3f} {r['export']:7.3f} {r['floor']:8.3f} {r['ours'] / r['floor']:5.1f}x  {r['probe']:7.3f}  "
               f"{FLOOR_NAMES[r['transport']]}")
     command = command_line("weight_sync", argv)
+    fixed = {r["transport"]: r for r in rows if r["preset"] == FIXED_PRESET}
     write_rows(args.json, [
-        row(f"weight sync, {r['preset']} ({r['mbytes']:.0f} MB) → {r['engines']} engine(s), {r['transport']}, "
-            f"median of {args.rounds}", f"{r['ours']:.3f} s (export {r['export']:.3f} s)",
-            f"{r['floor']:.3f} s {FLOOR_NAMES[r['transport']]}", r["ours"] / r["floor"], f"<= {GOAL}", command)
+        row(f"weight sync, {r['preset']} ({r['mbytes']:.1f} MB) → {r['engines']} engine(s), {r['transport']}, "
+            f"median of {args.rounds}", _figure(r, fixed.get(r["transport"])),
+            f"{r['floor']:.3f} s {FLOOR_NAMES[r['transport']]}, best of {args.rounds}", r["ours"] / r["floor"],
+            NO_GOAL if r["preset"] == FIXED_PRESET else f"<= {GOAL}", command, physical=True)
         for r in rows])
     return 0
 

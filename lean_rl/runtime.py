@@ -192,6 +192,7 @@ class Runtime:
         user's hooks (lean_rl/train_hooks.py), the step's context and --ci-test's check (ci_test.py)."""
         return TrainOptions(critic=self.critic, recompute_old=self.cfg.run.ci_test,
                             opd_kl_coef=self.cfg.distillation.kl_coef_if_used,
+                            opd_topk=self.cfg.distillation.top_k_if_used > 0,
                             before_training=functools.partial(before_training, self.cfg, self.extensions),
                             changing=self.turns.changing,
                             check=functools.partial(check_step, self.cfg) if self.cfg.run.ci_test else None)

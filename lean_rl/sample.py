@@ -31,7 +31,8 @@ class Sample:
     `tokens` holds prompt and response ids. The per-token lists (`loss_mask`, `rollout_log_probs`,
     `weight_versions`) cover the response part only, so each has length `response_length`; change them
     through `append_response` to keep that true. `teacher_log_probs` (on-policy distillation, --use-opd)
-    is empty until the teacher scored the whole response, then `response_length` long too.
+    is empty until the teacher scored the whole response, then `response_length` long too (so are
+    `teacher_top_ids` / `teacher_top_log_probs` under --opd-estimator topk).
     """
 
     index: int
@@ -50,6 +51,10 @@ class Sample:
     # --use-opd: the teacher's log p(response token | everything before it), set by
     # rollout/distillation.py once the response is final ([] before, and after any change of it)
     teacher_log_probs: list[float] = field(default_factory=list)
+    # --opd-estimator topk: at each response token, the teacher's --opd-top-k likeliest token ids and their
+    # log-probs ([] until the teacher scored the final response, as teacher_log_probs)
+    teacher_top_ids: list[list[int]] = field(default_factory=list)
+    teacher_top_log_probs: list[list[float]] = field(default_factory=list)
     # --use-rollout-routing-replay: the engine's experts for tokens[:-1], base64 int32 [len(tokens) - 1,
     # layers, topk] (lean_rl/routed_experts.py; NO_ROUTE rows: tokens the engine never took as input).
     # None: not recorded. The newest engine call's routes replace the old (its input was every token).
@@ -101,7 +106,7 @@ class Sample:
         else:
             log_probs, weight_versions = [0.0] * n, [NOT_GENERATED] * n
         self.tokens.extend(token_ids)
-        self.teacher_log_probs = []  # they scored the shorter response: the teacher scores again
+        self.clear_teacher()  # it scored the shorter response: the teacher scores again
         self.response += text
         self.response_length += n
         self.loss_mask.extend([1 if trainable else 0] * n)
@@ -117,9 +122,12 @@ class Sample:
         del self.tokens[self.prompt_length:]
         self.response, self.response_length = "", 0
         self.loss_mask, self.rollout_log_probs, self.weight_versions = [], [], []
-        self.teacher_log_probs = []
+        self.clear_teacher()
         self.routed_experts = None
         self.reward, self.status = None, Status.PENDING
+
+    def clear_teacher(self) -> None:
+        self.teacher_log_probs, self.teacher_top_ids, self.teacher_top_log_probs = [], [], []
 
     def check(self) -> None:
         """Raise if the per-token lists disagree with response_length (cheap; call at boundaries)."""
@@ -132,6 +140,12 @@ class Sample:
                 f"weight_versions {len(self.weight_versions)}, teacher_log_probs {len(self.teacher_log_probs)} "
                 "(0 or response_length)"
             )
+        top_lengths = {len(self.teacher_top_ids), len(self.teacher_top_log_probs)}
+        if top_lengths - {0, self.response_length} or len(top_lengths) > 1 or any(
+                len(ids) != len(lps) for ids, lps in zip(self.teacher_top_ids, self.teacher_top_log_probs)):
+            raise ValueError(f"sample {self.index}: teacher_top_ids and teacher_top_log_probs must both hold one row "
+                             f"per response token ({self.response_length}) of equal widths, or be empty; got "
+                             f"{len(self.teacher_top_ids)} and {len(self.teacher_top_log_probs)} rows")
         if not (isinstance(self.loss_weight, (int, float)) and not isinstance(self.loss_weight, bool)
                 and math.isfinite(self.loss_weight) and self.loss_weight > 0):
             raise ValueError(f"sample {self.index}: loss_weight must be a finite number > 0, got {self.loss_weight!r}")
@@ -186,6 +200,7 @@ _FIELD_TYPES: dict[str, tuple[tuple[type, ...], Any]] = {
     "label": ((object,), None), "reward": ((int, float), None), "loss_mask": ((list,), int),
     "rollout_log_probs": ((list,), (int, float)), "weight_versions": ((list,), int), "status": ((str,), None),
     "metadata": ((dict,), None), "teacher_log_probs": ((list,), (int, float)), "routed_experts": ((str,), None),
+    "teacher_top_ids": ((list,), list), "teacher_top_log_probs": ((list,), list),
     "loss_weight": ((int, float), None),
 }
 _TYPE_NAMES = {"index": "an integer", "group_index": "an integer", "prompt": "text, a list of messages or a number",
@@ -193,5 +208,6 @@ _TYPE_NAMES = {"index": "an integer", "group_index": "an integer", "prompt": "te
                "label": "anything", "reward": "a number or null", "loss_mask": "a list of 0/1",
                "rollout_log_probs": "a list of numbers", "weight_versions": "a list of integers",
                "status": "a status string", "metadata": "an object", "teacher_log_probs": "a list of numbers",
+               "teacher_top_ids": "a list of lists of token ids", "teacher_top_log_probs": "a list of lists of numbers",
                "routed_experts": "base64 text or null",
                "loss_weight": "a number > 0"}

@@ -8,7 +8,7 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 PY=.venv/bin/python
-OUT=outputs/tiny-cpu
+OUT=${OUT:-outputs/tiny-cpu}   # OUT=dir to write elsewhere
 export OMP_NUM_THREADS=1
 
 [[ -f $OUT/model/config.json ]] || $PY -m lean_rl.testing.tiny_model --out $OUT/model --arch qwen2 --preset tiny --seed 0

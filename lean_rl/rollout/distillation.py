@@ -10,7 +10,8 @@ router, started and stopped with the student's, never given weight updates), who
 the cores with the student's (--engine-cpu-threads' default counts both). After generation, every
 sample that did not fail is scored by one forward pass of the teacher over prompt + response
 (`EngineClient.score`: SGLang's input-token log-probs); the last response_length of them are the
-sample's `teacher_log_probs`. A teacher that cannot answer (after --rollout-request-retries) marks the
+sample's `teacher_log_probs`, and under --opd-estimator topk (the default) the teacher's --opd-top-k
+likeliest tokens at each of those positions are its `teacher_top_ids` / `teacher_top_log_probs`. A teacher that cannot answer (after --rollout-request-retries) marks the
 sample FAILED with metadata["teacher_error"]: a fault is never training data.
 
 The teacher's log-probs are at temperature 1 (SGLang 0.5.23 does not scale input-token log-probs by
@@ -24,6 +25,7 @@ import time
 from typing import TYPE_CHECKING
 
 from lean_rl.backends.sglang.client import EngineClient, EngineError
+from lean_rl.backends.sglang.responses import ScoreResult
 from lean_rl.rollout.base import engine_client, retry_engine_call
 from lean_rl.sample import Sample, Status
 
@@ -54,21 +56,22 @@ def teacher_client(cfg: Config) -> EngineClient:
     return engine_client(engines.router_url, engines.request_timeout_s, engines.api_key)
 
 
-async def teacher_log_probs(cfg: Config, input_ids: list[int]) -> list[float]:
-    """log p_teacher(input_ids[j] | input_ids[:j]) for j >= 1, retried like generation
-    (--rollout-request-retries) when the teacher cannot be reached, times out or answers 5xx."""
-    async def attempt(number: int) -> list[float]:
-        return (await teacher_client(cfg).score(input_ids)).log_probs
+async def teacher_scores(cfg: Config, input_ids: list[int]) -> ScoreResult:
+    """log p_teacher(input_ids[j] | input_ids[:j]) for j >= 1 (and under --opd-estimator topk the
+    teacher's --opd-top-k likeliest tokens there), retried like generation (--rollout-request-retries)
+    when the teacher cannot be reached, times out or answers 5xx."""
+    async def attempt(number: int) -> ScoreResult:
+        return await teacher_client(cfg).score(input_ids, top_k=cfg.distillation.top_k_if_used)
 
     return await retry_engine_call(cfg, attempt)
 
 
 async def score_with_teacher(cfg: Config, samples: list[Sample]) -> int:
-    """Set `teacher_log_probs` on every sample that did not fail and has a response the teacher has not
-    scored; a sample the teacher could not score becomes FAILED (metadata["teacher_error"]). Returns
+    """Set `teacher_log_probs` (and under --opd-estimator topk `teacher_top_ids` / `teacher_top_log_probs`)
+    on every sample that did not fail and has a response the teacher has not scored; a sample the teacher could not score becomes FAILED (metadata["teacher_error"]). Returns
     how many failed here."""
     todo = [s for s in samples if s.status != Status.FAILED and s.response_length and not s.teacher_log_probs]
-    results = await asyncio.gather(*(teacher_log_probs(cfg, s.tokens) for s in todo), return_exceptions=True)
+    results = await asyncio.gather(*(teacher_scores(cfg, s.tokens) for s in todo), return_exceptions=True)
     failed = 0
     for sample, result in zip(todo, results):
         if isinstance(result, EngineError):
@@ -78,7 +81,10 @@ async def score_with_teacher(cfg: Config, samples: list[Sample]) -> int:
         elif isinstance(result, BaseException):
             raise result  # a bug, not a fault of the teacher
         else:
-            sample.teacher_log_probs = [float(x) for x in result[-sample.response_length:]]
+            n = sample.response_length
+            sample.teacher_log_probs = [float(x) for x in result.log_probs[-n:]]
+            if result.top_ids:
+                sample.teacher_top_ids, sample.teacher_top_log_probs = result.top_ids[-n:], result.top_log_probs[-n:]
     return failed
 
 

@@ -15,6 +15,7 @@ from lean_rl.options import ConfigError, option, rebuild
 
 # slime's other type, megatron (the teacher inside the trainer, --opd-teacher-load), is not implemented
 OPD_TYPES = ("sglang",)
+OPD_ESTIMATORS = ("topk", "sampled")  # lean_rl/algorithms/distillation.py
 
 
 @dataclass(frozen=True)
@@ -27,7 +28,19 @@ class DistillationConfig:
         "where the teacher runs (required with --use-opd): sglang = SGLang servers, this run's own "
         "(--opd-teacher-hf-checkpoint) or yours (--opd-teacher-url). slime's 'megatron' (the teacher "
         "inside the trainer, --opd-teacher-load) is not implemented"))
-    opd_kl_coef: float = option(1.0, help="weight of the per-token reverse-KL penalty in the advantage")
+    opd_kl_coef: float = option(1.0, help=(
+        "weight of the teacher's reverse KL: of the top-k loss term (topk), or of the per-token penalty in the "
+        "advantage (sampled)"))
+    opd_estimator: str = option("topk", choices=OPD_ESTIMATORS, help=(
+        "how the student is scored against the teacher at each response token t. topk (default): the reverse "
+        "KL over the teacher's --opd-top-k likeliest tokens S_t plus one tail bucket, a loss term with an exact "
+        "gradient: sum_{v in S_t} p_s(v) log(p_s(v)/p_t(v)) + p_s(tail) log(p_s(tail)/p_t(tail)), "
+        "p(tail) = 1 - sum_{v in S_t} p(v) (train/opd_reverse_kl); it sees where the teacher puts its mass, so "
+        "a peaked teacher does not collapse the student onto one mode. sampled: slime's k1 on the sampled "
+        "token only, A_t <- A_t - --opd-kl-coef * (log p_s(y_t) - log p_t(y_t))"))
+    opd_top_k: int = option(20, positive=True, help=(
+        "--opd-estimator topk: how many of the teacher's likeliest tokens SGLang returns per response token "
+        "(top_logprobs_num)"))
     teacher_hf_checkpoint: str | None = option(None, flag="--opd-teacher-hf-checkpoint", metavar="DIR", help=(
         "HF checkpoint of the teacher, served by SGLang engines this run starts (its own router, no weight "
         "updates); its tokenizer must be --hf-checkpoint's"))
@@ -78,6 +91,11 @@ class DistillationConfig:
         if not (Path(self.teacher_hf_checkpoint) / "config.json").is_file():
             raise ConfigError(f"--opd-teacher-hf-checkpoint {self.teacher_hf_checkpoint}: not an HF checkpoint "
                               "directory (no config.json)")
+
+    @property
+    def top_k_if_used(self) -> int:
+        """The teacher's top-k width to ask SGLang for (0: only the sampled tokens' log-probs)."""
+        return self.opd_top_k if self.use_opd and self.opd_estimator == "topk" else 0
 
     @property
     def kl_coef_if_used(self) -> float | None:

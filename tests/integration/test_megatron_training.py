@@ -154,8 +154,6 @@ def test_dynamic_batching_and_balance_give_the_same_step_as_fixed_micro_batches(
     assert fixed[0]["train/tis_clipfrac"] == 0.0
 
 
-@pytest.mark.xfail(strict=True, reason="open: at TP=2 through the trainer the loss terms match but grad_norm "
-                   "differs (13.64 vs 19.02); the function alone matches at TP=1/2 (test_chunked_logprobs.py)")
 def test_chunked_logits_give_the_same_steps_as_full_logits_at_tp2(ray_cluster, tiny_qwen2):
     """--logits-chunk-size: the model hands back hidden states and the log-probs, entropy (with its
     gradient) and KL are made 5 tokens at a time, recomputed in the backward; the steps must be those

@@ -104,9 +104,20 @@ def test_command_line_drops_json_and_rows_round_trip(bench, tmp_path):
     rows = [common.row("w", "f", "fl", 3, "g", "c"), common.row("w2", "f2", "—", None, "—", "c")]
     common.write_rows(str(tmp_path / "rows.json"), rows)
     back = json.loads((tmp_path / "rows.json").read_text())
-    assert back == [{"what": "w", "figure": "f", "floor": "fl", "ratio": 3.0, "goal": "g", "command": "c"},
-                    {"what": "w2", "figure": "f2", "floor": "—", "ratio": None, "goal": "—", "command": "c"}]
-    assert [list(r) for r in back] == [list(common.ROW_KEYS)] * 2
+    assert back == [{"what": "w", "figure": "f", "floor": "fl", "ratio": 3.0, "goal": "g", "command": "c",
+                     "physical_floor": False},
+                    {"what": "w2", "figure": "f2", "floor": "—", "ratio": None, "goal": "—", "command": "c",
+                     "physical_floor": False}]
+    assert [list(r) for r in back] == [[*common.ROW_KEYS, common.PHYSICAL]] * 2
+
+
+def test_a_row_that_beats_its_physical_floor_is_a_broken_floor(bench):
+    _, common = bench
+    beaten = common.row("weight sync", "0.47 s", "0.63 s raw TCP send", 0.746, "<= 1.5", "c", physical=True)
+    assert "broken floor: ours / floor = 0.746 < 1 for 'weight sync'" in common.broken_floor(beaten)
+    assert common.broken_floor(common.row("w", "f", "fl", 1.0, "g", "c", physical=True)) is None
+    # a ratio below 1 is fine where the floor is not physical (peak memory / a shard, async / sync ...)
+    assert common.broken_floor(common.row("rss", "70 MiB", "95 MiB shard", 0.73, "<= 1.06", "c")) is None
 
 
 def test_the_readme_holds_the_results_file_as_run_all_wrote_it(bench):

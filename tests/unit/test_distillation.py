@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from lean_rl.algorithms.config import AlgorithmConfig
-from lean_rl.algorithms.distillation import reverse_kl_advantages
+from lean_rl.algorithms.distillation import reverse_kl_advantages, topk_reverse_kl
 from lean_rl.backends.megatron.rollout_batch import failure_reason, rollout_batch
 from lean_rl.backends.megatron.train_driver import train_on_rollout
 from lean_rl.backends.sglang.config import EngineConfig, resolve_api_key, resolve_ports
@@ -143,3 +143,91 @@ def test_rollout_batch_lays_out_teacher_log_probs_response_aligned():
     batch = rollout_batch([[long, short]])
     assert torch.equal(batch.teacher_log_probs, torch.tensor([[-0.1, -0.2, -0.3], [-0.4, 0.0, 0.0]]))
     assert math.isclose(float(batch.masks.sum()), 4.0)
+
+
+# ---------------------------------------------------------------- --opd-estimator topk
+def _coarse_reverse_kl(student_logits: torch.Tensor, teacher_logits: torch.Tensor, k: int) -> torch.Tensor:
+    """KL(student || teacher) of the two distributions lumped onto the teacher's top-k tokens and one
+    bucket for the rest, written from the definition with full distributions (not the estimator's form)."""
+    p, q = torch.softmax(student_logits.double(), -1), torch.softmax(teacher_logits.double(), -1)
+    top = q.topk(k, dim=-1).indices
+    in_top = torch.zeros_like(q, dtype=torch.bool).scatter(-1, top, True)
+    coarse_p = torch.cat([p.gather(-1, top), (p * ~in_top).sum(-1, keepdim=True)], -1)
+    coarse_q = torch.cat([q.gather(-1, top), (q * ~in_top).sum(-1, keepdim=True)], -1)
+    return (torch.special.xlogy(coarse_p, coarse_p) - torch.special.xlogy(coarse_p, coarse_q)).sum(-1)  # 0 log 0 = 0
+
+
+def _topk_inputs(student_logits, teacher_logits, k):
+    teacher_lp = torch.log_softmax(teacher_logits, -1)
+    top_lp, top_ids = teacher_lp.topk(k, dim=-1)
+    return torch.log_softmax(student_logits, -1).gather(-1, top_ids), top_lp
+
+
+@pytest.mark.parametrize("k", [1, 3, 12])
+def test_topk_reverse_kl_is_the_kl_of_the_lumped_distributions(k):
+    generator = torch.Generator().manual_seed(k)
+    student, teacher = torch.randn(4, 5, 12, generator=generator), torch.randn(4, 5, 12, generator=generator) * 3
+    value = topk_reverse_kl(*_topk_inputs(student, teacher, k))
+    assert value.shape == (4, 5)
+    assert torch.allclose(value.double(), _coarse_reverse_kl(student, teacher, k), atol=2e-5)
+    full = (torch.softmax(student, -1) * (torch.log_softmax(student, -1) - torch.log_softmax(teacher, -1))).sum(-1)
+    assert bool((value <= full + 1e-5).all())  # a lower bound of the full reverse KL (data processing)
+    if k == 12:  # the top-k holds the whole vocabulary: the full KL (the tail is clamped to ~0 on both sides)
+        assert torch.allclose(value, full, atol=1e-5)
+
+
+def test_topk_reverse_kl_moves_the_student_towards_the_teachers_modes_not_one_token():
+    """A peaked teacher with two modes; the student sampled mode A. The sampled-token k1 gradient
+    raises only A; the top-k KL's gradient raises both modes and lowers the rest."""
+    teacher = torch.log(torch.tensor([0.49, 0.49, 0.01, 0.01]))
+    logits = torch.zeros(4, requires_grad=True)  # a uniform student
+    student_lp, teacher_lp = _topk_inputs(logits, teacher, 2)
+    topk_reverse_kl(student_lp, teacher_lp).backward()
+    assert bool((logits.grad[:2] < 0).all()) and bool((logits.grad[2:] > 0).all())  # descent raises both modes
+    assert torch.allclose(logits.grad[0], logits.grad[1])
+    # at the teacher, the KL and its gradient are 0
+    at_teacher = teacher.clone().requires_grad_()
+    kl = topk_reverse_kl(*_topk_inputs(at_teacher, teacher, 2))
+    kl.backward()
+    assert abs(float(kl.detach())) < 1e-6 and float(at_teacher.grad.abs().max()) < 1e-6
+
+
+def test_topk_reverse_kl_is_finite_on_padding_rows():
+    zeros = torch.zeros(2, 3, 4)  # padding positions: every log-prob 0, the ids all 0
+    student = zeros.clone().requires_grad_()
+    kl = topk_reverse_kl(student, zeros)
+    kl.sum().backward()
+    assert bool(torch.isfinite(kl).all()) and bool(torch.isfinite(student.grad).all())
+
+
+def test_topk_is_the_default_estimator_and_asks_sglang_for_top_k():
+    config = build(DistillationConfig, use_opd=True, opd_type="sglang", teacher_url="http://127.0.0.1:1")
+    assert config.opd_estimator == "topk" and config.top_k_if_used == 20
+    sampled = build(DistillationConfig, use_opd=True, opd_type="sglang", teacher_url="http://127.0.0.1:1",
+                    opd_estimator="sampled")
+    assert sampled.top_k_if_used == 0
+    assert build(DistillationConfig).top_k_if_used == 0
+
+
+def test_the_trainer_refuses_samples_without_the_teachers_top_k():
+    scored, unscored = _sample(0), _sample(1)
+    for sample in (scored, unscored):
+        sample.teacher_log_probs = [-0.5, -0.25]
+    scored.teacher_top_ids, scored.teacher_top_log_probs = [[1, 2], [3, 4]], [[-0.5, -1.0], [-0.25, -2.0]]
+    with pytest.raises(ValueError, match=r"--use-opd: samples \[1\] have no teacher_top_ids"):
+        train_on_rollout(RefusingActor(build(AlgorithmConfig)), [[scored, unscored]], policy_version=0,
+                         opd_kl_coef=1.0, opd_topk=True)
+
+
+def test_rollout_batch_lays_out_the_teachers_top_k_response_aligned():
+    long, short = _sample(0, response=(7, 8, 9)), _sample(1, response=(7,))
+    long.teacher_top_ids = [[1, 2], [3, 4], [5, 6]]
+    long.teacher_top_log_probs = [[-0.1, -2.0], [-0.2, -3.0], [-0.3, -4.0]]
+    short.teacher_top_ids, short.teacher_top_log_probs = [[9, 8]], [[-0.5, -0.6]]
+    batch = rollout_batch([[long, short]])
+    assert batch.teacher_top_ids.dtype == torch.long and batch.teacher_top_ids.shape == (2, 3, 2)
+    assert batch.teacher_top_ids[1].tolist() == [[9, 8], [0, 0], [0, 0]]
+    assert batch.teacher_top_log_probs[0, 2].tolist() == pytest.approx([-0.3, -4.0])
+    long.teacher_top_ids = long.teacher_top_ids[:2]
+    with pytest.raises(ValueError, match="teacher_top_ids and teacher_top_log_probs must both hold one row"):
+        long.check()

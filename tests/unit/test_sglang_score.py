@@ -33,3 +33,19 @@ def test_parse_score_skips_the_first_token_and_tolerates_the_last_id_quirk():
 def test_parse_score_rejects_misaligned_answers(entries, match):
     with pytest.raises(ValueError, match=match):
         parse_score_response(body(entries), [5, 6, 7])
+
+
+def test_score_with_top_k_asks_for_and_parses_the_top_logprobs_of_every_position():
+    payload = build_score_payload([5, 6, 7], top_k=2)
+    assert payload["top_logprobs_num"] == 2 and "top_logprobs_num" not in build_score_payload([5, 6, 7])
+    answer = body([[None, 5, None], [-1.5, 6, None], [-0.25, 7, None]])
+    answer["meta_info"]["input_top_logprobs"] = [None, [[-0.1, 6, "a"], [-2.5, 9, "b"]],
+                                                 [[-0.25, 7, "c"], [-1.75, 3, "d"]]]
+    result = parse_score_response(answer, [5, 6, 7], top_k=2)
+    assert result.top_ids == [[6, 9], [7, 3]] and result.top_log_probs == [[-0.1, -2.5], [-0.25, -1.75]]
+    answer["meta_info"]["input_top_logprobs"][2] = [[-0.25, 7, "c"]]
+    with pytest.raises(ValueError, match=r"input_top_logprobs\[2\]: expected 2"):
+        parse_score_response(answer, [5, 6, 7], top_k=2)
+    del answer["meta_info"]["input_top_logprobs"]
+    with pytest.raises(ValueError, match="expected 3 input_top_logprobs"):
+        parse_score_response(answer, [5, 6, 7], top_k=2)

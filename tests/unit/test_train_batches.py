@@ -78,6 +78,16 @@ def test_micro_batch_layout_puts_each_response_value_where_its_token_is_predicte
         build_micro_batch([0], SEQS, {"adv": torch.ones(2, 2)})
 
 
+def test_fields_with_k_values_per_token_keep_their_integer_type_in_the_layout():
+    ids = torch.tensor([[[1, 2], [3, 4], [5, 6]], [[7, 8], [9, 10], [0, 0]]])  # [B, T, K] token ids
+    mb = build_micro_batch([0, 1], SEQS, {"top_ids": ids, **FIELDS})
+    assert mb["top_ids"].dtype == torch.long and mb["top_ids"].shape == (2, 5, 2)
+    assert mb["top_ids"][0].tolist() == [[0, 0], [1, 2], [3, 4], [5, 6], [0, 0]]
+    assert mb["top_ids"][1, :2].tolist() == [[7, 8], [9, 10]] and mb["adv"].dtype == torch.float32
+    empty = build_micro_batch([], SEQS, {"top_ids": ids})
+    assert empty["top_ids"].shape == (1, 1, 2) and empty["top_ids"].dtype == torch.long
+
+
 def test_uniform_shapes_pads_the_kth_micro_batch_of_every_rank():
     a, b = build_micro_batch([0], SEQS, FIELDS), build_micro_batch([1], SEQS, FIELDS)
     out = uniform_shapes([[a], [pad_micro_batch(b, 2, 3)]])

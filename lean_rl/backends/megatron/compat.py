@@ -399,8 +399,7 @@ def hidden_states_from_output_layer(model: torch.nn.Module) -> Iterator[None]:
     all-reduce), since each TP rank's gradient is that of its vocab shard only. The layer keeps its
     parameters, state-dict names and embedding tying; only this instance's forward is replaced, and
     restored on exit. A stage without the output layer (not the last) is left as it is."""
-    from megatron.core.tensor_parallel.mappings import (copy_to_tensor_model_parallel_region,
-                                                        gather_from_sequence_parallel_region)
+    from megatron.core.tensor_parallel.mappings import gather_from_sequence_parallel_region
 
     from lean_rl.backends.megatron.chunked_logprobs import unwrapped
 
@@ -417,7 +416,7 @@ def hidden_states_from_output_layer(model: torch.nn.Module) -> Iterator[None]:
         if layer.sequence_parallel:
             return gather_from_sequence_parallel_region(input_, tensor_parallel_output_grad=True), None
         if layer.allreduce_dgrad:
-            return copy_to_tensor_model_parallel_region(input_), None
+            return _SumGradientOverTensorParallel.apply(input_), None
         return input_, None
 
     layer.forward = hidden_states
@@ -425,3 +424,25 @@ def hidden_states_from_output_layer(model: torch.nn.Module) -> Iterator[None]:
         yield
     finally:
         del layer.forward
+
+
+class _SumGradientOverTensorParallel(torch.autograd.Function):
+    """Identity forward; backward: the gradient summed over the TP group. Megatron's own
+    copy_to_tensor_model_parallel_region does this, but its _reduce (tensor_parallel/mappings.py:31)
+    all-reduces `grad.contiguous()` and returns the original `grad`: a non-contiguous gradient (the
+    one GPTModel's `transpose(0, 1).contiguous()` hands back to the hidden states, gpt_model.py:712)
+    comes back unreduced, each rank keeping only its vocab shard's share. Here the reduced tensor is
+    the one returned."""
+
+    @staticmethod
+    def forward(ctx, input_: torch.Tensor) -> torch.Tensor:
+        return input_.view_as(input_)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> torch.Tensor:
+        import torch.distributed as dist
+        from megatron.core import parallel_state
+
+        summed = grad.contiguous()
+        dist.all_reduce(summed, group=parallel_state.get_tensor_model_parallel_group())
+        return summed

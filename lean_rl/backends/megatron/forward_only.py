@@ -15,10 +15,12 @@ from megatron.core import parallel_state
 from megatron.core.pipeline_parallel import get_forward_backward_func
 
 from lean_rl.algorithms.config import AlgorithmConfig
+from lean_rl.algorithms.distillation import topk_reverse_kl
 from lean_rl.algorithms.losses import policy_loss
-from lean_rl.backends.megatron.chunked_logprobs import chunked_log_probs, output_weight
+from lean_rl.backends.megatron.chunked_logprobs import chunked_log_probs, chunked_token_statistics, output_weight
 from lean_rl.backends.megatron.compat import hidden_states_from_output_layer
-from lean_rl.backends.megatron.logprobs import _vocab_parallel_entropy, vocab_parallel_log_probs
+from lean_rl.backends.megatron.logprobs import (_vocab_parallel_entropy, vocab_parallel_log_probs,
+                                                vocab_parallel_log_probs_at)
 from lean_rl.backends.megatron.routing_replay import clear_routes, set_micro_batch_routes
 
 
@@ -75,6 +77,29 @@ def log_probs_from_output(output: torch.Tensor, targets: torch.Tensor, ctx: Step
         entropy = _vocab_parallel_entropy(logits.detach()[..., :valid])
     log_probs, _ = vocab_parallel_log_probs(logits, targets, ctx.vocab_size)  # may overwrite `logits`
     return log_probs, entropy
+
+
+def teacher_top_kl_from_output(output: torch.Tensor, teacher_top_ids: torch.Tensor, teacher_top_log_probs: torch.Tensor,
+                               ctx: StepContext, weight: torch.Tensor | None = None) -> torch.Tensor:
+    """--opd-estimator topk: the reverse KL to the teacher over its top-K tokens plus a tail bucket, per
+    token [n, L] (algorithms/distillation.topk_reverse_kl), differentiable, from vocab-parallel logits (or
+    with ctx.chunked the hidden states, a chunk at a time). teacher_top_*: [n, L, K]. Leaves `output`
+    unmodified: call it before log_probs_from_output, which may overwrite the logits."""
+    def statistic(logits, ids, teacher):
+        return (topk_reverse_kl(vocab_parallel_log_probs_at(logits, ids, ctx.vocab_size), teacher),)
+
+    if ctx.chunked:
+        if weight is None:
+            raise ValueError("teacher_top_kl_from_output: chunked logits need the output layer's weight")
+        (kl,) = chunked_token_statistics(output, weight, statistic, (teacher_top_ids, teacher_top_log_probs),
+                                         ctx.logits_chunk_size, ctx.temperature)
+        if kl is None:
+            raise RuntimeError("teacher_top_kl_from_output: the statistic returned no KL")
+        return kl
+    logits = output.float()
+    if ctx.temperature != 1.0:
+        logits = logits / ctx.temperature
+    return statistic(logits, teacher_top_ids, teacher_top_log_probs)[0]
 
 
 def field_of(micro_batch, name, device):

@@ -49,3 +49,29 @@ def _vocab_parallel_entropy(logits: torch.Tensor) -> torch.Tensor:
     log_z = reduce_from_tensor_model_parallel_region(shifted.exp().sum(dim=-1)).log()
     probs = (shifted - log_z.unsqueeze(-1)).exp()
     return log_z - reduce_from_tensor_model_parallel_region((probs * shifted).sum(dim=-1))
+
+
+def vocab_parallel_log_probs_at(logits: torch.Tensor, ids: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """log p(v) for the K token ids in `ids` [..., K] (< vocab_size) from this TP rank's logits
+    [..., V_padded / tp]: [..., K] float32, differentiable (on-policy distillation's top-k, --opd-estimator
+    topk). Each id lives on one rank: its logit is picked there, 0 elsewhere, and summed over TP; the
+    normaliser log Z is the all-reduced one of _vocab_parallel_entropy. Does not modify `logits`."""
+    group = parallel_state.get_tensor_model_parallel_group()
+    tp_rank = parallel_state.get_tensor_model_parallel_rank()
+    partition = logits.shape[-1]
+    valid = max(0, min(partition, vocab_size - tp_rank * partition))
+    real = logits.float()[..., :valid]
+    if valid:
+        local_max = real.detach().max(dim=-1).values
+    else:
+        local_max = torch.full(real.shape[:-1], float("-inf"), dtype=real.dtype, device=real.device)
+    dist.all_reduce(local_max, op=dist.ReduceOp.MAX, group=group)
+    shifted = real - local_max.unsqueeze(-1)
+    log_z = reduce_from_tensor_model_parallel_region(shifted.exp().sum(dim=-1)).log()
+    local = ids.long() - tp_rank * partition
+    here = (local >= 0) & (local < valid)
+    if valid:
+        picked = shifted.gather(-1, local.clamp(0, valid - 1)) * here
+    else:
+        picked = torch.zeros(ids.shape, dtype=real.dtype, device=real.device)
+    return reduce_from_tensor_model_parallel_region(picked) - log_z.unsqueeze(-1)

@@ -31,7 +31,8 @@ from lean_rl.backends.megatron import checkpoint, lora
 from lean_rl.backends.megatron.config import MegatronConfig
 from lean_rl.backends.megatron.chunked_logprobs import output_weight
 from lean_rl.backends.megatron.forward_only import (StepContext, field_of, forward_only, inputs_of, log_probs_from_output,
-                                                    model_output_mode)
+                                                    model_output_mode, teacher_top_kl_from_output)
+from lean_rl.backends.megatron.train_batches import OPD_WEIGHTS
 from lean_rl.backends.megatron.model_checkpoint import load_model_checkpoint
 from lean_rl.backends.megatron.offload import HostBuffers, StorageOffloader
 from lean_rl.backends.megatron.optimizer_setup import build_optimizer, current_lr, grads_are_finite
@@ -56,13 +57,20 @@ def _as_tensors(micro_batches: list[dict]) -> list[dict[str, torch.Tensor]]:
 # ---------------------------------------------------------------- the training pass
 def _actor_loss(ctx: StepContext, micro_batch, targets, scale: float, weight, output: torch.Tensor):
     algo = ctx.algorithm
+    get = partial(field_of, micro_batch, device=ctx.device)
+    distill_weights = get(OPD_WEIGHTS)  # --use-opd --opd-estimator topk: --opd-kl-coef x the loss weights
+    if distill_weights is not None:  # before the log-probs, which may overwrite the logits
+        teacher_kl = teacher_top_kl_from_output(output, get("teacher_top_ids"), get("teacher_top_log_probs"), ctx,
+                                                weight)
     log_probs, entropy = log_probs_from_output(output, targets, ctx, entropy_grad=algo.entropy_coef != 0,
                                                weight=weight)
-    get = partial(field_of, micro_batch, device=ctx.device)
     loss, metrics = ctx.loss_fn(
         algo, log_probs=log_probs, advantages=get("advantages"), mask=get("mask"), weights=get("weights"),
         metric_weights=get("metric_weights"), old_log_probs=get("old_log_probs"),
         ref_log_probs=get("ref_log_probs"), rollout_log_probs=get("rollout_log_probs"), entropy=entropy)
+    if distill_weights is not None:
+        loss = loss + (distill_weights * teacher_kl).sum()
+        metrics["opd_reverse_kl"] = (get("metric_weights") * teacher_kl).sum().detach()
     metrics["loss"] = loss.detach()
     return loss * scale, metrics
 

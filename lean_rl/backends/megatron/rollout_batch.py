@@ -36,6 +36,10 @@ class RolloutBatch:
     teacher_log_probs: torch.Tensor | None = None
     # [B] float32: sample.loss_weight (its share of its trajectory in the loss aggregation)
     loss_weights: torch.Tensor | None = None
+    # [B, T, K] int64 / float32: sample.teacher_top_ids / teacher_top_log_probs (--opd-estimator topk);
+    # None when no sample has them, 0 in the rows of those that have none
+    teacher_top_ids: torch.Tensor | None = None
+    teacher_top_log_probs: torch.Tensor | None = None
 
     def __len__(self) -> int:
         return len(self.sequences)
@@ -93,13 +97,31 @@ def rollout_batch(groups: list[list[Sample]]) -> RolloutBatch:
             versions.append(torch.tensor(sample.weight_versions, dtype=torch.long))
             loss_weights.append(float(sample.loss_weight))
     masks = pad(masks)
+    top_ids, top_log_probs = _teacher_top(samples, max(1, max(s.response_length for s in samples)))
     return RolloutBatch(sequences=sequences, rewards=torch.tensor(rewards, dtype=torch.float32),
                         group_ids=torch.tensor(group_ids, dtype=torch.long), masks=masks,
                         rollout_log_probs=pad(log_probs, masks.shape[1]), weight_versions=versions,
                         valid=torch.tensor(valid, dtype=torch.bool), failures=tuple(failures),
                         baseline_rewards=torch.tensor(baselines, dtype=torch.float32),
                         teacher_log_probs=pad(teacher, masks.shape[1]),
-                        loss_weights=torch.tensor(loss_weights, dtype=torch.float32))
+                        loss_weights=torch.tensor(loss_weights, dtype=torch.float32),
+                        teacher_top_ids=top_ids, teacher_top_log_probs=top_log_probs)
+
+
+def _teacher_top(samples: list[Sample], length: int) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    widths = {len(row) for s in samples for row in s.teacher_top_ids}
+    if not widths:
+        return None, None
+    if len(widths) > 1:
+        raise ValueError(f"the teacher's top-k rows have different widths {sorted(widths)} in one batch")
+    (k,) = widths
+    ids = torch.zeros(len(samples), length, k, dtype=torch.long)
+    log_probs = torch.zeros(len(samples), length, k)
+    for i, sample in enumerate(samples):
+        if sample.teacher_top_ids:
+            ids[i, :sample.response_length] = torch.tensor(sample.teacher_top_ids, dtype=torch.long)
+            log_probs[i, :sample.response_length] = torch.tensor(sample.teacher_top_log_probs, dtype=torch.float32)
+    return ids, log_probs
 
 
 def _routes(sample: Sample):

@@ -12,8 +12,9 @@ multiple of `length_multiple` (TP size under sequence parallel); a sequence is n
   far (equal counts per rank in fixed mode); without it, sequence k goes to rank k mod DP.
 
 Per-token fields arrive response-aligned, [B, T] over the whole batch (row i: sequence i's response
-tokens from column 0; rollout_batch.py) and are laid out at the position that predicts the token:
-response token j of a sequence with prompt length P sits at P-1+j.
+tokens from column 0; rollout_batch.py), or [B, T, K] with K values per token (the teacher's top-K),
+and are laid out at the position that predicts the token: response token j of a sequence with prompt
+length P sits at P-1+j. Floating fields become float32; integer ones (token ids) keep their type.
 
 Routes (--use-rollout-routing-replay) are token-aligned instead: the engine's experts for token t sit
 at position t (the router of position t routes token t), "routed_experts" [n, L, layers, topk];
@@ -35,6 +36,7 @@ from lean_rl.routed_experts import NO_ROUTE
 
 PAD_TOKEN_ID = 0  # any valid id: padded positions carry zero weight
 ROUTES = "routed_experts"  # the micro-batch key of the replayed routes (routing_replay.py)
+OPD_WEIGHTS = "opd_weights"  # --opd-estimator topk: --opd-kl-coef x the loss weights, beside teacher_top_*
 
 
 @dataclass(frozen=True)
@@ -126,20 +128,20 @@ def plan_micro_batches(lengths: list[int], plan: BatchPlan, length_multiple: int
 def build_micro_batch(rows: list[int], sequences: list[Sequence], fields: dict[str, torch.Tensor],
                       length_multiple: int = 1, route_shape: tuple[int, int] | None = None) -> dict[str, torch.Tensor]:
     """Tensors of one micro-batch, as the rank consumes them: "tokens" [n, L] int64, "sequence_index"
-    [n] (-1: padding row), and every field ([B, T] response-aligned in, see above) as [n, L] float32
-    at prediction positions (0 elsewhere). An empty `rows` gives one all-padding row of weight 0.
+    [n] (-1: padding row), and every field ([B, T] or [B, T, K] response-aligned in, see above) as
+    [n, L] or [n, L, K] at prediction positions (0 elsewhere). An empty `rows` gives one all-padding row of weight 0.
     With `route_shape` (layers, topk): also ROUTES [n, L, layers, topk] (token-aligned, see above)."""
     if not rows:
         length = _round_up(1, length_multiple)
         out = {"tokens": torch.full((1, length), PAD_TOKEN_ID, dtype=torch.long),
                "sequence_index": torch.tensor([-1])}
-        out.update({name: torch.zeros(1, length) for name in fields})
+        out.update({name: _zeros(values, 1, length) for name, values in fields.items()})
         if route_shape is not None:
             out[ROUTES] = micro_batch_routes([], sequences, length, route_shape)
         return out
     length = _round_up(max(len(sequences[i].tokens) for i in rows), length_multiple)
     tokens = torch.full((len(rows), length), PAD_TOKEN_ID, dtype=torch.long)
-    out = {name: torch.zeros(len(rows), length) for name in fields}
+    out = {name: _zeros(values, len(rows), length) for name, values in fields.items()}
     for r, i in enumerate(rows):
         seq = sequences[i]
         tokens[r, : len(seq.tokens)] = torch.tensor(seq.tokens, dtype=torch.long)
@@ -148,12 +150,17 @@ def build_micro_batch(rows: list[int], sequences: list[Sequence], fields: dict[s
             if values.shape[1] < response:
                 raise ValueError(f"field {name!r} has {values.shape[1]} values per row for the {response} "
                                  f"response tokens of sequence {i}")
-            out[name][r, start:start + response] = values[i, :response].float()
+            out[name][r, start:start + response] = values[i, :response]
     out["tokens"] = tokens
     out["sequence_index"] = torch.tensor(rows)
     if route_shape is not None:
         out[ROUTES] = micro_batch_routes(rows, sequences, length, route_shape)
     return out
+
+
+def _zeros(field_values: torch.Tensor, rows: int, length: int) -> torch.Tensor:
+    dtype = torch.float32 if field_values.is_floating_point() else field_values.dtype
+    return torch.zeros(rows, length, *field_values.shape[2:], dtype=dtype)
 
 
 def micro_batch_routes(rows: list[int], sequences: list[Sequence], length: int,

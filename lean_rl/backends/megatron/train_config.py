@@ -338,7 +338,8 @@ class TrainConfig:
     logits_chunk_size: int = option(
         0, help="the actor's log-probs and entropy are made from its last hidden states this many tokens at "
                    "a time, never holding a micro-batch's float32 [tokens x vocab] logits (the backward "
-                   "recomputes each chunk's); 0 (default until the TP=2 trainer check passes): from the model's full logits")
+                   "recomputes each chunk's; bench/long_sequence_memory.py: 8k tokens of a 49k vocabulary); 0: from "
+                   "the model's full logits")
     batch: BatchConfig = group(BatchConfig, "train batches")
     checkpoint: CheckpointConfig = group(CheckpointConfig, "checkpoints")
     placement: PlacementConfig = group(PlacementConfig, "trainer placement")

@@ -28,8 +28,8 @@ from lean_rl.algorithms.kl import kl_estimate
 from lean_rl.algorithms.losses import aggregation_weights
 from lean_rl.backends.megatron.rank_trainer import RankTrainer
 from lean_rl.backends.megatron.rollout_batch import RolloutBatch, batch_metrics, check_failed_fraction, rollout_batch
-from lean_rl.backends.megatron.train_batches import (build_micro_batch, plan_micro_batches, response_values,
-                                                     uniform_shapes)
+from lean_rl.backends.megatron.train_batches import (OPD_WEIGHTS, build_micro_batch, plan_micro_batches,
+                                                     response_values, uniform_shapes)
 from lean_rl.backends.megatron.train_config import BatchPlan, TrainConfig
 from lean_rl.backends.megatron.train_options import TrainOptions
 from lean_rl.options import ConfigError
@@ -138,7 +138,8 @@ def train_rollout(actor: "MegatronGroup", groups: list[list[Sample]], step: int,
     hook_metrics = options.before_training(groups)
     with options.changing(step + 1):
         metrics = train_on_rollout(actor, groups, policy_version=step, critic=options.critic,
-                                   recompute_old=options.recompute_old, opd_kl_coef=options.opd_kl_coef)
+                                   recompute_old=options.recompute_old, opd_kl_coef=options.opd_kl_coef,
+                                   opd_topk=options.opd_topk)
     if options.check is not None:
         options.check(step, metrics)
     return {**metrics, **hook_metrics}
@@ -146,12 +147,13 @@ def train_rollout(actor: "MegatronGroup", groups: list[list[Sample]], step: int,
 
 def train_on_rollout(actor: "MegatronGroup", groups: list[list[Sample]], policy_version: int,
                      critic: "MegatronGroup | None" = None, recompute_old: bool = False,
-                     opd_kl_coef: float | None = None) -> dict[str, float]:
+                     opd_kl_coef: float | None = None, opd_topk: bool = False) -> dict[str, float]:
     """Train on one rollout (groups of Samples): old / reference log-probs and critic values as the
     algorithm needs (`recompute_old`: the old ones in any case), advantages, then --num-steps-per-rollout
-    optimizer steps. `opd_kl_coef` (--use-opd): the advantages also take the teacher's per-token
-    penalty (lean_rl/algorithms/distillation.py) against the old log-probs, recomputed unless
-    --use-rollout-logprobs; train/opd_reverse_kl is its KL estimate. Returns metrics
+    optimizer steps. `opd_kl_coef` (--use-opd): with `opd_topk` (--opd-estimator topk) the loss takes
+    opd_kl_coef x the reverse KL over the teacher's top-k (lean_rl/algorithms/distillation.py), made by
+    the ranks from the student's logits; else the advantages take the teacher's per-token penalty against
+    the old log-probs, recomputed unless --use-rollout-logprobs. train/opd_reverse_kl is the KL estimate. Returns metrics
     (train/loss, train/pg_clipfrac, train/kl_loss, train/entropy, train/grad_norm, train/lr,
     train/skipped_steps, train/reward_mean, rollout/trained_tokens, rollout/failed_frac ...,
     critic/... for PPO). Raises FailedSamplesError (nothing trained) when more than
@@ -164,11 +166,12 @@ def train_on_rollout(actor: "MegatronGroup", groups: list[list[Sample]], policy_
     started = time.perf_counter()
     batch = rollout_batch(groups)
     check_failed_fraction(batch, algo.max_failed_fraction)
-    teacher = _teacher_log_probs(groups, batch) if opd_kl_coef is not None else None
+    teacher = _teacher_log_probs(groups, batch, opd_topk) if opd_kl_coef is not None else None
+    penalty_coef = None if opd_topk else opd_kl_coef  # the sampled form: a penalty in the advantage
     num_steps = actor.batch_plan.steps_for(len(batch))
     masks = batch.masks
     need_old = not algo.use_rollout_logprobs and (recompute_old or num_steps > 1 or algo.decoupled_ppo
-                                                  or algo.kl_coef != 0 or opd_kl_coef is not None)
+                                                  or algo.kl_coef != 0 or penalty_coef is not None)
     old = batch.rollout_log_probs if algo.use_rollout_logprobs else (
         forward_rollout(actor, batch) if need_old else None)
     ref = forward_rollout(actor, batch, reference=True) if algo.needs_reference else None
@@ -183,9 +186,9 @@ def train_on_rollout(actor: "MegatronGroup", groups: list[list[Sample]], policy_
         response_lengths=torch.tensor([s.response_length for s in batch.sequences]),
         total_lengths=torch.tensor([len(s.tokens) for s in batch.sequences])))
     metrics = batch_metrics(batch, policy_version)
-    if opd_kl_coef is not None:  # on-policy distillation: after any estimator, as slime applies it
+    if penalty_coef is not None:  # on-policy distillation, sampled: after any estimator, as slime applies it
         advantages, metrics["train/opd_reverse_kl"] = reverse_kl_advantages(advantages, old, teacher, masks,
-                                                                            opd_kl_coef)
+                                                                            penalty_coef)
     if old is not None and ref is not None:  # equal before the first update (--ci-test checks it)
         metrics["train/old_ref_max_abs_diff"] = float(((old - ref).abs() * masks).max())
     metrics["rollout/advantage_mean"] = float((advantages * masks).sum() / masks.sum().clamp(min=1))
@@ -200,6 +203,11 @@ def train_on_rollout(actor: "MegatronGroup", groups: list[list[Sample]], policy_
             critic_metrics.append(_optimizer_step(critic, batch, indices,
                                                   {**common, "returns": returns, "old_values": values}))
         fields = {**common, "advantages": advantages}
+        if opd_topk and opd_kl_coef is not None:  # the ranks add the top-k reverse KL to the loss
+            if batch.teacher_top_ids is None or batch.teacher_top_log_probs is None:
+                raise ValueError("--opd-estimator topk: no sample of the batch has the teacher's top-k")
+            fields.update(teacher_top_ids=batch.teacher_top_ids, teacher_top_log_probs=batch.teacher_top_log_probs)
+            fields[OPD_WEIGHTS] = opd_kl_coef * common["weights"]
         if old is not None:
             fields["old_log_probs"] = old
         if ref is not None:
@@ -214,12 +222,14 @@ def train_on_rollout(actor: "MegatronGroup", groups: list[list[Sample]], policy_
     return metrics
 
 
-def _teacher_log_probs(groups: list[list[Sample]], batch: RolloutBatch) -> torch.Tensor:
-    """[B, T] the teacher's log-probs (--use-opd); every sample that did not fail must have them."""
+def _teacher_log_probs(groups: list[list[Sample]], batch: RolloutBatch, topk: bool) -> torch.Tensor:
+    """[B, T] the teacher's log-probs (--use-opd); every sample that did not fail must have them (and
+    under --opd-estimator topk the teacher's top-k too)."""
+    field = "teacher_top_ids" if topk else "teacher_log_probs"
     unscored = [s.index for g in groups for s in g
-                if s.status != Status.FAILED and s.response_length and not s.teacher_log_probs]
+                if s.status != Status.FAILED and s.response_length and not getattr(s, field)]
     if unscored:
-        raise ValueError(f"--use-opd: samples {unscored[:4]} have no teacher_log_probs; a custom rollout function "
+        raise ValueError(f"--use-opd: samples {unscored[:4]} have no {field}; a custom rollout function "
                          "must score its samples with lean_rl.rollout.distillation.score_with_teacher")
     return batch.teacher_log_probs
 

@@ -31,6 +31,7 @@ class TrainOptions:
     critic: "MegatronGroup | None" = None
     recompute_old: bool = False
     opd_kl_coef: float | None = None
+    opd_topk: bool = False  # --opd-estimator topk (else sampled): see train_driver.train_on_rollout
     before_training: Callable[[list[list[Sample]]], dict[str, float]] = _no_hooks
     changing: Callable[[int], ContextManager] = _unchanged
     check: Callable[[int, dict[str, float]], None] | None = None

@@ -201,13 +201,14 @@ class EngineClient:
         except ValueError as exc:
             raise EngineError(self.base_url, "/generate", f"unexpected response: {exc}") from exc
 
-    async def score(self, input_ids: list[int], *, timeout_s: float | None = None) -> ScoreResult:
+    async def score(self, input_ids: list[int], *, top_k: int = 0, timeout_s: float | None = None) -> ScoreResult:
         """log p(input_ids[j] | input_ids[:j]) for j >= 1 under the engine's current weights (one
-        forward pass; the weight-sync probe compares these with the trainer's)."""
-        payload = build_score_payload(input_ids)
+        forward pass; the weight-sync probe compares these with the trainer's), and with top_k > 0
+        the top_k likeliest tokens of each of those distributions (on-policy distillation's teacher)."""
+        payload = build_score_payload(input_ids, top_k)
         response = await self.request("POST", "/generate", payload, timeout_s=timeout_s)
         try:
-            return parse_score_response(_json_body(response), payload["input_ids"])
+            return parse_score_response(_json_body(response), payload["input_ids"], top_k)
         except ValueError as exc:
             raise EngineError(self.base_url, "/generate", f"unexpected score response: {exc}") from exc
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import httpx
 
@@ -155,23 +155,32 @@ def parse_generate_response(body: object, *, return_logprob: bool, return_routed
 class ScoreResult:
     log_probs: list[float]  # log p(ids[j] | ids[:j]) for j = 1 .. len(ids) - 1
     weight_version: str | None  # the engine's weight version when it scored
+    # with top_k > 0: at each j = 1 .. len(ids) - 1, the k likeliest token ids of p(. | ids[:j]) and
+    # their log-probs, likeliest first (empty lists when not asked for)
+    top_ids: list[list[int]] = field(default_factory=list)
+    top_log_probs: list[list[float]] = field(default_factory=list)
 
 
-def build_score_payload(input_ids: list[int]) -> dict:
+def build_score_payload(input_ids: list[int], top_k: int = 0) -> dict:
     """One forward pass that returns the log-prob of every input token after the first
-    (logprob_start_len 0); one greedy output token is the least /generate will do."""
+    (logprob_start_len 0), and with top_k > 0 the k likeliest tokens at each position
+    (top_logprobs_num); one greedy output token is the least /generate will do."""
     payload = build_generate_payload(input_ids, {"max_new_tokens": 1, "temperature": 0.0})
     if len(payload["input_ids"]) < 2:
         raise ValueError("score: input_ids needs at least 2 tokens (the first one has no log-prob)")
     payload["return_logprob"] = True
     payload["logprob_start_len"] = 0
+    if top_k:
+        payload["top_logprobs_num"] = int(top_k)
     return payload
 
 
-def parse_score_response(body: object, input_ids: list[int]) -> ScoreResult:
+def parse_score_response(body: object, input_ids: list[int], top_k: int = 0) -> ScoreResult:
     """`meta_info.input_token_logprobs` is [[logprob, id, text], ...] with one entry per input token,
     the first one's log-prob null. Its ids are checked against `input_ids`, except that 0.5.23
-    reports id vocab_size-1 as 0 (see parse_generate_response)."""
+    reports id vocab_size-1 as 0 (see parse_generate_response). With top_k, `input_top_logprobs`
+    holds, per input token, the top_k [logprob, id, text] of the distribution it was drawn from
+    (null for the first)."""
     if not isinstance(body, dict) or not isinstance(body.get("meta_info"), dict):
         raise ValueError(f"expected a JSON object with meta_info, got {str(body)[:300]}")
     meta = body["meta_info"]
@@ -184,7 +193,23 @@ def parse_score_response(body: object, input_ids: list[int]) -> ScoreResult:
             raise ValueError(f"input_token_logprobs[{position}] is for token {entry[1]}, the input has {token}")
     if any(entry[0] is None for entry in entries[1:]):
         raise ValueError("input_token_logprobs has a null log-prob after the first token")
-    return ScoreResult(log_probs=[float(entry[0]) for entry in entries[1:]], weight_version=meta.get("weight_version"))
+    top_ids, top_log_probs = _parse_top(meta.get("input_top_logprobs"), len(input_ids), top_k) if top_k else ([], [])
+    return ScoreResult(log_probs=[float(entry[0]) for entry in entries[1:]], weight_version=meta.get("weight_version"),
+                       top_ids=top_ids, top_log_probs=top_log_probs)
+
+
+def _parse_top(rows: object, length: int, top_k: int) -> tuple[list[list[int]], list[list[float]]]:
+    if not isinstance(rows, list) or len(rows) != length:
+        got = len(rows) if isinstance(rows, list) else rows
+        raise ValueError(f"expected {length} input_top_logprobs (top_logprobs_num {top_k}), got {got}")
+    ids, log_probs = [], []
+    for position, row in enumerate(rows[1:], start=1):
+        if not isinstance(row, list) or len(row) != top_k or any(entry[0] is None for entry in row):
+            raise ValueError(f"input_top_logprobs[{position}]: expected {top_k} [logprob, id, text] entries, "
+                             f"got {str(row)[:200]}")
+        ids.append([int(entry[1]) for entry in row])
+        log_probs.append([float(entry[0]) for entry in row])
+    return ids, log_probs
 
 
 def _error_in_body(body: dict) -> str | None:
