@@ -21,7 +21,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from lean_rl.backends.megatron.train_options import TrainOptions
+from lean_rl.backends.megatron.train_options import Distillation, TrainOptions
 from lean_rl.buffer.data_buffer import DataBuffer, create_data_buffer
 from lean_rl.ci_test import check_step
 from lean_rl.config import Config
@@ -191,8 +191,7 @@ class Runtime:
         """What train_driver.train_rollout needs from this run: the critic, the algorithm's switches, the
         user's hooks (lean_rl/train_hooks.py), the step's context and --ci-test's check (ci_test.py)."""
         return TrainOptions(critic=self.critic, recompute_old=self.cfg.run.ci_test,
-                            opd_kl_coef=self.cfg.distillation.kl_coef_if_used,
-                            opd_topk=self.cfg.distillation.top_k_if_used > 0,
+                            distillation=Distillation.of(self.cfg.distillation),
                             before_training=functools.partial(before_training, self.cfg, self.extensions),
                             changing=self.turns.changing,
                             check=functools.partial(check_step, self.cfg) if self.cfg.run.ci_test else None)

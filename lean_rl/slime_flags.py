@@ -518,9 +518,8 @@ SLIME_FLAGS: dict[str, SlimeFlag] = {
     "--use-opd": same(),
     "--opd-type": same(),
     "--opd-kl-coef": same(),
-    "--opd-teacher-load": refused("--opd-teacher-hf-checkpoint DIR (lean_rl serves the teacher) or "
-                                  "--opd-teacher-url URL"),
-    "--opd-teacher-ckpt-step": refused("--opd-teacher-hf-checkpoint DIR"),
+    "--opd-teacher-load": same(),
+    "--opd-teacher-ckpt-step": refused("--opd-teacher-load DIR/iter_NNNNNNN (one step's directory)"),
     # ---- logging
     "--use-wandb": same(),
     "--wandb-mode": to_env("WANDB_MODE"),

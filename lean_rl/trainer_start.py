@@ -20,6 +20,7 @@ def start_megatron_group(cfg: Config, role: str, *, colocated: bool, actor: Mega
     `colocated` (--colocate): the actor's bundles also hold the engines, and the critic takes turns on
     the actor's devices (review C4)."""
     from lean_rl.backends.megatron.group import MegatronGroup
+    from lean_rl.backends.megatron.rank_trainer import RankTrainer
     from lean_rl.backends.megatron.train_driver import initialize_for_training
 
     placement = cfg.train.placement
@@ -30,6 +31,10 @@ def start_megatron_group(cfg: Config, role: str, *, colocated: bool, actor: Mega
     try:
         step, state = initialize_for_training(group, cfg.train, cfg.algorithm, role=role, actor_step=actor_step,
                                               batch_plan=cfg.batch_plan)
+        teacher = cfg.distillation.teacher_in_trainer
+        if role == "actor" and teacher is not None:  # --opd-type megatron: the teacher's weights, held on the host
+            group.call_all(RankTrainer.load_teacher, teacher)
+            logger.info("teacher for on-policy distillation: --opd-teacher-load %s (in the trainer)", teacher)
     except BaseException:
         group.shutdown()
         raise

@@ -3,7 +3,8 @@
 # policy (scripts/run-tiny-cpu.sh, GRPO to reward ~1.0, converted to HF), the student a tiny model of
 # another seed, trained only on its reverse KL to the teacher on its own samples. Two runs on the same
 # seed: --opd-estimator topk (the default: the teacher's top-k plus a tail bucket) and sampled (slime's
-# per-token k1 on the sampled token). The task reward of each run's samples is scored afterwards.
+# per-token k1 on the sampled token), both with the teacher on SGLang; then topk with the teacher inside
+# the trainer (--opd-type megatron). The task reward of each run's samples is scored afterwards.
 #   bash examples/distillation/run.sh [--num-rollout 30] ...      OUT=dir to write elsewhere, SEED=n
 set -euo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -22,17 +23,22 @@ echo "== 2/4 its last checkpoint -> HF ($OUT/teacher)"
 echo "== 3/4 the student: a tiny model of seed $SEED ($OUT/student)"
 [[ -f $OUT/student/config.json ]] || $PY -m lean_rl.testing.tiny_model --out "$OUT/student" --arch qwen2 --preset tiny --seed "$SEED"
 
-echo "== 4/4 distillation, no task reward: --opd-estimator topk, then sampled"
-for estimator in topk sampled; do
-   rm -rf "$OUT/$estimator"
-   $PY -m lean_rl.train --hf-checkpoint "$OUT/student" --output-dir "$OUT/$estimator" --seed "$SEED" \
+echo "== 4/4 distillation, no task reward: --opd-estimator topk, then sampled (the teacher on SGLang), then"
+echo "       topk with the teacher inside the trainer (--opd-type megatron, its Megatron checkpoint as it is)"
+for run in topk sampled megatron; do
+   estimator=$([[ $run == sampled ]] && echo sampled || echo topk)
+   teacher=(--opd-type sglang --opd-teacher-hf-checkpoint "$OUT/teacher")
+   [[ $run == megatron ]] && teacher=(--opd-type megatron --opd-teacher-load "$OUT/main/ckpt")
+   rm -rf "$OUT/$run"
+   $PY -m lean_rl.train --hf-checkpoint "$OUT/student" --output-dir "$OUT/$run" --seed "$SEED" \
       --prompt-data "$OUT/main/data/train.jsonl" --input-key prompt --label-key label --rollout-shuffle \
       --num-rollout 30 --rollout-batch-size 8 --n-samples-per-prompt 4 \
       --rollout-max-response-len 12 --rollout-temperature 1.0 \
-      --use-opd --opd-type sglang --opd-teacher-hf-checkpoint "$OUT/teacher" --opd-estimator "$estimator" \
+      --use-opd "${teacher[@]}" --opd-estimator "$estimator" \
       --advantage-estimator grpo --eps-clip 0.2 --kl-loss-coef 0.0 --entropy-coef 0.0 \
       --lr 1e-3 --lr-warmup-iters 2 --weight-decay 0.0 --clip-grad 1.0 \
       --micro-batch-size 16 --rollout-num-engines 1 --sglang-max-total-tokens 8192 \
-      --save-debug-rollout-data "$OUT/$estimator/rollouts/{rollout_id}.jsonl" "$@"
+      --save-debug-rollout-data "$OUT/$run/rollouts/{rollout_id}.jsonl" "$@"
 done
-$PY "$HERE/task_reward.py" --model "$OUT/student" "$OUT/topk/rollouts" "$OUT/sampled/rollouts" | tee "$OUT/curve.md"
+$PY "$HERE/task_reward.py" --model "$OUT/student" "$OUT/topk/rollouts" "$OUT/sampled/rollouts" "$OUT/megatron/rollouts" \
+   | tee "$OUT/curve.md"

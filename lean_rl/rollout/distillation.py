@@ -4,6 +4,7 @@ lean_rl/algorithms/distillation.py.
 
     --use-opd --opd-type sglang --opd-teacher-hf-checkpoint DIR [--opd-teacher-num-engines N] [--opd-kl-coef C]
     --use-opd --opd-type sglang --opd-teacher-url http://HOST:PORT    (a teacher server or router of your own)
+    (--opd-type megatron --opd-teacher-load DIR: the trainer scores instead, train_driver._teacher_scores)
 
 With a checkpoint, the run serves the teacher itself: a second EngineGroup (its own servers and
 router, started and stopped with the student's, never given weight updates), whose CPU servers share

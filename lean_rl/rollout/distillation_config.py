@@ -13,8 +13,7 @@ from lean_rl.backends.sglang.config import EngineConfig, LiveEndpoints, resolve_
 from lean_rl.buffer.prompt_source import load_tokenizer
 from lean_rl.options import ConfigError, option, rebuild
 
-# slime's other type, megatron (the teacher inside the trainer, --opd-teacher-load), is not implemented
-OPD_TYPES = ("sglang",)
+OPD_TYPES = ("sglang", "megatron")  # the teacher on SGLang servers, or inside the trainer
 OPD_ESTIMATORS = ("topk", "sampled")  # lean_rl/algorithms/distillation.py
 
 
@@ -26,8 +25,10 @@ class DistillationConfig:
         "train/opd_reverse_kl). Without --rm-type / --custom-rm-path every reward is 0: pure distillation"))
     opd_type: str | None = option(None, choices=OPD_TYPES, help=(
         "where the teacher runs (required with --use-opd): sglang = SGLang servers, this run's own "
-        "(--opd-teacher-hf-checkpoint) or yours (--opd-teacher-url). slime's 'megatron' (the teacher "
-        "inside the trainer, --opd-teacher-load) is not implemented"))
+        "(--opd-teacher-hf-checkpoint) or yours (--opd-teacher-url), scoring each sample after generation; "
+        "megatron = inside the trainer (--opd-teacher-load): the teacher's weights, of the student's "
+        "architecture, wait in host memory and are swapped into the model for one forward pass over the "
+        "rollout before training, as the reference model's are"))
     opd_kl_coef: float = option(1.0, help=(
         "weight of the teacher's reverse KL: of the top-k loss term (topk), or of the per-token penalty in the "
         "advantage (sampled)"))
@@ -46,6 +47,9 @@ class DistillationConfig:
         "updates); its tokenizer must be --hf-checkpoint's"))
     teacher_num_engines: int | None = option(None, flag="--opd-teacher-num-engines", positive=True, help=(
         "SGLang servers for the teacher (default 1; on CPU they share the cores with the student's)"))
+    teacher_load: str | None = option(None, flag="--opd-teacher-load", metavar="DIR", help=(
+        "--opd-type megatron: the teacher's Megatron torch_dist checkpoint (a root that --save wrote, or one "
+        "iter_* directory); the student's architecture and layout, any of its steps"))
     teacher_url: str | None = option(None, flag="--opd-teacher-url", metavar="URL", help=(
         "instead of --opd-teacher-hf-checkpoint: an SGLang server or sglang-router serving the teacher, "
         "started by you (called without an API key; its tokenizer must be --hf-checkpoint's: not checked)"))
@@ -66,21 +70,36 @@ class DistillationConfig:
         given = [flag for flag, value in (("--opd-type", self.opd_type),
                                           ("--opd-teacher-hf-checkpoint", self.teacher_hf_checkpoint),
                                           ("--opd-teacher-url", self.teacher_url),
-                                          ("--opd-teacher-num-engines", self.teacher_num_engines)) if value is not None]
+                                          ("--opd-teacher-num-engines", self.teacher_num_engines),
+                                          ("--opd-teacher-load", self.teacher_load)) if value is not None]
         if not self.use_opd:
             if given:
                 raise ConfigError(f"{given[0]} is a setting of on-policy distillation: add --use-opd, or drop it")
             return
         if self.opd_type is None:
-            raise ConfigError("--use-opd needs --opd-type sglang (the teacher served by SGLang)")
+            raise ConfigError("--use-opd needs --opd-type sglang (the teacher served by SGLang) or megatron "
+                              "(the teacher inside the trainer)")
         if self.opd_type not in OPD_TYPES:
-            raise ConfigError(f"--opd-type {self.opd_type!r}: choose one of {', '.join(OPD_TYPES)} "
-                              "(megatron, a teacher inside the trainer, is not implemented)")
+            raise ConfigError(f"--opd-type {self.opd_type!r}: choose one of {', '.join(OPD_TYPES)}")
+        if self.opd_kl_coef <= 0:
+            raise ConfigError(f"--opd-kl-coef must be > 0 (the weight of the teacher's signal), got {self.opd_kl_coef}")
+        if self.opd_type == "megatron":
+            served = [flag for flag in given if flag in ("--opd-teacher-hf-checkpoint", "--opd-teacher-url",
+                                                         "--opd-teacher-num-engines")]
+            if served:
+                raise ConfigError(f"{served[0]} is a setting of --opd-type sglang; --opd-type megatron takes the "
+                                  "teacher from --opd-teacher-load")
+            if self.teacher_load is None:
+                raise ConfigError("--opd-type megatron needs --opd-teacher-load DIR (the teacher's torch_dist checkpoint)")
+            if not Path(self.teacher_load).is_dir():
+                raise ConfigError(f"--opd-teacher-load {self.teacher_load}: not a directory (a Megatron checkpoint "
+                                  "root, or one of its iter_* directories)")
+            return
+        if self.teacher_load is not None:
+            raise ConfigError("--opd-teacher-load is a setting of --opd-type megatron (the teacher inside the trainer)")
         if (self.teacher_hf_checkpoint is None) == (self.teacher_url is None):
             raise ConfigError("--use-opd --opd-type sglang needs exactly one of --opd-teacher-hf-checkpoint DIR "
                               "(this run serves the teacher) and --opd-teacher-url URL (a server of yours)")
-        if self.opd_kl_coef <= 0:
-            raise ConfigError(f"--opd-kl-coef must be > 0 (the weight of the teacher's signal), got {self.opd_kl_coef}")
         if self.teacher_url is not None:
             if self.teacher_num_engines is not None:
                 raise ConfigError("--opd-teacher-num-engines sizes the teacher this run serves "
@@ -94,18 +113,23 @@ class DistillationConfig:
 
     @property
     def top_k_if_used(self) -> int:
-        """The teacher's top-k width to ask SGLang for (0: only the sampled tokens' log-probs)."""
+        """The teacher's top-k width (0: the sampled tokens' log-probs only, or no distillation)."""
         return self.opd_top_k if self.use_opd and self.opd_estimator == "topk" else 0
 
     @property
-    def kl_coef_if_used(self) -> float | None:
-        """--use-opd: the weight of the teacher's reverse KL in the advantage (None: no distillation)."""
-        return self.opd_kl_coef if self.use_opd else None
+    def scores_in_rollout(self) -> bool:
+        """The teacher scores each sample after generation (--opd-type sglang), not the trainer."""
+        return self.use_opd and self.opd_type == "sglang"
+
+    @property
+    def teacher_in_trainer(self) -> str | None:
+        """--opd-type megatron: the teacher's checkpoint, which the trainer loads (None otherwise)."""
+        return self.teacher_load if self.use_opd and self.opd_type == "megatron" else None
 
     @property
     def serves_teacher(self) -> bool:
         """This run starts the teacher's engines (--opd-teacher-hf-checkpoint)."""
-        return self.use_opd and self.teacher_hf_checkpoint is not None
+        return self.scores_in_rollout and self.teacher_hf_checkpoint is not None
 
     @property
     def teacher_engine_count(self) -> int:

@@ -47,8 +47,10 @@ class GroupRunner:
         self.sampling_params = cfg.rollout.sampling.to_sglang()
         # --advantage-estimator remax: each group also generates and scores its prompt's greedy response
         self.greedy_baseline = getattr(getattr(cfg, "algorithm", None), "advantage_estimator", None) == "remax"
-        # --use-opd: the teacher scores every generated sample (rollout/distillation.py)
+        # --use-opd: pure distillation needs no reward function; with --opd-type sglang the teacher scores
+        # every generated sample here (rollout/distillation.py), with megatron the trainer runs it
         self.distill = getattr(getattr(cfg, "distillation", None), "use_opd", False)
+        self.teacher_scores = getattr(getattr(cfg, "distillation", None), "scores_in_rollout", False)
         self.counters: collections.Counter = collections.Counter()
         self._stopping = asyncio.Event()  # set while what still runs is surplus: nothing new starts
         # every group that finished generating and was scored, kept or dropped by the filter, when
@@ -87,7 +89,7 @@ class GroupRunner:
         if baseline is not None:
             for s in samples:
                 s.metadata[REMAX_BASELINE_REWARD] = baseline
-        if self.distill:  # before the rewards: a reward function may read sample.teacher_log_probs
+        if self.teacher_scores:  # before the rewards: a reward function may read sample.teacher_log_probs
             await score_group_with_teacher(self.cfg, samples, self.counters)
         started = time.monotonic()
         # rewards the generate function set are kept; the reward function scores the others

@@ -212,3 +212,50 @@ def test_a_nan_step_is_skipped_at(arch, parallel, ray_cluster, tiny_model_factor
         after = group.compute_log_probs(probe).log_probs
     assert metrics["train/skipped_steps"] == 1 and metrics["train/optimizer_steps"] == 0
     assert all(torch.equal(a, b) for a, b in zip(before, after))
+
+
+def test_a_teacher_inside_the_trainer_scores_its_top_k_and_the_student_moves_towards_it(
+        ray_cluster, tiny_qwen2, tiny_model_factory, tmp_path):
+    """--opd-type megatron at TP=2 (the top-k picked across the two vocab shards): the teacher's weights,
+    loaded from a torch_dist checkpoint into host memory, give the teacher's top-k and sampled-token
+    log-probs (checked against transformers on the teacher's HF checkpoint), leave the policy's weights as
+    they were, and the top-k reverse KL to them falls over a few steps with no advantage at all."""
+    import transformers
+
+    from lean_rl.backends.megatron.rank_trainer import RankTrainer
+    from lean_rl.backends.megatron.rollout_batch import rollout_batch
+    from lean_rl.backends.megatron.train_driver import forward_rollout, forward_rollout_top_k
+    from lean_rl.backends.megatron.train_options import Distillation
+    from lean_rl.convert.hf_to_megatron import convert_hf_to_megatron
+
+    top_k = 5
+    teacher_hf = tiny_model_factory("qwen2", seed=1)
+    teacher_dist = convert_hf_to_megatron(teacher_hf, tmp_path / "teacher")
+    groups = make_groups(seed=5)
+    for sample in (s for g in groups for s in g):
+        sample.reward = 0.0  # no advantage: only the teacher's signal moves the policy
+    batch = rollout_batch(groups)
+    with MegatronGroup.from_hf_checkpoint(tiny_qwen2, ParallelConfig(tensor_model_parallel_size=2),
+                                          world_size=2) as group:
+        initialize_for_training(group, train_config(tiny_qwen2, lr=1e-3), build(AlgorithmConfig))
+        group.call_all(RankTrainer.load_teacher, str(teacher_dist))
+        policy_before = forward_rollout(group, batch)
+        ids, log_probs = forward_rollout_top_k(group, batch, top_k)
+        sampled = forward_rollout(group, batch, weights="teacher")
+        assert torch.equal(forward_rollout(group, batch), policy_before)  # the policy's weights are back
+        history = [train_on_rollout(group, groups, policy_version=step,
+                                    distillation=Distillation(kl_coef=1.0, top_k=top_k, teacher_load=str(teacher_dist)))
+                   for step in range(4)]
+    model = transformers.AutoModelForCausalLM.from_pretrained(teacher_hf, dtype=torch.float32)
+    for i, sample in enumerate(s for g in groups for s in g):
+        with torch.no_grad():
+            every = torch.log_softmax(model(torch.tensor([sample.tokens])).logits[0, :-1], -1)[-sample.response_length:]
+        n = sample.response_length
+        want_values, want_ids = every.topk(top_k, dim=-1)
+        assert torch.allclose(log_probs[i, :n], want_values, atol=1e-4), i
+        assert torch.equal(ids[i, :n], want_ids), i
+        targets = torch.tensor(sample.response_tokens)
+        assert torch.allclose(sampled[i, :n], every.gather(-1, targets[:, None])[:, 0], atol=1e-4), i
+    kl = [m["train/opd_reverse_kl"] for m in history]
+    print(f"\nteacher in the trainer: top-{top_k} reverse KL per step {[round(x, 4) for x in kl]}")
+    assert kl[-1] < kl[0] and all(m["rollout/advantage_mean"] == 0 for m in history)

@@ -14,6 +14,7 @@ from lean_rl.algorithms.config import AlgorithmConfig
 from lean_rl.algorithms.distillation import reverse_kl_advantages, topk_reverse_kl
 from lean_rl.backends.megatron.rollout_batch import failure_reason, rollout_batch
 from lean_rl.backends.megatron.train_driver import train_on_rollout
+from lean_rl.backends.megatron.train_options import Distillation
 from lean_rl.backends.sglang.config import EngineConfig, resolve_api_key, resolve_ports
 from lean_rl.config import parse_config
 from lean_rl.options import ConfigError, build
@@ -44,7 +45,13 @@ def test_the_advantage_loses_coef_times_student_minus_teacher_on_trained_tokens(
     (dict(opd_type="sglang"), "--opd-type is a setting of on-policy distillation: add --use-opd"),
     (dict(teacher_url="http://127.0.0.1:1"), "--opd-teacher-url is a setting of on-policy distillation"),
     (dict(use_opd=True, teacher_url="http://127.0.0.1:1"), "--use-opd needs --opd-type sglang"),
-    (dict(use_opd=True, opd_type="megatron", teacher_url="http://x:1"), "--opd-type 'megatron'"),
+    (dict(use_opd=True, opd_type="megatron", teacher_url="http://x:1"),
+     "--opd-teacher-url is a setting of --opd-type sglang; --opd-type megatron takes the teacher from --opd-teacher-load"),
+    (dict(use_opd=True, opd_type="megatron"), "--opd-type megatron needs --opd-teacher-load DIR"),
+    (dict(use_opd=True, opd_type="megatron", teacher_load="/no/such/ckpt"), "--opd-teacher-load /no/such/ckpt: not a directory"),
+    (dict(use_opd=True, opd_type="sglang", teacher_url="http://x:1", teacher_load="/tmp"),
+     "--opd-teacher-load is a setting of --opd-type megatron"),
+    (dict(teacher_load="/tmp"), "--opd-teacher-load is a setting of on-policy distillation: add --use-opd"),
     (dict(use_opd=True, opd_type="sglang"), "exactly one of --opd-teacher-hf-checkpoint DIR"),
     (dict(use_opd=True, opd_type="sglang", teacher_url="http://x:1", teacher_hf_checkpoint="/t"),
      "exactly one of --opd-teacher-hf-checkpoint"),
@@ -60,10 +67,14 @@ def test_config_errors_name_the_flag(kwargs, flag):
         build(DistillationConfig, **kwargs)
 
 
-def test_megatron_type_is_not_offered_on_the_command_line(tmp_path, capsys):
-    with pytest.raises(SystemExit):
-        parse_config(["--hf-checkpoint", str(tmp_path), "--use-opd", "--opd-type", "megatron"])
-    assert "invalid choice: 'megatron' (choose from 'sglang')" in capsys.readouterr().err
+def test_the_megatron_type_has_the_trainer_score_and_no_teacher_engines(tmp_path):
+    opd = build(DistillationConfig, use_opd=True, opd_type="megatron", teacher_load=str(tmp_path))
+    assert opd.teacher_in_trainer == str(tmp_path) and not opd.scores_in_rollout and opd.teacher_engine_count == 0
+    assert Distillation.of(opd) == Distillation(kl_coef=1.0, top_k=20, teacher_load=str(tmp_path))
+    sglang = build(DistillationConfig, use_opd=True, opd_type="sglang", teacher_url="http://127.0.0.1:1",
+                   opd_estimator="sampled")
+    assert sglang.scores_in_rollout and sglang.teacher_in_trainer is None
+    assert Distillation.of(sglang) == Distillation(kl_coef=1.0) and Distillation.of(build(DistillationConfig)) is None
 
 
 def test_defaults_off_and_one_teacher_engine(tmp_path):
@@ -134,7 +145,8 @@ def test_the_trainer_refuses_unscored_samples_before_any_forward_pass():
     scored, unscored = _sample(0), _sample(1)
     scored.teacher_log_probs = [-0.5, -0.25]
     with pytest.raises(ValueError, match=r"--use-opd: samples \[1\] have no teacher_log_probs"):
-        train_on_rollout(RefusingActor(build(AlgorithmConfig)), [[scored, unscored]], policy_version=0, opd_kl_coef=1.0)
+        train_on_rollout(RefusingActor(build(AlgorithmConfig)), [[scored, unscored]], policy_version=0,
+                         distillation=Distillation(kl_coef=1.0))
 
 
 def test_rollout_batch_lays_out_teacher_log_probs_response_aligned():
@@ -216,7 +228,7 @@ def test_the_trainer_refuses_samples_without_the_teachers_top_k():
     scored.teacher_top_ids, scored.teacher_top_log_probs = [[1, 2], [3, 4]], [[-0.5, -1.0], [-0.25, -2.0]]
     with pytest.raises(ValueError, match=r"--use-opd: samples \[1\] have no teacher_top_ids"):
         train_on_rollout(RefusingActor(build(AlgorithmConfig)), [[scored, unscored]], policy_version=0,
-                         opd_kl_coef=1.0, opd_topk=True)
+                         distillation=Distillation(kl_coef=1.0, top_k=2))
 
 
 def test_rollout_batch_lays_out_the_teachers_top_k_response_aligned():

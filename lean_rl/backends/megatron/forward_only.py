@@ -20,7 +20,7 @@ from lean_rl.algorithms.losses import policy_loss
 from lean_rl.backends.megatron.chunked_logprobs import chunked_log_probs, chunked_token_statistics, output_weight
 from lean_rl.backends.megatron.compat import hidden_states_from_output_layer
 from lean_rl.backends.megatron.logprobs import (_vocab_parallel_entropy, vocab_parallel_log_probs,
-                                                vocab_parallel_log_probs_at)
+                                                vocab_parallel_log_probs_at, vocab_parallel_top_k)
 from lean_rl.backends.megatron.routing_replay import clear_routes, set_micro_batch_routes
 
 
@@ -107,9 +107,21 @@ def field_of(micro_batch, name, device):
     return None if value is None else value.to(device)
 
 
-def _collect_forward(ctx: StepContext, targets, weight, output: torch.Tensor, non_loss_data: bool = True):
+def _collect_forward(ctx: StepContext, targets, weight, top_k: int, output: torch.Tensor, non_loss_data: bool = True):
     if ctx.role == "critic":
         return {"values": output.float().squeeze(-1).detach().cpu()}
+    if top_k:  # --opd-type megatron: the teacher's top-k at every position
+        if ctx.chunked:
+            chunked_ids, chunked_log_probs_ = chunked_token_statistics(
+                output, weight, lambda logits: vocab_parallel_top_k(logits, top_k, ctx.vocab_size), (),
+                ctx.logits_chunk_size, ctx.temperature)
+            if chunked_ids is None or chunked_log_probs_ is None:
+                raise RuntimeError("the teacher's top-k: the statistic returned nothing")
+            ids, log_probs = chunked_ids, chunked_log_probs_
+        else:
+            logits = output.float() / ctx.temperature if ctx.temperature != 1.0 else output.float()
+            ids, log_probs = vocab_parallel_top_k(logits, top_k, ctx.vocab_size)
+        return {"top_k": (ids.cpu(), log_probs.detach().cpu())}
     if ctx.chunked:
         log_probs, _ = chunked_log_probs(output, weight, targets, ctx.vocab_size, ctx.logits_chunk_size,
                                          ctx.temperature)
@@ -119,25 +131,26 @@ def _collect_forward(ctx: StepContext, targets, weight, output: torch.Tensor, no
     return {"log_probs": log_probs.detach().cpu()}
 
 
-def _micro_batch_forward(ctx: StepContext, data_iterator, model):
+def _micro_batch_forward(ctx: StepContext, top_k: int, data_iterator, model):
     micro_batch = next(data_iterator)
     tokens, positions, targets = inputs_of(micro_batch, ctx.device)
     set_micro_batch_routes(model, micro_batch, ctx.device)
     output = model(tokens, positions, attention_mask=None)
     weight = output_weight(model) if ctx.chunked else None
-    return output, partial(_collect_forward, ctx, targets, weight)
+    return output, partial(_collect_forward, ctx, targets, weight, top_k)
 
 
 def forward_only(model: torch.nn.Module, micro_batches: list[dict[str, torch.Tensor]], ctx: StepContext,
-                 seq_length_hint: int) -> list[torch.Tensor] | None:
-    """Per micro-batch [n, L] log-probs (actor) or values (critic), on the last pipeline stage's TP
-    rank 0; None elsewhere."""
+                 seq_length_hint: int, top_k: int = 0) -> list | None:
+    """Per micro-batch [n, L] log-probs (actor) or values (critic), or with top_k the k likeliest tokens
+    at every position ([n, L, k] ids, [n, L, k] log-probs), on the last pipeline stage's TP rank 0;
+    None elsewhere."""
     was_training = model.training
     model.eval()
     try:
         with torch.no_grad(), model_output_mode(model, ctx):
             results = get_forward_backward_func()(
-                forward_step_func=partial(_micro_batch_forward, ctx),
+                forward_step_func=partial(_micro_batch_forward, ctx, top_k),
                 data_iterator=iter(micro_batches),
                 model=[model],
                 num_microbatches=len(micro_batches),
@@ -151,5 +164,5 @@ def forward_only(model: torch.nn.Module, micro_batches: list[dict[str, torch.Ten
         model.train(was_training)
     if not parallel_state.is_pipeline_last_stage() or parallel_state.get_tensor_model_parallel_rank() != 0:
         return None
-    key = "values" if ctx.role == "critic" else "log_probs"
+    key = "values" if ctx.role == "critic" else "top_k" if top_k else "log_probs"
     return [result[key] for result in results]

@@ -75,3 +75,37 @@ def vocab_parallel_log_probs_at(logits: torch.Tensor, ids: torch.Tensor, vocab_s
     else:
         picked = torch.zeros(ids.shape, dtype=real.dtype, device=real.device)
     return reduce_from_tensor_model_parallel_region(picked) - log_z.unsqueeze(-1)
+
+
+def vocab_parallel_top_k(logits: torch.Tensor, k: int, vocab_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The k likeliest token ids of each position and their log-probs, likeliest first, from this TP
+    rank's logits [..., V_padded / tp]: ([..., k] int64, [..., k] float32), no gradient (the teacher's,
+    --opd-type megatron). Each rank's own top-k of its real columns, gathered over TP, and the top-k of
+    those; log Z is all-reduced as in _vocab_parallel_entropy."""
+    group = parallel_state.get_tensor_model_parallel_group()
+    tp_rank = parallel_state.get_tensor_model_parallel_rank()
+    partition = logits.shape[-1]
+    valid = max(0, min(partition, vocab_size - tp_rank * partition))
+    if k > vocab_size:
+        raise ValueError(f"--opd-top-k {k} is more than the vocabulary's {vocab_size} tokens")
+    with torch.no_grad():
+        real = logits.float()[..., :valid]
+        local_max = real.max(dim=-1).values if valid else real.new_full(real.shape[:-1], float("-inf"))
+        dist.all_reduce(local_max, op=dist.ReduceOp.MAX, group=group)
+        shifted = real - local_max.unsqueeze(-1)
+        sum_exp = shifted.exp().sum(dim=-1)
+        dist.all_reduce(sum_exp, group=group)
+        log_z = sum_exp.log().unsqueeze(-1)
+        width = min(k, valid)
+        values, ids = shifted.topk(width, dim=-1) if width else (shifted[..., :0], shifted[..., :0].long())
+        pad = k - width  # a rank with fewer real columns than k: -inf entries that never win
+        values = torch.cat([values, values.new_full((*values.shape[:-1], pad), float("-inf"))], -1)
+        ids = torch.cat([ids + tp_rank * partition, ids.new_zeros((*ids.shape[:-1], pad))], -1)
+        world = dist.get_world_size(group)
+        if world > 1:
+            every_values, every_ids = [torch.empty_like(values) for _ in range(world)], [torch.empty_like(ids) for _ in range(world)]
+            dist.all_gather(every_values, values.contiguous(), group=group)
+            dist.all_gather(every_ids, ids.contiguous(), group=group)
+            values, ids = torch.cat(every_values, -1), torch.cat(every_ids, -1)
+        top_values, position = values.topk(k, dim=-1)
+        return ids.gather(-1, position), top_values - log_z

@@ -15,9 +15,10 @@ loss); one all-reduce over the world decides, so all ranks skip the optimizer st
 
 from __future__ import annotations
 
+import contextlib
 import time
 from functools import partial
-from typing import Any
+from typing import Any, ContextManager
 
 import torch
 import torch.distributed as dist
@@ -178,6 +179,7 @@ class RankTrainer:
                                routing_replay=config.use_rollout_routing_replay,
                                logits_chunk_size=train.logits_chunk_size)
         self.reference: ReferenceWeights | None = None
+        self.teacher: ReferenceWeights | None = None  # --opd-type megatron: host copy, swapped in to score
         self.counters = {"optimizer_steps": 0, "skipped_steps": 0, "consecutive_skipped_steps": 0,
                          "loss_scale_overflows": 0}
         self._offloader: StorageOffloader | None = None
@@ -224,17 +226,31 @@ class RankTrainer:
                    and parallel_state.get_data_parallel_rank() == 0)
         return metrics if reports else None
 
-    def forward(self, micro_batches: list[dict[str, torch.Tensor]], reference: bool = False) -> list[torch.Tensor] | None:
-        """Log-probs (actor; of the reference weights when `reference`) or values (critic)."""
+    def forward(self, micro_batches: list[dict[str, torch.Tensor]], weights: str = "policy") -> list[torch.Tensor] | None:
+        """Log-probs (actor; of the "reference" or "teacher" weights when `weights` says so) or values (critic)."""
         self._require_onloaded()
         micro_batches = _as_tensors(micro_batches)
-        if not reference:
+        with self._weights(weights):
             return forward_only(self.model, micro_batches, self.ctx, _width(micro_batches))
-        if self.reference is None:
-            raise RuntimeError("reference log-probs requested but no reference weights were set "
-                               "(--ref-load, or the initial weights from --hf-checkpoint)")
-        with self.reference.swapped_in(self.model):
-            return forward_only(self.model, micro_batches, self.ctx, _width(micro_batches))
+
+    def teacher_top_k(self, micro_batches: list[dict[str, torch.Tensor]], k: int) -> list | None:
+        """--opd-type megatron --opd-estimator topk: per micro-batch, the teacher's k likeliest tokens at
+        every position, ([n, L, k] ids, [n, L, k] log-probs), on the last stage's TP rank 0; None elsewhere."""
+        self._require_onloaded()
+        micro_batches = _as_tensors(micro_batches)
+        with self._weights("teacher"):
+            return forward_only(self.model, micro_batches, self.ctx, _width(micro_batches), top_k=k)
+
+    def _weights(self, weights: str) -> ContextManager:
+        """The context a forward pass runs in: the policy's weights as they are, or the reference's or
+        the teacher's swapped in for it (back, bit for bit, on exit)."""
+        if weights == "policy":
+            return contextlib.nullcontext()
+        held = {"reference": self.reference, "teacher": self.teacher}[weights]
+        if held is None:
+            raise RuntimeError(f"{weights} log-probs requested but no {weights} weights were set (reference: "
+                               "--ref-load, or the initial weights from --hf-checkpoint; teacher: --opd-teacher-load)")
+        return held.swapped_in(self.model)
 
     def trainable_parameters(self) -> dict[str, int]:
         """{name: elements} of the parameters the optimizer steps (with LoRA: the adapters only)."""
@@ -249,10 +265,18 @@ class RankTrainer:
     def load_reference(self, checkpoint_dir: str) -> None:
         """Reference = the model weights of a torch_dist checkpoint (--ref-load; a root with a tracker
         or an iteration directory). The policy weights are untouched."""
+        self.reference = self._weights_of(checkpoint_dir)
+
+    def load_teacher(self, checkpoint_dir: str) -> None:
+        """--opd-type megatron: the teacher = the model weights of a torch_dist checkpoint
+        (--opd-teacher-load), held in host memory as the reference's are."""
+        self.teacher = self._weights_of(checkpoint_dir)
+
+    def _weights_of(self, checkpoint_dir: str) -> ReferenceWeights:
         policy = ReferenceWeights(self.model)
         try:
             load_model_checkpoint(self.model, checkpoint_dir, vocab_size=self.ctx.vocab_size)
-            self.reference = ReferenceWeights(self.model)
+            return ReferenceWeights(self.model)
         finally:
             policy.copy_into(self.model)
 

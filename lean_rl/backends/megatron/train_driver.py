@@ -31,7 +31,7 @@ from lean_rl.backends.megatron.rollout_batch import RolloutBatch, batch_metrics,
 from lean_rl.backends.megatron.train_batches import (OPD_WEIGHTS, build_micro_batch, plan_micro_batches,
                                                      response_values, uniform_shapes)
 from lean_rl.backends.megatron.train_config import BatchPlan, TrainConfig
-from lean_rl.backends.megatron.train_options import TrainOptions
+from lean_rl.backends.megatron.train_options import Distillation, TrainOptions
 from lean_rl.options import ConfigError
 from lean_rl.sample import Sample, Status
 
@@ -74,19 +74,39 @@ def _per_rank_payloads(group: "MegatronGroup", batch: RolloutBatch, indices: lis
     return [refs[layout.data_rank] for layout in group.layouts], by_dp
 
 
-def forward_rollout(group: "MegatronGroup", batch: RolloutBatch, reference: bool = False) -> torch.Tensor:
-    """[B, T] response-aligned log-probs of the response tokens (actor; reference weights if asked) or
-    values (critic), 0 on padding."""
+def forward_rollout(group: "MegatronGroup", batch: RolloutBatch, reference: bool = False,
+                    weights: str | None = None) -> torch.Tensor:
+    """[B, T] response-aligned log-probs of the response tokens (actor; of the reference weights if
+    `reference`, of `weights` "reference" / "teacher" if given) or values (critic), 0 on padding."""
+    weights = weights or ("reference" if reference else "policy")
     indices = list(range(len(batch)))
     args, by_dp = _per_rank_payloads(group, batch, indices, {})
-    results = group.call_each(RankTrainer.forward, [(arg, reference) for arg in args])
-    out = torch.zeros_like(batch.masks)
+    results = group.call_each(RankTrainer.forward, [(arg, weights) for arg in args])
+    return _response_aligned(group, batch, by_dp, results, batch.masks.shape)
+
+
+def forward_rollout_top_k(group: "MegatronGroup", batch: RolloutBatch, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """--opd-type megatron --opd-estimator topk: the teacher weights' k likeliest tokens at every
+    response position, ([B, T, k] ids, [B, T, k] log-probs), 0 on padding."""
+    indices = list(range(len(batch)))
+    args, by_dp = _per_rank_payloads(group, batch, indices, {})
+    results = group.call_each(RankTrainer.teacher_top_k, [(arg, k) for arg in args])
+    shape = (*batch.masks.shape, k)
+    ids = _response_aligned(group, batch, by_dp, [r and [ids for ids, _ in r] for r in results], shape)
+    log_probs = _response_aligned(group, batch, by_dp, [r and [lps for _, lps in r] for r in results], shape)
+    return ids.long(), log_probs
+
+
+def _response_aligned(group: "MegatronGroup", batch: RolloutBatch, by_dp: list[list[dict]], results: list,
+                      shape: tuple[int, ...]) -> torch.Tensor:
+    """The ranks' per-micro-batch [n, L, ...] results laid out response-aligned, [B, T, ...]."""
+    out = torch.zeros(shape)
     for layout, result in zip(group.layouts, results):
         if result is None:
             continue
         for micro_batch, per_position in zip(by_dp[layout.data_rank], result):
             for i, values in response_values(micro_batch, per_position, batch.sequences).items():
-                out[i, :values.numel()] = values
+                out[i, :values.shape[0]] = values
     return out
 
 
@@ -138,8 +158,7 @@ def train_rollout(actor: "MegatronGroup", groups: list[list[Sample]], step: int,
     hook_metrics = options.before_training(groups)
     with options.changing(step + 1):
         metrics = train_on_rollout(actor, groups, policy_version=step, critic=options.critic,
-                                   recompute_old=options.recompute_old, opd_kl_coef=options.opd_kl_coef,
-                                   opd_topk=options.opd_topk)
+                                   recompute_old=options.recompute_old, distillation=options.distillation)
     if options.check is not None:
         options.check(step, metrics)
     return {**metrics, **hook_metrics}
@@ -147,13 +166,15 @@ def train_rollout(actor: "MegatronGroup", groups: list[list[Sample]], step: int,
 
 def train_on_rollout(actor: "MegatronGroup", groups: list[list[Sample]], policy_version: int,
                      critic: "MegatronGroup | None" = None, recompute_old: bool = False,
-                     opd_kl_coef: float | None = None, opd_topk: bool = False) -> dict[str, float]:
+                     distillation: Distillation | None = None) -> dict[str, float]:
     """Train on one rollout (groups of Samples): old / reference log-probs and critic values as the
     algorithm needs (`recompute_old`: the old ones in any case), advantages, then --num-steps-per-rollout
-    optimizer steps. `opd_kl_coef` (--use-opd): with `opd_topk` (--opd-estimator topk) the loss takes
-    opd_kl_coef x the reverse KL over the teacher's top-k (lean_rl/algorithms/distillation.py), made by
-    the ranks from the student's logits; else the advantages take the teacher's per-token penalty against
-    the old log-probs, recomputed unless --use-rollout-logprobs. train/opd_reverse_kl is the KL estimate. Returns metrics
+    optimizer steps. `distillation` (--use-opd): the teacher's scores come from the samples (--opd-type
+    sglang) or from the teacher's weights in the trainer (megatron: one forward pass over the rollout);
+    with a top-k (--opd-estimator topk) the loss takes --opd-kl-coef x the reverse KL over the teacher's
+    top-k (lean_rl/algorithms/distillation.py), made by the ranks from the student's logits; else the
+    advantages take the teacher's per-token penalty against the old log-probs, recomputed unless
+    --use-rollout-logprobs. train/opd_reverse_kl is the KL estimate. Returns metrics
     (train/loss, train/pg_clipfrac, train/kl_loss, train/entropy, train/grad_norm, train/lr,
     train/skipped_steps, train/reward_mean, rollout/trained_tokens, rollout/failed_frac ...,
     critic/... for PPO). Raises FailedSamplesError (nothing trained) when more than
@@ -166,8 +187,9 @@ def train_on_rollout(actor: "MegatronGroup", groups: list[list[Sample]], policy_
     started = time.perf_counter()
     batch = rollout_batch(groups)
     check_failed_fraction(batch, algo.max_failed_fraction)
-    teacher = _teacher_log_probs(groups, batch, opd_topk) if opd_kl_coef is not None else None
-    penalty_coef = None if opd_topk else opd_kl_coef  # the sampled form: a penalty in the advantage
+    teacher, teacher_top = _teacher_scores(actor, groups, batch, distillation) if distillation else (None, None)
+    # the sampled form: a penalty in the advantage
+    penalty_coef = distillation.kl_coef if distillation and not distillation.top_k else None
     num_steps = actor.batch_plan.steps_for(len(batch))
     masks = batch.masks
     need_old = not algo.use_rollout_logprobs and (recompute_old or num_steps > 1 or algo.decoupled_ppo
@@ -203,11 +225,9 @@ def train_on_rollout(actor: "MegatronGroup", groups: list[list[Sample]], policy_
             critic_metrics.append(_optimizer_step(critic, batch, indices,
                                                   {**common, "returns": returns, "old_values": values}))
         fields = {**common, "advantages": advantages}
-        if opd_topk and opd_kl_coef is not None:  # the ranks add the top-k reverse KL to the loss
-            if batch.teacher_top_ids is None or batch.teacher_top_log_probs is None:
-                raise ValueError("--opd-estimator topk: no sample of the batch has the teacher's top-k")
-            fields.update(teacher_top_ids=batch.teacher_top_ids, teacher_top_log_probs=batch.teacher_top_log_probs)
-            fields[OPD_WEIGHTS] = opd_kl_coef * common["weights"]
+        if teacher_top is not None and distillation is not None:  # the ranks add the top-k reverse KL to the loss
+            fields.update(teacher_top_ids=teacher_top[0], teacher_top_log_probs=teacher_top[1])
+            fields[OPD_WEIGHTS] = distillation.kl_coef * common["weights"]
         if old is not None:
             fields["old_log_probs"] = old
         if ref is not None:
@@ -220,6 +240,22 @@ def train_on_rollout(actor: "MegatronGroup", groups: list[list[Sample]], policy_
     metrics["perf/forward_passes_s"] = forward_s  # old / reference log-probs, critic values
     metrics["perf/train_s"] = time.perf_counter() - started  # the whole call, driver's view
     return metrics
+
+
+def _teacher_scores(actor: "MegatronGroup", groups: list[list[Sample]], batch: RolloutBatch,
+                    distillation: Distillation) -> tuple[torch.Tensor | None, tuple[torch.Tensor, torch.Tensor] | None]:
+    """(the teacher's [B, T] log-probs of the sampled tokens, or None; with a top-k, ([B, T, K] ids,
+    [B, T, K] log-probs), else None). --opd-type megatron: from the trainer's teacher weights."""
+    if distillation.teacher_load is not None:
+        if distillation.top_k:
+            return None, forward_rollout_top_k(actor, batch, distillation.top_k)
+        return forward_rollout(actor, batch, weights="teacher"), None
+    teacher = _teacher_log_probs(groups, batch, bool(distillation.top_k))
+    if not distillation.top_k:
+        return teacher, None
+    if batch.teacher_top_ids is None or batch.teacher_top_log_probs is None:
+        raise ValueError("--opd-estimator topk: no sample of the batch has the teacher's top-k")
+    return teacher, (batch.teacher_top_ids, batch.teacher_top_log_probs)
 
 
 def _teacher_log_probs(groups: list[list[Sample]], batch: RolloutBatch, topk: bool) -> torch.Tensor:
