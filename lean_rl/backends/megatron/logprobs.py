@@ -35,9 +35,10 @@ def vocab_parallel_log_probs(logits: torch.Tensor, targets: torch.Tensor, vocab_
     return log_probs, entropy
 
 
-def _vocab_parallel_entropy(logits: torch.Tensor) -> torch.Tensor:
-    """H = log Z - sum_v p_v * l_v, with l shifted by the global max; `logits` holds only real vocab
-    columns (possibly none on a rank that owns only padding)."""
+def _shifted_and_log_z(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(this rank's logits shifted by the global max over TP, log Z of the shifted logits over the whole
+    vocabulary [...]); `logits` holds only real vocab columns (possibly none on a rank that owns only
+    padding). Differentiable in `logits` (the max is a constant)."""
     group = parallel_state.get_tensor_model_parallel_group()
     if logits.shape[-1]:
         local_max = logits.detach().max(dim=-1).values
@@ -46,7 +47,13 @@ def _vocab_parallel_entropy(logits: torch.Tensor) -> torch.Tensor:
     dist.all_reduce(local_max, op=dist.ReduceOp.MAX, group=group)
     shifted = logits - local_max.unsqueeze(-1)
     # all-reduce SUM forward, identity backward: each rank's partial sums feed one replicated value.
-    log_z = reduce_from_tensor_model_parallel_region(shifted.exp().sum(dim=-1)).log()
+    return shifted, reduce_from_tensor_model_parallel_region(shifted.exp().sum(dim=-1)).log()
+
+
+def _vocab_parallel_entropy(logits: torch.Tensor) -> torch.Tensor:
+    """H = log Z - sum_v p_v * l_v, with l shifted by the global max; `logits` holds only real vocab
+    columns (possibly none on a rank that owns only padding)."""
+    shifted, log_z = _shifted_and_log_z(logits)
     probs = (shifted - log_z.unsqueeze(-1)).exp()
     return log_z - reduce_from_tensor_model_parallel_region((probs * shifted).sum(dim=-1))
 
@@ -56,18 +63,11 @@ def vocab_parallel_log_probs_at(logits: torch.Tensor, ids: torch.Tensor, vocab_s
     [..., V_padded / tp]: [..., K] float32, differentiable (on-policy distillation's top-k, --opd-estimator
     topk). Each id lives on one rank: its logit is picked there, 0 elsewhere, and summed over TP; the
     normaliser log Z is the all-reduced one of _vocab_parallel_entropy. Does not modify `logits`."""
-    group = parallel_state.get_tensor_model_parallel_group()
     tp_rank = parallel_state.get_tensor_model_parallel_rank()
     partition = logits.shape[-1]
     valid = max(0, min(partition, vocab_size - tp_rank * partition))
     real = logits.float()[..., :valid]
-    if valid:
-        local_max = real.detach().max(dim=-1).values
-    else:
-        local_max = torch.full(real.shape[:-1], float("-inf"), dtype=real.dtype, device=real.device)
-    dist.all_reduce(local_max, op=dist.ReduceOp.MAX, group=group)
-    shifted = real - local_max.unsqueeze(-1)
-    log_z = reduce_from_tensor_model_parallel_region(shifted.exp().sum(dim=-1)).log()
+    shifted, log_z = _shifted_and_log_z(real)
     local = ids.long() - tp_rank * partition
     here = (local >= 0) & (local < valid)
     if valid:
@@ -89,13 +89,8 @@ def vocab_parallel_top_k(logits: torch.Tensor, k: int, vocab_size: int) -> tuple
     if k > vocab_size:
         raise ValueError(f"--opd-top-k {k} is more than the vocabulary's {vocab_size} tokens")
     with torch.no_grad():
-        real = logits.float()[..., :valid]
-        local_max = real.max(dim=-1).values if valid else real.new_full(real.shape[:-1], float("-inf"))
-        dist.all_reduce(local_max, op=dist.ReduceOp.MAX, group=group)
-        shifted = real - local_max.unsqueeze(-1)
-        sum_exp = shifted.exp().sum(dim=-1)
-        dist.all_reduce(sum_exp, group=group)
-        log_z = sum_exp.log().unsqueeze(-1)
+        shifted, log_z = _shifted_and_log_z(logits.float()[..., :valid])
+        log_z = log_z.unsqueeze(-1)
         width = min(k, valid)
         values, ids = shifted.topk(width, dim=-1) if width else (shifted[..., :0], shifted[..., :0].long())
         pad = k - width  # a rank with fewer real columns than k: -inf entries that never win
