@@ -42,7 +42,7 @@ from lean_rl.run_config import RunConfig
 from lean_rl.slime_flags import slime_hint
 from lean_rl.utils.custom_config import ReadOnlyMapping, load_custom_config, load_yaml_mapping
 from lean_rl.utils.device import detect_device
-from lean_rl.weight_sync.config import WeightSyncConfig
+from lean_rl.weight_sync.config import WeightSyncConfig, resolve_lora_sync
 
 logger = logging.getLogger(__name__)
 
@@ -218,6 +218,11 @@ def parse_config(argv: list[str]) -> Config:
     distillation = distillation.with_teacher_engines(engines)  # the teacher's tokenizer must be the student's
     if megatron.use_rollout_routing_replay:  # the policy's engines only (not the teacher's, derived above)
         engines = rebuild(engines, return_routed_experts=True)
+    # the adapter is loaded by the first sync: a run without a trainer or engines has none to serve
+    syncs = not (run.debug_rollout_only or no_engines)
+    adapter = resolve_lora_sync(args.lora_sync, train.lora, megatron.arch.is_moe, run.async_mode) if syncs else None
+    if adapter is not None:  # the policy's engines only: a teacher serves its own weights
+        engines = rebuild(engines, adapter=adapter)
     ipc_unserved = None
     if run.colocate and not (run.debug_rollout_only or no_engines):
         engine_nodes = layout.colocated_engine_nodes(engines.num_engines, engines.gpus_per_engine)  # fails now if they do not fit
@@ -225,7 +230,7 @@ def parse_config(argv: list[str]) -> Config:
     batch_plan = BatchPlan(train.batch, layout.data_parallel_size,
                            samples_per_rollout=rollout.rollout_batch_size * rollout.n_samples_per_prompt)
     weight_sync = read_options(WeightSyncConfig, args, colocate=run.colocate, device=layout.device,
-                               on_cluster=layout.on_cluster, ipc_unserved=ipc_unserved)
+                               on_cluster=layout.on_cluster, ipc_unserved=ipc_unserved, adapter=adapter)
     if run.async_mode == "full" and rollout.rollout_function_path != DEFAULT_ROLLOUT:
         raise ConfigError("--async-mode full generates with the built-in continuous generator; "
                           "--rollout-function-path is not used there (use --custom-generate-function-path)")

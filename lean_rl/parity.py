@@ -120,7 +120,8 @@ def run(args: argparse.Namespace) -> dict:
         report["engine_start_s"] = engines.timings["total"]
         special = {config.get("bos_token_id"), config.get("eos_token_id"), config.get("pad_token_id")}
         prompts = random_prompts(args.num_prompts, config["vocab_size"], args.seed, special)
-        client = EngineClient(engines.router_url, timeout_s=300, api_key=engines.config.api_key)
+        client = EngineClient(engines.router_url, timeout_s=300, api_key=engines.config.api_key,
+                              adapter=engines.config.adapter_name)
         sequences = asyncio.run(sample_with_engine(client, prompts, args.max_new_tokens, args.seed))
     engine_lp = [torch.tensor(s.engine_log_probs) for s in sequences]
     hf_lp = transformers_log_probs(checkpoint, sequences)

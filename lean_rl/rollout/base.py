@@ -175,14 +175,20 @@ def stopping_event() -> asyncio.Event | None:
 
 
 @functools.lru_cache(maxsize=64)
-def engine_client(url: str, timeout_s: float, api_key: str | None) -> EngineClient:
+def engine_client(url: str, timeout_s: float, api_key: str | None, adapter: str | None = None) -> EngineClient:
     """One client (one connection pool) per server URL and process; `api_key`: the run's
-    (cfg.engines.api_key), which every server and the router require."""
-    return EngineClient(url, timeout_s=timeout_s, api_key=api_key)
+    (cfg.engines.api_key), which every server and the router require; `adapter`: the LoRA adapter
+    its requests name (cfg.engines.adapter_name: the policy is the engines' base plus it)."""
+    return EngineClient(url, timeout_s=timeout_s, api_key=api_key, adapter=adapter)
+
+
+def policy_client(cfg: Config, url: str) -> EngineClient:
+    """The client of one of the policy's servers (or its router): its requests are served by the policy."""
+    return engine_client(url, cfg.engines.request_timeout_s, cfg.engines.api_key, cfg.engines.adapter_name)
 
 
 def router_client(cfg: Config) -> EngineClient:
-    return engine_client(cfg.engines.router_url, cfg.engines.request_timeout_s, cfg.engines.api_key)
+    return policy_client(cfg, cfg.engines.router_url)
 
 
 _T = TypeVar("_T")
@@ -227,7 +233,7 @@ async def serving_engine_urls(cfg: Config) -> tuple[str, ...]:
 
 def engine_clients(cfg: Config) -> list[EngineClient]:
     """One client per engine (abort, pause / continue and weight updates are not routed)."""
-    return [engine_client(url, cfg.engines.request_timeout_s, cfg.engines.api_key) for url in cfg.engines.engine_urls]
+    return [policy_client(cfg, url) for url in cfg.engines.engine_urls]
 
 
 async def on_every_engine(cfg: Config, call: Callable[[EngineClient], Awaitable]) -> None:

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 from lean_rl.backends.sglang.client import EngineClient
 from lean_rl.buffer.prompt_source import load_tokenizer
-from lean_rl.rollout.base import (engine_client, parse_weight_version, retry_engine_call, router_client,
+from lean_rl.rollout.base import (parse_weight_version, policy_client, retry_engine_call, router_client,
                                   serving_engine_urls)
 from lean_rl.sample import Sample, Status
 
@@ -80,7 +80,7 @@ async def routes_engine(cfg: Config, key: str, attempt: int) -> EngineClient:
     if not workers:
         return router_client(cfg)
     url = workers[(zlib.crc32(key.encode()) + attempt) % len(workers)]
-    return engine_client(url, cfg.engines.request_timeout_s, cfg.engines.api_key)
+    return policy_client(cfg, url)
 
 
 def count_retry(sample: Sample, err: Exception) -> None:

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 
 from lean_rl.backends.sglang.client import EngineClient
 from lean_rl.buffer.prompt_source import load_tokenizer
-from lean_rl.rollout.base import engine_client, rollout_stopping, serving_engine_urls
+from lean_rl.rollout.base import policy_client, rollout_stopping, serving_engine_urls
 from lean_rl.rollout.blocking import run_blocking
 from lean_rl.rollout.generate import count_retry, generate_with_retries, token_versions
 from lean_rl.rollout.environment import ObservationRenderer, as_observation, as_step_result
@@ -187,7 +187,7 @@ async def session_engine(cfg: Config, group_index: int) -> EngineClient | None:
     workers = await serving_engine_urls(cfg)
     if not workers:
         return None
-    return engine_client(workers[group_index % len(workers)], cfg.engines.request_timeout_s, cfg.engines.api_key)
+    return policy_client(cfg, workers[group_index % len(workers)])
 
 
 @functools.lru_cache(maxsize=8)

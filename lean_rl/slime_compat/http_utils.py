@@ -40,15 +40,28 @@ def _origin(url: str) -> tuple[str | None, int | None]:
     return parts.hostname, parts.port
 
 
+def _ours(url: str) -> bool:
+    """`url` is on the run's router or one of its engines."""
+    cfg = bound_config()
+    return _origin(url) in {_origin(u) for u in (cfg.engines.router_url, *cfg.engines.engine_urls) if u}
+
+
 def _run_headers(url: str) -> dict[str, str]:
     """The run's key, for a URL on its router or one of its engines only."""
-    cfg = bound_config()
-    ours = {_origin(u) for u in (cfg.engines.router_url, *cfg.engines.engine_urls) if u}
-    return auth_headers(cfg.engines.api_key) if _origin(url) in ours else {}
+    return auth_headers(bound_config().engines.api_key) if _ours(url) else {}
 
 
 def _is_generate(url: str) -> bool:
     return urlsplit(url).path.rstrip("/").endswith("/generate")
+
+
+def _served_by_policy(url: str, payload: dict | None) -> dict | None:
+    """A /generate body for the run's own router or engines names the LoRA adapter the engines serve
+    the policy with (--lora-sync adapter), unless it names one itself: slime's rollouts know no adapter."""
+    adapter = bound_config().engines.adapter_name
+    if adapter is None or not _is_generate(url) or not _ours(url) or "lora_path" in (payload or {}):
+        return payload
+    return {**(payload or {}), "lora_path": adapter}
 
 
 async def post(url: str, payload: dict | None, max_retries: int = 60, headers: dict | None = None):
@@ -59,6 +72,7 @@ async def post(url: str, payload: dict | None, max_retries: int = 60, headers: d
         # the rollout has enough groups and aborted the engines: a new request would only be surplus
         raise RuntimeError("the rollout is stopping (its batch is full): no new /generate request")
     sent_headers = {**_run_headers(url), **(headers or {})}
+    payload = _served_by_policy(url, payload)
     for attempt in range(1, max_retries + 1):
         try:
             response = await _client().post(url, json=payload or {}, headers=sent_headers)

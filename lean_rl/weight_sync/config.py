@@ -16,13 +16,21 @@ every node shares.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from lean_rl.backends.sglang.lora import ServedAdapter
 from lean_rl.options import ConfigError, option
 
-TRANSPORTS = ("distributed", "tensor", "disk")
-TRANSPORT_CHOICES = ("auto", *TRANSPORTS)
+if TYPE_CHECKING:
+    from lean_rl.backends.megatron.train_config import LoraConfig
+
+TRANSPORTS = ("distributed", "tensor", "disk", "adapter")  # adapter: chosen by --lora-sync, not by the flag
+TRANSPORT_CHOICES = ("auto", "distributed", "tensor", "disk")
+LORA_SYNC_CHOICES = ("auto", "adapter", "merged")
+logger = logging.getLogger(__name__)
+
 DEFAULT_BUFFER_SIZE_BYTES = 512 * 1024**2  # slime's default --update-weight-buffer-size
 # The probe's default tolerance per dtype of a forward pass, on the statistic probe_statistic picks,
 # calibrated on this CPU with tools/probe_calibration.py (its docstring has the figures). Both sides
@@ -64,15 +72,24 @@ class WeightSyncConfig:
     # derived (the trainer's layout): its device and whether the run is on a Ray cluster
     device: str = "cpu"
     on_cluster: bool = False
+    lora_sync: str = option(
+        "auto", flag="--lora-sync", choices=LORA_SYNC_CHOICES,
+        help="with --lora-rank: adapter: the engines serve their base with the LoRA adapter loaded apart (SGLang's "
+             "LoRA support) and each sync sends only the adapters' A and B; merged: each sync sends every weight, "
+             "W + alpha/rank B A merged (as many bytes as full fine-tuning). auto: adapter, unless the run needs "
+             "merged (a MoE model; --async-mode full), which the log says at start-up")
     # derived (ipc_map.unserved_by_ipc, colocated on GPU): why CUDA IPC cannot serve every engine, or None
     ipc_unserved: str | None = None
+    # derived (config.parse_config, from --lora-sync): the adapter the engines serve; its transport is
+    # `adapter` whatever --weight-sync-transport says (that flag picks how full weights travel)
+    adapter: ServedAdapter | None = None
 
     @staticmethod
     def derive_fields(values: dict[str, Any]) -> dict[str, Any]:
         """--weight-sync-transport (auto included) resolved to the transport this run uses (options.build)."""
         v = dict(values)
-        v["transport"] = resolve_transport(v["transport"], v["colocate"], v["device"], v["ipc_unserved"],
-                                           v["on_cluster"], v["disk_dir"])
+        v["transport"] = "adapter" if v["adapter"] is not None else resolve_transport(
+            v["transport"], v["colocate"], v["device"], v["ipc_unserved"], v["on_cluster"], v["disk_dir"])
         return v
 
     def __post_init__(self) -> None:
@@ -126,3 +143,27 @@ def resolve_transport(requested: str, colocate: bool, device: str = "cpu", ipc_u
         raise ConfigError("--weight-sync-transport disk on a Ray cluster (--ray-address) needs "
                           "--weight-sync-disk-dir: a directory on a filesystem every node shares")
     return resolved
+
+
+def resolve_lora_sync(lora_sync: str, lora: LoraConfig, is_moe: bool, async_mode: str) -> ServedAdapter | None:
+    """--lora-sync resolved: the LoRA adapter the engines serve apart from their base, or None (they get
+    merged weights); one log line says which, and why when it is merged."""
+    if not lora.enabled:
+        if lora_sync == "adapter":
+            raise ConfigError("--lora-sync adapter needs --lora-rank > 0: there is no adapter to sync")
+        return None
+    why_merged = None
+    if is_moe:
+        why_merged = "a MoE model (SGLang's LoRA beside MoE layers is not checked here)"
+    elif async_mode == "full":
+        why_merged = ("--async-mode full (requests held in the engines across a sync's pause keep the adapter in "
+                      "use, and SGLang unloads an adapter only once no request holds it)")
+    if lora_sync == "adapter" and why_merged:
+        raise ConfigError(f"--lora-sync adapter cannot serve {why_merged}; use --lora-sync merged")
+    if lora_sync == "merged" or why_merged:
+        logger.info("LoRA sync: merged weights, every weight each sync: %s", why_merged or "--lora-sync merged")
+        return None
+    adapter = ServedAdapter(lora.lora_rank, lora.alpha, lora.hf_modules)
+    logger.info("LoRA sync: the adapters only (rank %d, %s); the engines serve their base with it as %r",
+                adapter.rank, " ".join(adapter.target_modules), adapter.name)
+    return adapter

@@ -3,7 +3,7 @@
 half of each transport) calls its methods by reference (MegatronGroup.call_all(RankWeightSync.send_stage, ...))
 on every rank in lockstep, one pipeline stage at a time. What differs between transports is their
 rank half (transports/*.py), which RankSync hands each call to; it reads the weights through the
-rank's public accessors (named_hf_tensors, weight_dtypes).
+rank's public accessors (named_hf_tensors, named_hf_adapter_tensors, weight_dtypes).
 
 Who sends: each pipeline stage sends its own tensors, from its lead rank (TP rank 0, DP rank 0);
 the other ranks of the stage only take part in the TP/EP all-gathers of
@@ -62,6 +62,9 @@ class StageSent:
     # An engine call or broadcast failed (an engine died or restarted): the lead went on exporting
     # without sending, so that its TP/EP peers' all-gathers complete and the trainer group lives on.
     error: str | None = None
+    # adapter transport: the stage's LoRA tensors (PEFT name -> CPU tensor), which the driver loads on
+    # the engines in one call (SGLang loads an adapter whole, so stages cannot send their parts)
+    adapter: dict[str, torch.Tensor] | None = None
 
 
 class TimedExport:
@@ -155,7 +158,10 @@ class RankSync:
         return layout.pipeline_rank == stage and (layout.data_rank == 0 or parallel.expert_model_parallel_size > 1)
 
     def _stage_tensors(self):
-        tensors = self.worker.named_hf_tensors(self.plan.family)
+        if self.plan.transport.sends_adapter:  # the LoRA adapters only (transports/adapter.py)
+            tensors = self.worker.named_hf_adapter_tensors(self.plan.family)
+        else:
+            tensors = self.worker.named_hf_tensors(self.plan.family)
         if self.plan.dtype is None:
             return tensors
         dtype = getattr(torch, self.plan.dtype)

@@ -7,7 +7,8 @@
 One interface, one class per transport (transports/: base.py says what a transport is; config.py
 how `auto` chooses one): distributed.py (a process group per pipeline stage with the engines),
 tensor.py (/update_weights_from_tensor: CUDA IPC on GPU, an inline payload on CPU), disk.py
-(safetensors + /update_weights_from_disk). WeightSync does what every transport needs (engine facts,
+(safetensors + /update_weights_from_disk), adapter.py (--lora-sync adapter: only the LoRA
+adapters). WeightSync does what every transport needs (engine facts,
 the ranks' setup, the engines' memory, the probe) and hands the rest to its transport's driver half:
 check, connect, deliver, close. After a delivery the probe (probe.py) checks every engine; a failure
 raises. Generation is not paused here: callers pause the engines (or sync between rollouts).
@@ -109,7 +110,9 @@ class WeightSync:
             raise WeightSyncError("weight sync needs the trainer's HF family: load an HF checkpoint into the "
                                   "actor group first (MegatronGroup.from_hf_checkpoint / load_hf_checkpoint)")
         timeout = self.cfg.timeout_s
-        self.clients = [client_factory(url, timeout_s=timeout, api_key=self.api_key) for url in self.engine_urls]
+        # the probe's requests name the adapter when the engines serve the policy as base + adapter
+        named = {"adapter": self.cfg.adapter.name} if self.cfg.adapter is not None else {}
+        self.clients = [client_factory(url, timeout_s=timeout, api_key=self.api_key, **named) for url in self.engine_urls]
         servers = call_all(self.clients, timeout, EngineClient.server_info)
         models = call_all(self.clients, timeout, EngineClient.model_info)
         self.engines = tuple(self._engine_info(*info) for info in zip(self.engine_urls, servers, models))
@@ -199,7 +202,8 @@ class WeightSync:
     def _probe(self, version: int | str, trainer_log_probs) -> ProbeResult:
         result = run_probe(trainer_log_probs, self.clients, self._probe_ids, str(version), self.tolerance,
                            self.cfg.timeout_s, probe_statistic(self.trainer_dtype, self.engine_dtype))
-        raise_on_failure(result, self.clients, self.plan.engine_tp_sizes, self._trainer_checksums, self.cfg.timeout_s,
+        checksums = None if self.transport.sends_adapter else self._trainer_checksums
+        raise_on_failure(result, self.clients, self.plan.engine_tp_sizes, checksums, self.cfg.timeout_s,
                          dtypes=(self.trainer_dtype, self.engine_dtype))
         return result
 

@@ -150,3 +150,38 @@ def test_moe_layers_adapt_their_attention_only(ray_cluster, tiny_model_factory):
         with pytest.raises(MegatronGroupError, match="--lora-target-modules linear_fc1: no such layer"):
             initialize_for_training(group, replace(_train(moe), lora=build(LoraConfig,
                 lora_rank=RANK, lora_target_modules=("linear_qkv", "linear_fc1"))), fixed_old_policy())
+
+
+# slow (suite time): LoRA under TP (see test_a_lora_checkpoint_needs_lora_to_load)
+@pytest.mark.slow
+def test_lora_at_tp2_trains_as_at_tp1_and_its_checkpoint_loads_at_tp1(ray_cluster, tiny_qwen2, tmp_path):
+    """The adapters split as their layers (column-parallel: B's rows; row-parallel: A's columns): the
+    same steps give the same losses, gradient norms (the shards counted once, the whole ones once),
+    merged weights and logits as at TP = 1, and a TP = 2 checkpoint loads at TP = 1."""
+    groups = make_groups(seed=5)
+    probe = [s.tokens for g in groups for s in g][:3]
+    runs = {}
+    for tp in (1, 2):
+        with MegatronGroup.from_hf_checkpoint(tiny_qwen2, ParallelConfig(tensor_model_parallel_size=tp),
+                                              world_size=tp) as group:
+            initialize_for_training(group, _train(tiny_qwen2, distributed_optimizer=False), fixed_old_policy())
+            set_rollout_log_probs(group, groups)
+            metrics = [train_on_rollout(group, groups, policy_version=0) for _ in range(3)]
+            runs[tp] = (metrics, group.gather_hf_state_dict(), group.compute_logits(probe))
+            if tp == 2:
+                group.save_checkpoint(tmp_path / "ckpt", 3)
+    (metrics1, hf1, logits1), (metrics2, hf2, logits2) = runs[1], runs[2]
+    for one, two in zip(metrics1, metrics2):
+        for name in ("train/loss", "train/pg_loss", "train/grad_norm"):
+            assert two[name] == pytest.approx(one[name], rel=1e-4, abs=1e-6), name
+    assert metrics1[-1]["train/pg_loss"] < metrics1[0]["train/pg_loss"]
+    assert hf1.keys() == hf2.keys()
+    for name in hf1:
+        torch.testing.assert_close(hf2[name], hf1[name], rtol=1e-4, atol=1e-5)
+    for ours, theirs in zip(logits2, logits1):
+        torch.testing.assert_close(ours, theirs, rtol=1e-4, atol=1e-4)
+    with MegatronGroup.from_hf_checkpoint(tiny_qwen2, ParallelConfig(), world_size=1) as group:
+        assert initialize_for_training(group, _train(tiny_qwen2, distributed_optimizer=False,
+                                                     load=tmp_path / "ckpt"), fixed_old_policy())[0] == 3
+        for ours, theirs in zip(group.compute_logits(probe), logits2):
+            torch.testing.assert_close(ours, theirs, rtol=1e-4, atol=1e-4)

@@ -36,8 +36,10 @@ def test_flags():
     (lambda: build(LoraConfig, lora_rank=8, lora_dropout=1.0), "--lora-dropout"),
     (lambda: build(LoraConfig, lora_alpha=16.0), "--lora-alpha has no effect without --lora-rank"),
     (lambda: build(LoraConfig, lora_target_modules=("linear_qkv",)), "--lora-target-modules has no effect"),
-    (lambda: build(LoraConfig, lora_rank=8).check_parallel(ParallelConfig(tensor_model_parallel_size=2)),
-     "--lora-rank needs --tensor-model-parallel-size 1"),
+    (lambda: build(LoraConfig, lora_rank=8).check_parallel(
+        ParallelConfig(tensor_model_parallel_size=2, sequence_parallel=True)), "cannot take --sequence-parallel"),
+    (lambda: build(LoraConfig, lora_rank=8, lora_dropout=0.1).check_parallel(
+        ParallelConfig(tensor_model_parallel_size=2)), "--lora-dropout > 0 with --tensor-model-parallel-size > 1"),
 ])
 def test_errors_name_the_flag(build, flag):
     with pytest.raises(ConfigError, match=flag):

@@ -5,6 +5,7 @@ import pytest
 from lean_rl.backends.sglang.responses import (
     WeightVersionSpan,
     build_generate_payload,
+    build_score_payload,
     check_success,
     error_message,
     parse_generate_response,
@@ -77,6 +78,10 @@ def test_generate_payload():
     assert payload == {"input_ids": [3, 4], "sampling_params": {"temperature": 0}, "return_logprob": True, "rid": "r"}
     assert type(payload["input_ids"][0]) is int  # JSON-serializable
     assert build_generate_payload([1]) == {"input_ids": [1], "sampling_params": {}}
+    # --lora-sync adapter: the engines serve the policy as base + this adapter, which each request names
+    assert build_generate_payload([1], adapter="policy")["lora_path"] == "policy"
+    assert build_score_payload([1, 2], 3, "policy")["lora_path"] == "policy"
+    assert "lora_path" not in build_score_payload([1, 2])
 
 
 @pytest.mark.parametrize("input_ids", [[], "hello", [[1, 2], [3]], [1.5], None])

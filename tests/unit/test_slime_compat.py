@@ -44,6 +44,22 @@ def make_cfg(tiny_qwen2, tmp_path):
     return make
 
 
+def test_a_slime_generate_body_for_the_run_names_the_adapter_the_engines_serve(make_cfg):
+    from lean_rl.slime_compat.http_utils import _served_by_policy
+
+    cfg = make_cfg("--lora-rank", "4")
+    assert cfg.engines.adapter_name == "policy" and cfg.weight_sync.transport == "adapter"
+    body = {"input_ids": [1, 2], "sampling_params": {}}
+    assert _served_by_policy("http://127.0.0.1:31000/generate", body) == {**body, "lora_path": "policy"}
+    assert _served_by_policy("http://127.0.0.1:31001/generate", body)["lora_path"] == "policy"  # an engine of ours
+    assert _served_by_policy("http://127.0.0.1:9/generate", body) is body  # not ours: a user's own server
+    assert _served_by_policy("http://127.0.0.1:31000/health_generate", body) is body
+    own = {**body, "lora_path": "other"}
+    assert _served_by_policy("http://127.0.0.1:31000/generate", own) is own  # a body that names one keeps it
+    make_cfg()  # without LoRA nothing is added
+    assert _served_by_policy("http://127.0.0.1:31000/generate", body) is body
+
+
 def prompt_sample(cfg, prompt_ids=(5, 6, 7)):
     return Sample(index=3, group_index=1, prompt=[{"role": "user", "content": "2+2?"}], tokens=list(prompt_ids),
                   label="4", metadata={"row": 9})
@@ -294,3 +310,18 @@ def test_rollout_sample_hooks_run_in_order_after_any_generate(make_cfg, monkeypa
     out = asyncio.run(extensions.generate_call(cfg, prompt_sample(cfg), {}, True))
     assert out.label == "relabelled" and out.metadata["hooked"] is True
     assert out.metadata["slime_attributes"] == {"note": "seen"} and out.weight_versions == [7, 7]
+
+
+def test_lora_runs_start_the_engines_with_the_adapter_and_teachers_without(make_cfg, tiny_qwen2):
+    """--lora-rank: the policy's servers get SGLang's LoRA flags (the torch_native backend on CPU); a
+    --lora-sync merged run and the distillation teacher's servers serve plain weights."""
+    flags = make_cfg("--lora-rank", "4", "--lora-target-modules", "linear_qkv", "--use-opd", "--opd-type", "sglang",
+                     "--opd-teacher-hf-checkpoint", str(tiny_qwen2)).engines.server_flags(0, 30000)
+    start = flags.index("--lora-target-modules")
+    assert flags[start + 1:start + 4] == ["q_proj", "k_proj", "v_proj"]
+    assert {"--enable-lora", "--max-lora-rank", "--lora-backend", "torch_native"} <= set(flags)
+    cfg = make_cfg("--lora-rank", "4", "--use-opd", "--opd-type", "sglang", "--opd-teacher-hf-checkpoint", str(tiny_qwen2))
+    assert "--enable-lora" not in cfg.distillation.teacher_engines.server_flags(0, 30000)
+    merged = make_cfg("--lora-rank", "4", "--lora-sync", "merged")
+    assert merged.engines.adapter is None and merged.weight_sync.transport != "adapter"
+    assert "--enable-lora" not in merged.engines.server_flags(0, 30000)

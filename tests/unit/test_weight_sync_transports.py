@@ -6,24 +6,30 @@ checker of test_import_graph.py), so that a new transport is one new class in on
 from __future__ import annotations
 
 import ast
+import logging
 import pickle
 from pathlib import Path
 
 import pytest
 
 import lean_rl
+from lean_rl.backends.megatron.hf_weights.families import LAYER_RULES
+from lean_rl.backends.megatron.train_config import LORA_HF_MODULES, LoraConfig
+from lean_rl.backends.sglang.lora import ServedAdapter
 from lean_rl.options import ConfigError, build
-from lean_rl.weight_sync.config import TRANSPORTS, WeightSyncConfig, resolve_transport
+from lean_rl.weight_sync.config import TRANSPORTS, WeightSyncConfig, resolve_lora_sync, resolve_transport
 from lean_rl.weight_sync.errors import WeightSyncError
 from lean_rl.weight_sync.rank import RankSyncPlan
 from lean_rl.weight_sync.transports import TRANSPORT_CLASSES, transport_for
+from lean_rl.weight_sync.transports.adapter import AdapterTransport
 from lean_rl.weight_sync.transports.disk import DiskTransport
 from lean_rl.weight_sync.transports.distributed import DistributedTransport
 from lean_rl.weight_sync.transports.tensor import TensorTransport
 
 ROOT = Path(lean_rl.__file__).resolve().parent
 # where a transport name may be compared: the resolver, (file relative to lean_rl's parent, function)
-RESOLVER = (("lean_rl/weight_sync/config.py", "resolve_transport"),)
+RESOLVER = (("lean_rl/weight_sync/config.py", "resolve_transport"),
+            ("lean_rl/weight_sync/config.py", "resolve_lora_sync"))
 
 
 # ---------------------------------------------------------------- no transport name compared elsewhere
@@ -85,7 +91,8 @@ def test_the_comparison_checker_finds_each_form(tmp_path):
 # ---------------------------------------------------------------- the resolver: flag value -> class
 def test_every_flag_choice_has_one_class_in_a_file_of_its_own():
     assert tuple(TRANSPORT_CLASSES) == TRANSPORTS  # config.py declares the choices; the registry holds the classes
-    assert TRANSPORT_CLASSES == {"distributed": DistributedTransport, "tensor": TensorTransport, "disk": DiskTransport}
+    assert TRANSPORT_CLASSES == {"distributed": DistributedTransport, "tensor": TensorTransport, "disk": DiskTransport,
+                                 "adapter": AdapterTransport}
     for name, cls in TRANSPORT_CLASSES.items():
         assert cls.name == name and cls.__module__ == f"lean_rl.weight_sync.transports.{name}"
 
@@ -108,8 +115,55 @@ def test_the_flag_resolves_to_a_class(flags, expected):
 def test_an_unresolved_or_unknown_name_is_refused():
     with pytest.raises(WeightSyncError, match="--weight-sync-transport: no transport 'auto'"):
         transport_for("auto")
-    with pytest.raises(WeightSyncError, match="no transport 'carrier-pigeon' .known: distributed, tensor, disk"):
+    with pytest.raises(WeightSyncError, match="no transport 'carrier-pigeon' .known: distributed, tensor, disk, adapter"):
         transport_for("carrier-pigeon")
+
+
+def test_an_adapter_to_serve_makes_the_transport_the_adapter_one_whatever_the_flag_says():
+    adapter = ServedAdapter(rank=8, alpha=16.0, target_modules=("q_proj", "o_proj"))
+    for flags in ({}, {"colocate": True}, {"transport": "disk"}):
+        assert build(WeightSyncConfig, adapter=adapter, **flags).transport == "adapter"
+    assert AdapterTransport.sends_adapter and not DistributedTransport.sends_adapter
+    with pytest.raises(ConfigError, match="expected one of auto, distributed, tensor, disk, got 'adapter'"):  # --lora-sync picks it
+        build(WeightSyncConfig, transport="adapter")
+
+
+def _lora(rank: int = 8, **kw) -> LoraConfig:
+    return build(LoraConfig, lora_rank=rank, **kw)
+
+
+def test_lora_sync_auto_serves_the_adapter_unless_the_run_needs_merged_weights(caplog):
+    with caplog.at_level(logging.INFO, logger="lean_rl.weight_sync.config"):
+        adapter = resolve_lora_sync("auto", _lora(8, lora_target_modules=("linear_qkv", "linear_fc2")), False, "off")
+    assert adapter == ServedAdapter(8, 16.0, ("q_proj", "k_proj", "v_proj", "down_proj"))
+    assert "the adapters only (rank 8" in caplog.text
+    assert resolve_lora_sync("auto", _lora(4, lora_alpha=4.0), False, "one-step").alpha == 4.0
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="lean_rl.weight_sync.config"):
+        assert resolve_lora_sync("auto", _lora(), True, "off") is None
+        assert resolve_lora_sync("auto", _lora(), False, "full") is None
+        assert resolve_lora_sync("merged", _lora(), False, "off") is None
+    assert [r.getMessage().split(": ", 2)[1][:30] for r in caplog.records] == [
+        "merged weights, every weight e"] * 3
+    assert "a MoE model" in caplog.records[0].getMessage() and "--async-mode full" in caplog.records[1].getMessage()
+    assert resolve_lora_sync("auto", _lora(0), False, "off") is None  # no LoRA: nothing to say
+
+
+def test_lora_sync_adapter_is_refused_where_it_cannot_serve():
+    with pytest.raises(ConfigError, match="--lora-sync adapter needs --lora-rank > 0"):
+        resolve_lora_sync("adapter", _lora(0), False, "off")
+    with pytest.raises(ConfigError, match="--lora-sync adapter cannot serve a MoE model"):
+        resolve_lora_sync("adapter", _lora(), True, "off")
+    with pytest.raises(ConfigError, match="--lora-sync adapter cannot serve --async-mode full"):
+        resolve_lora_sync("adapter", _lora(), False, "full")
+
+
+def test_the_hf_modules_of_each_lora_target_are_those_of_every_family_table():
+    for family, rules in LAYER_RULES.items():
+        for target, modules in LORA_HF_MODULES.items():
+            dense = [r for r in rules if r.megatron.endswith(f".{target}.weight") and not r.per_expert]
+            if dense:  # a MoE family's MLP targets are experts (merged sync)
+                assert tuple(hf.split(".")[-2] for hf in dense[0].hf) == modules, (family, target)
 
 
 def test_the_resolver_refuses_disk_on_a_cluster_without_a_shared_directory():

@@ -158,6 +158,12 @@ class MegatronRank:
 
         return iter_stage_hf_tensors(self._require_model(), self.config, family)
 
+    def named_hf_adapter_tensors(self, family: str) -> Iterator[tuple[str, torch.Tensor]]:
+        """(PEFT name, tensor) of the LoRA adapters of this rank's pipeline stage (--lora-sync adapter)."""
+        from lean_rl.backends.megatron.hf_weights.export import iter_stage_hf_adapter_tensors
+
+        return iter_stage_hf_adapter_tensors(self._require_model(), self.config, family)
+
     def weight_dtypes(self) -> list[str]:
         """The dtypes of this rank's parameters ("float32", "bfloat16", ...)."""
         return sorted({str(p.dtype).removeprefix("torch.") for p in self._require_model().parameters()})

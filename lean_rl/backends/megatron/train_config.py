@@ -265,15 +265,21 @@ class TrainerLayout:
 
 # Megatron's names of the linear layers of a transformer layer (those Megatron-Bridge / NeMo adapt).
 LORA_TARGETS = ("linear_qkv", "linear_proj", "linear_fc1", "linear_fc2")
+# The HF modules whose weights each target makes up, the same in every supported family (a unit test
+# holds this in step with hf_weights/families.py): what engines serving the adapter apart adapt.
+LORA_HF_MODULES = {"linear_qkv": ("q_proj", "k_proj", "v_proj"), "linear_proj": ("o_proj",),
+                   "linear_fc1": ("gate_proj", "up_proj"), "linear_fc2": ("down_proj",)}
 
 
 @dataclass(frozen=True)
 class LoraConfig:
     """LoRA on the actor (backends/megatron/lora.py): the base weights are frozen and each targeted
-    linear layer learns W + alpha / rank * B A; the engines are sent that merged weight."""
+    linear layer learns W + alpha / rank * B A; the engines get the adapters (or that merged weight:
+    --lora-sync, weight_sync/config.py)."""
 
     lora_rank: int = option(0, help="train LoRA adapters of this rank on the actor's linear layers instead of all "
-                                    "weights (the engines get the merged W + alpha/rank B A); 0: full fine-tuning")
+                                    "weights (the engines get the adapters, or W + alpha/rank B A: --lora-sync); "
+                                    "0: full fine-tuning")
     lora_alpha: float | None = option(None, help="the adapters' update is alpha / rank * B A; default 2 x --lora-rank")
     lora_dropout: float = option(0.0, help="dropout on the adapters' input while training")
     lora_target_modules: tuple[str, ...] = option(
@@ -305,15 +311,29 @@ class LoraConfig:
         return self.lora_rank > 0
 
     @property
+    def alpha(self) -> float:
+        return self.lora_alpha if self.lora_alpha is not None else 2.0 * self.lora_rank
+
+    @property
     def scaling(self) -> float:
-        alpha = self.lora_alpha if self.lora_alpha is not None else 2.0 * self.lora_rank
-        return alpha / self.lora_rank
+        return self.alpha / self.lora_rank
+
+    @property
+    def hf_modules(self) -> tuple[str, ...]:
+        """The HF modules the adapters of a dense model cover."""
+        return tuple(module for target in self.lora_target_modules or LORA_TARGETS for module in LORA_HF_MODULES[target])
 
     def check_parallel(self, parallel: ParallelConfig) -> None:
-        """The adapters are not tensor-parallel: A and B live whole on each rank (PP and DP are fine)."""
-        _require(not self.enabled or parallel.tensor_model_parallel_size == 1,
-                 f"--lora-rank needs --tensor-model-parallel-size 1, got {parallel.tensor_model_parallel_size} "
-                 "(the LoRA adapters are not tensor-parallel; use pipeline / data parallelism)")
+        """Under TP the adapters split as their layers do (lora.LoraAdapter); their input must be whole
+        on every TP rank of a column-parallel layer, and dropped out alike there."""
+        if not self.enabled or parallel.tensor_model_parallel_size == 1:
+            return
+        _require(not parallel.sequence_parallel,
+                 "--lora-rank with --tensor-model-parallel-size > 1 cannot take --sequence-parallel (the adapters "
+                 "read the layer's input before Megatron gathers its sequence shards)")
+        _require(self.lora_dropout == 0,
+                 "--lora-dropout > 0 with --tensor-model-parallel-size > 1: each TP rank would drop different "
+                 "inputs of the adapter A they share; use --lora-dropout 0 or TP 1")
 
     def check_layer_spec(self, transformer_impl: str, device: str) -> None:
         """The adapters sit on Megatron's local linear layers: on a GPU with TransformerEngine installed

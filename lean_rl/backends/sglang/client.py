@@ -109,6 +109,9 @@ class EngineClient:
     retry: RetryPolicy = field(default_factory=RetryPolicy)
     max_connections: int = 4096  # the rollout keeps this many requests in flight at most
     api_key: str | None = field(default=None, repr=False)  # the run's key (EngineConfig.api_key); None/"": none
+    # the LoRA adapter every /generate names (EngineConfig.adapter_name, --lora-sync adapter): the
+    # engines serve the policy as their base plus this adapter; None: their weights as they are
+    adapter: str | None = None
     # httpx's async connection pool belongs to the event loop that first used it: when the running
     # loop changes (e.g. a second asyncio.run()), start a new pool instead of failing on the old one.
     _http: httpx.AsyncClient | None = field(default=None, init=False, repr=False)
@@ -192,7 +195,7 @@ class EngineClient:
         `return_routed_experts` (a server started with --enable-return-routed-experts): the result
         carries the experts every token of input + output but the last went through."""
         payload = build_generate_payload(input_ids, sampling_params, return_logprob=return_logprob, rid=rid,
-                                         return_routed_experts=return_routed_experts)
+                                         return_routed_experts=return_routed_experts, adapter=self.adapter)
         headers = {ROUTING_KEY_HEADER: routing_key} if routing_key else None
         response = await self.request("POST", "/generate", payload, timeout_s=timeout_s, headers=headers)
         try:
@@ -205,7 +208,7 @@ class EngineClient:
         """log p(input_ids[j] | input_ids[:j]) for j >= 1 under the engine's current weights (one
         forward pass; the weight-sync probe compares these with the trainer's), and with top_k > 0
         the top_k likeliest tokens of each of those distributions (on-policy distillation's teacher)."""
-        payload = build_score_payload(input_ids, top_k)
+        payload = build_score_payload(input_ids, top_k, self.adapter)
         response = await self.request("POST", "/generate", payload, timeout_s=timeout_s)
         try:
             return parse_score_response(_json_body(response), payload["input_ids"], top_k)
@@ -271,6 +274,25 @@ class EngineClient:
         body = {"serialized_named_tensors": serialized_named_tensors, "flush_cache": flush_cache,
                 "weight_version": None if weight_version is None else str(weight_version), "load_format": load_format}
         return await self._in_weight_update_session("/update_weights_from_tensor", body, timeout_s, in_open_session)
+
+    async def replace_lora_adapter(self, name: str, peft_config: dict, serialized_tensors: list[str], *,
+                                   weight_version: str, timeout_s: float | None = None) -> dict:
+        """Serve the adapter `name` with these tensors from now on, as `weight_version`: unload the one
+        loaded under that name (none on a fresh or restarted server), load the new one
+        (`serialized_tensors`: one inline payload per TP rank, as update_weights_from_tensor's; SGLang
+        slices it per rank itself), set the version. The radix cache needs no flush: SGLang keys its
+        entries by the adapter's load id, which is new on every load (sglang/srt/mem_cache/events.py:42)."""
+        try:
+            await self._post_json("/unload_lora_adapter", {"lora_name": name}, timeout_s=timeout_s)
+        except EngineHTTPError as exc:  # HTTP 400 "LoRA with name ... does not exist": nothing to unload
+            if "does not exist" not in exc.server_message:
+                raise
+        loaded = await self._post_json("/load_lora_adapter_from_tensors", {
+            "lora_name": name, "config_dict": peft_config, "serialized_named_tensors": serialized_tensors},
+            timeout_s=timeout_s)
+        await self._post_json("/update_weight_version", {"new_version": str(weight_version),
+                                                         "abort_all_requests": False}, timeout_s=timeout_s)
+        return loaded
 
     async def update_weights_from_distributed(
         self, names: list[str], dtypes: list[str], shapes: list[list[int]], *, group_name: str = "weight_update_group",
@@ -399,7 +421,7 @@ def _blocking(name: str):
 for _name in (
     "generate", "score", "abort_request", "pause_generation", "continue_generation", "flush_cache",
     "update_weights_from_disk", "begin_weight_update", "end_weight_update", "update_weights_from_tensor",
-    "update_weights_from_distributed", "init_weights_update_group", "destroy_weights_update_group",
+    "update_weights_from_distributed", "replace_lora_adapter", "init_weights_update_group", "destroy_weights_update_group",
     "health", "is_healthy", "model_info", "server_info", "weight_version", "loads",
     "weight_checksums", "release_memory_occupation", "resume_memory_occupation",
 ):

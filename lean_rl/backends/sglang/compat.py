@@ -129,6 +129,34 @@ def allocate_host_buffers_unpinned() -> None:
     common.ALLOC_MEMORY_FUNCS["cpu"] = allocate_unpinned
 
 
+def serve_lora_without_pinned_memory() -> None:
+    # --enable-lora (LoRA adapters synced on their own, weight_sync/transports/adapter.py): SGLang's LoRA
+    # layers and its torch_native backend build small host index tensors with pin_memory=True
+    # (sglang/srt/lora/layers.py:145, 324, 479, 723, 814; lora/backend/torch_backend.py:237, 241, 244),
+    # which a CPU-only torch refuses ("pin_memory=True requires a CUDA or other accelerator backend"):
+    # the server dies while wrapping its first linear layer; so does Tensor.pin_memory() (layers.py:594,
+    # torch_backend.py:225-234, mem_pool.py:765) with "Cannot access accelerator device". Pinning only
+    # speeds copies to a GPU: in those two modules `torch` is torch with the pin_memory argument
+    # dropped, and in this process (a CPU server, which has no accelerator) pin_memory() is the tensor.
+    import types
+
+    import torch
+    from sglang.srt.lora import layers
+    from sglang.srt.lora.backend import torch_backend
+
+    def unpinned(factory):
+        def make(*args, pin_memory=False, **kwargs):
+            return factory(*args, **kwargs)
+        return make
+
+    torch_unpinned = types.ModuleType("torch")
+    torch_unpinned.__dict__.update(torch.__dict__)
+    for name in ("tensor", "empty", "zeros", "ones", "arange", "full"):
+        setattr(torch_unpinned, name, unpinned(getattr(torch, name)))
+    layers.torch = torch_backend.torch = torch_unpinned
+    setattr(torch.Tensor, "pin_memory", lambda self, *args, **kwargs: self)  # noqa: B010 (a method, replaced)
+
+
 def start_children_by_fork() -> None:
     # sglang/srt/entrypoints/engine.py:1995 `mp.set_start_method("spawn", force=True)`: SGLang starts its
     # scheduler and detokenizer by spawn, which is what CUDA needs (a forked CUDA context is unusable).
@@ -156,6 +184,7 @@ def apply_cpu_patches() -> None:
     load_torchvision_fix()
     keep_single_process_store_local()
     allocate_host_buffers_unpinned()
+    serve_lora_without_pinned_memory()
     start_children_by_fork()
 
 

@@ -32,6 +32,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any
 
+from lean_rl.backends.sglang.lora import ServedAdapter
 from lean_rl.options import ConfigError, option, rebuild
 from lean_rl.utils.net import find_free_port
 
@@ -244,6 +245,9 @@ class EngineConfig:
     # --use-rollout-routing-replay (config.parse_config): the servers record every token's experts
     # (--enable-return-routed-experts) and every /generate asks for them (rollout/default.py)
     return_routed_experts: bool = field(default=False, kw_only=True)
+    # --lora-sync adapter (config.parse_config): the servers serve the base with this LoRA adapter
+    # (lora.py), which every request names; syncs load only its tensors
+    adapter: ServedAdapter | None = field(default=None, kw_only=True)
     # Multi-node (--ray-address): every engine is a Ray actor (engine_actor.py) that binds its node's
     # Ray address on a port free there, and the router binds the driver's; the ports above are then
     # not used. engine_nodes pins engine i to the Ray node at that IP (tests) instead of a SPREAD
@@ -267,6 +271,11 @@ class EngineConfig:
 
     def __post_init__(self):
         validate_engine_config(self)
+
+    @property
+    def adapter_name(self) -> str | None:
+        """What every request names as its lora_path (None: the engines serve plain weights)."""
+        return self.adapter.name if self.adapter is not None else None
 
     @property
     def ports_resolved(self) -> bool:
@@ -356,6 +365,8 @@ class EngineConfig:
             flags["--mem-fraction-static"] = [str(self.mem_fraction_static)]
         if self.return_routed_experts:
             flags["--enable-return-routed-experts"] = []
+        if self.adapter is not None:
+            flags.update(self.adapter.server_flags(self.device))
         return _merge_flags(flags, flags_to_dict(self.server_passthrough))
 
     def router_flags(self, port: int, prometheus_port: int) -> list[str]:

@@ -90,12 +90,13 @@ class EngineGroup:
 
     def router_client(self) -> EngineClient:
         """Async client for generation through the router, with --engine-request-timeout."""
-        return EngineClient(self.router_url, timeout_s=self.config.request_timeout_s, api_key=self.config.api_key)
+        return EngineClient(self.router_url, timeout_s=self.config.request_timeout_s, api_key=self.config.api_key,
+                            adapter=self.config.adapter_name)
 
     def engine_clients(self) -> list[EngineClient]:
         """One async client per server: weight updates, abort, pause/continue go to each of them."""
-        return [EngineClient(url, timeout_s=self.config.request_timeout_s, api_key=self.config.api_key)
-                for url in self.engine_urls]
+        return [EngineClient(url, timeout_s=self.config.request_timeout_s, api_key=self.config.api_key,
+                             adapter=self.config.adapter_name) for url in self.engine_urls]
 
     def pids(self) -> dict[str, list[int]]:
         """Live pids of every process tree this group started, by name (engine-<i>, router)."""

@@ -47,8 +47,9 @@ class GenerateResult:
 
 def build_generate_payload(
     input_ids: list[int], sampling_params: dict | None = None, *, return_logprob: bool = False, rid: str | None = None,
-    return_routed_experts: bool = False,
+    return_routed_experts: bool = False, adapter: str | None = None,
 ) -> dict:
+    """`adapter`: the LoRA adapter the request is served with (SGLang's lora_path; None: the plain weights)."""
     if isinstance(input_ids, (str, bytes)) or not hasattr(input_ids, "__len__") or len(input_ids) == 0:
         raise ValueError("generate: input_ids must be a non-empty list of token ids")
     try:
@@ -64,6 +65,8 @@ def build_generate_payload(
         payload["return_routed_experts"] = True
     if rid is not None:
         payload["rid"] = rid
+    if adapter is not None:
+        payload["lora_path"] = adapter
     return payload
 
 
@@ -161,11 +164,11 @@ class ScoreResult:
     top_log_probs: list[list[float]] = field(default_factory=list)
 
 
-def build_score_payload(input_ids: list[int], top_k: int = 0) -> dict:
+def build_score_payload(input_ids: list[int], top_k: int = 0, adapter: str | None = None) -> dict:
     """One forward pass that returns the log-prob of every input token after the first
     (logprob_start_len 0), and with top_k > 0 the k likeliest tokens at each position
     (top_logprobs_num); one greedy output token is the least /generate will do."""
-    payload = build_generate_payload(input_ids, {"max_new_tokens": 1, "temperature": 0.0})
+    payload = build_generate_payload(input_ids, {"max_new_tokens": 1, "temperature": 0.0}, adapter=adapter)
     if len(payload["input_ids"]) < 2:
         raise ValueError("score: input_ids needs at least 2 tokens (the first one has no log-prob)")
     payload["return_logprob"] = True
@@ -224,13 +227,14 @@ def _error_in_body(body: dict) -> str | None:
 
 
 def error_message(response: httpx.Response, limit: int = 2000) -> str:
-    """The server's own explanation from an error response (SGLang: {"message"}, FastAPI: {"detail"})."""
+    """The server's own explanation from an error response (SGLang: {"message"}, its LoRA endpoints:
+    {"error_message"}, FastAPI: {"detail"})."""
     try:
         body = response.json()
     except ValueError:
         return response.text[:limit] or response.reason_phrase
     if isinstance(body, dict):
-        for key in ("message", "detail", "error"):
+        for key in ("message", "error_message", "detail", "error"):
             value = body.get(key)
             if isinstance(value, dict) and "message" in value:
                 value = value["message"]
@@ -240,6 +244,7 @@ def error_message(response: httpx.Response, limit: int = 2000) -> str:
 
 
 def check_success(payload: dict, make_error: Callable[[str], Exception]) -> None:
-    """Weight-update endpoints report failure as {"success": false, "message": ...}."""
+    """Weight-update endpoints report failure as {"success": false, "message": ...} (the LoRA ones:
+    "error_message")."""
     if payload.get("success") is False:
-        raise make_error(str(payload.get("message") or "success: false"))
+        raise make_error(str(payload.get("message") or payload.get("error_message") or "success: false"))

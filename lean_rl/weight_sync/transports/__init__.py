@@ -6,6 +6,7 @@ half. Nothing else compares a transport's name (tests/unit/test_weight_sync_tran
 from __future__ import annotations
 
 from lean_rl.weight_sync.errors import WeightSyncError
+from lean_rl.weight_sync.transports.adapter import AdapterTransport
 from lean_rl.weight_sync.transports.base import Transport
 from lean_rl.weight_sync.transports.disk import DiskTransport
 from lean_rl.weight_sync.transports.distributed import DistributedTransport
@@ -14,7 +15,7 @@ from lean_rl.weight_sync.transports.tensor import TensorTransport
 # by name; the flag's choices (config.TRANSPORTS) are declared in the config layer, which imports no
 # transport (no torch): a unit test holds the two in step
 TRANSPORT_CLASSES: dict[str, type[Transport]] = {
-    cls.name: cls for cls in (DistributedTransport, TensorTransport, DiskTransport)}
+    cls.name: cls for cls in (DistributedTransport, TensorTransport, DiskTransport, AdapterTransport)}
 
 
 def transport_for(name: str) -> Transport:

@@ -26,6 +26,8 @@ if TYPE_CHECKING:
 
 class Transport(ABC):
     name: ClassVar[str]  # its --weight-sync-transport value (config.TRANSPORTS); SyncReport.transport
+    # what the ranks export for it: the full HF weights (LoRA merged in), or only the LoRA adapters
+    sends_adapter: ClassVar[bool] = False
 
     # ------------------------------------------------------------------ driver half
     def check(self, trainer_device: str, engine_device: str) -> None:

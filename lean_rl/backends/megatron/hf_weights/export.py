@@ -14,7 +14,7 @@ from lean_rl.backends.megatron.config import MegatronConfig
 from lean_rl.backends.megatron.hf_weights.binding import BoundParam, bind_params, unwrap_model
 from lean_rl.backends.megatron.hf_weights.families import geometry, weight_rules
 from lean_rl.backends.megatron.hf_weights.layouts import Layout, to_hf_tensors
-from lean_rl.backends.megatron.lora import export_weight
+from lean_rl.backends.megatron.lora import adapter_of, export_weight, peft_tensor_name
 
 
 def _all_gather(tensor: torch.Tensor, group) -> list[torch.Tensor]:
@@ -50,6 +50,34 @@ def iter_stage_hf_tensors(model: torch.nn.Module, config: MegatronConfig,
                 yield from zip(item.hf_names, tensors)
                 continue
             yield from _experts_over_ep(item, tensors, ep_group, ep_size, config.arch.num_experts // ep_size)
+
+
+def iter_stage_hf_adapter_tensors(model: torch.nn.Module, config: MegatronConfig,
+                                  family: str) -> Iterator[tuple[str, torch.Tensor]]:
+    """(PEFT name, full tensor) for the lora_A and lora_B of every HF weight this stage adapts, for
+    engines that serve the base with the adapter loaded apart (--lora-sync adapter). Collective within
+    the stage's TP group, like iter_stage_hf_tensors. B's rows are the rows of the layer's weight, so
+    the weight's own layout gathers and splits a fused B (linear_qkv -> q, k, v; linear_fc1 -> gate,
+    up), whose parts share the fused layer's A (B_q A x is q's update); a row-parallel layer's A holds
+    the weight's columns, split over TP as they are (lora.LoraAdapter)."""
+    geo = geometry(config)
+    tp_group = parallel_state.get_tensor_model_parallel_group()
+    unwrapped = unwrap_model(model)
+    with torch.no_grad():
+        for item in bind_params(model, weight_rules(family, config.arch)):
+            adapter = adapter_of(unwrapped, item.name)
+            if adapter is None:
+                continue
+            a, b = adapter.a.detach(), adapter.b.detach()
+            if adapter.row_parallel:
+                b_parts = to_hf_tensors(Layout.REPLICATED, [b], geo)
+                a_parts = to_hf_tensors(Layout.ROW, _all_gather(a, tp_group), geo)
+            else:
+                b_parts = to_hf_tensors(item.rule.layout, _all_gather(b, tp_group), geo)
+                a_parts = (a,) * len(b_parts)
+            for hf_name, a_part, b_part in zip(item.hf_names, a_parts, b_parts):
+                yield peft_tensor_name(hf_name, "A"), a_part
+                yield peft_tensor_name(hf_name, "B"), b_part
 
 
 def _experts_over_ep(item: BoundParam, tensors: tuple[torch.Tensor, ...], ep_group, ep_size: int,
