@@ -216,6 +216,9 @@ def parse_config(argv: list[str]) -> Config:
         logger.warning("--sglang-api-key: a key typed on the command line shows in `ps` and in Ray's job table; "
                        "prefer --sglang-api-key-file FILE or $%s", API_KEY_ENV)
     distillation = distillation.with_teacher_engines(engines)  # the teacher's tokenizer must be the student's
+    if distillation.top_k_if_used > megatron.arch.vocab_size:
+        raise ConfigError(f"--opd-top-k {distillation.top_k_if_used} is more than the vocabulary's "
+                          f"{megatron.arch.vocab_size} tokens (--hf-checkpoint's config.json)")
     if megatron.use_rollout_routing_replay:  # the policy's engines only (not the teacher's, derived above)
         engines = rebuild(engines, return_routed_experts=True)
     # the adapter is loaded by the first sync: a run without a trainer or engines has none to serve

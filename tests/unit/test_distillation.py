@@ -243,3 +243,13 @@ def test_rollout_batch_lays_out_the_teachers_top_k_response_aligned():
     long.teacher_top_ids = long.teacher_top_ids[:2]
     with pytest.raises(ValueError, match="teacher_top_ids and teacher_top_log_probs must both hold one row"):
         long.check()
+
+
+def test_a_top_k_larger_than_the_vocabulary_is_refused_at_start_up(tiny_qwen2, tmp_path):
+    data = tmp_path / "p.jsonl"
+    data.write_text('{"prompt": "2+2?", "label": "4"}\n')
+    base = ["--hf-checkpoint", str(tiny_qwen2), "--prompt-data", str(data), "--use-opd", "--opd-type", "sglang",
+            "--opd-teacher-url", "http://127.0.0.1:1"]
+    with pytest.raises(ConfigError, match="--opd-top-k 513 is more than the vocabulary's 512 tokens"):
+        parse_config(base + ["--opd-top-k", "513"])
+    assert parse_config(base + ["--opd-top-k", "512"]).distillation.top_k_if_used == 512

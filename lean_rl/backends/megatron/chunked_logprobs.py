@@ -20,10 +20,9 @@ from __future__ import annotations
 from typing import Any, Callable
 
 import torch
-from megatron.core import parallel_state
 from torch.utils.checkpoint import checkpoint
 
-from lean_rl.backends.megatron.logprobs import _vocab_parallel_entropy, vocab_parallel_log_probs
+from lean_rl.backends.megatron.logprobs import log_probs_and_entropy
 
 # (float32 logits [n, V/tp] of a chunk, its per-token inputs...) -> per-token outputs [n] (None allowed)
 ChunkStatistic = Callable[..., tuple[torch.Tensor | None, ...]]
@@ -47,7 +46,7 @@ def output_weight(model: torch.nn.Module) -> torch.Tensor:
 
 def chunked_token_statistics(hidden: torch.Tensor, weight: torch.Tensor, statistic: ChunkStatistic,
                              per_token: tuple[torch.Tensor, ...], chunk_size: int,
-                             temperature: float = 1.0) -> tuple[torch.Tensor | None, ...]:
+                             temperature: float = 1.0) -> tuple[torch.Tensor, ...]:
     """`statistic` of the float32 logits (hidden @ weight.T) / temperature, chunk_size tokens at a time.
     hidden: [..., h]; per_token: tensors [..., *] aligned with hidden's leading dims. Returns the
     statistic's outputs shaped like hidden's leading dims. With autograd on, each chunk is checkpointed:
@@ -73,20 +72,11 @@ def chunked_token_statistics(hidden: torch.Tensor, weight: torch.Tensor, statist
         else:
             pieces.append(one_chunk(*args))
     outputs = []
-    for parts in zip(*pieces):
-        outputs.append(None if parts[0] is None else torch.cat(parts).reshape(*lead, *parts[0].shape[1:]))
+    for index, parts in enumerate(zip(*pieces)):
+        if any(part is None for part in parts):
+            raise ValueError(f"chunked_token_statistics: the statistic's output {index} is None for a chunk")
+        outputs.append(torch.cat(parts).reshape(*lead, *parts[0].shape[1:]))
     return tuple(outputs)
-
-
-def _log_probs_and_entropy(vocab_size: int, entropy_grad: bool, logits: torch.Tensor, targets: torch.Tensor):
-    if entropy_grad:
-        return vocab_parallel_log_probs(logits, targets, vocab_size, with_entropy=True)
-    with torch.no_grad():
-        tp_rank = parallel_state.get_tensor_model_parallel_rank()
-        valid = max(0, min(logits.shape[-1], vocab_size - tp_rank * logits.shape[-1]))
-        entropy = _vocab_parallel_entropy(logits.detach()[..., :valid])
-    log_probs, _ = vocab_parallel_log_probs(logits, targets, vocab_size)
-    return log_probs, entropy
 
 
 def chunked_log_probs(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, vocab_size: int,
@@ -96,9 +86,7 @@ def chunked_log_probs(hidden: torch.Tensor, weight: torch.Tensor, targets: torch
     of logprobs.vocab_parallel_log_probs on the full logits. The entropy carries a gradient only with
     entropy_grad (the loss uses it); the log-probs always do."""
     def statistic(logits, chunk_targets):
-        return _log_probs_and_entropy(vocab_size, entropy_grad, logits, chunk_targets)
+        return log_probs_and_entropy(logits, chunk_targets, vocab_size, entropy_grad)
 
     log_probs, entropy = chunked_token_statistics(hidden, weight, statistic, (targets,), chunk_size, temperature)
-    if log_probs is None or entropy is None:
-        raise RuntimeError("chunked_log_probs: the statistic returned no log-probs or entropy")
     return log_probs, entropy

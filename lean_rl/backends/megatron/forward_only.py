@@ -19,7 +19,7 @@ from lean_rl.algorithms.distillation import topk_reverse_kl
 from lean_rl.algorithms.losses import policy_loss
 from lean_rl.backends.megatron.chunked_logprobs import chunked_log_probs, chunked_token_statistics, output_weight
 from lean_rl.backends.megatron.compat import hidden_states_from_output_layer
-from lean_rl.backends.megatron.logprobs import (_vocab_parallel_entropy, vocab_parallel_log_probs,
+from lean_rl.backends.megatron.logprobs import (log_probs_and_entropy, vocab_parallel_log_probs,
                                                 vocab_parallel_log_probs_at, vocab_parallel_top_k)
 from lean_rl.backends.megatron.routing_replay import clear_routes, set_micro_batch_routes
 
@@ -56,6 +56,12 @@ def model_output_mode(model: torch.nn.Module, ctx: StepContext) -> ContextManage
     return hidden_states_from_output_layer(model) if ctx.chunked else contextlib.nullcontext()
 
 
+def _logits(output: torch.Tensor, ctx: StepContext) -> torch.Tensor:
+    """This rank's float32 logits at the sampling temperature (the unchunked path)."""
+    logits = output.float()
+    return logits / ctx.temperature if ctx.temperature != 1.0 else logits
+
+
 def log_probs_from_output(output: torch.Tensor, targets: torch.Tensor, ctx: StepContext, entropy_grad: bool,
                           weight: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(log p(target), entropy) from vocab-parallel logits, with the sampling temperature applied;
@@ -66,17 +72,7 @@ def log_probs_from_output(output: torch.Tensor, targets: torch.Tensor, ctx: Step
             raise ValueError("log_probs_from_output: chunked log-probs need the output layer's weight")
         return chunked_log_probs(output, weight, targets, ctx.vocab_size, ctx.logits_chunk_size,
                                  ctx.temperature, entropy_grad)
-    logits = output.float()
-    if ctx.temperature != 1.0:
-        logits = logits / ctx.temperature
-    if entropy_grad:
-        return vocab_parallel_log_probs(logits, targets, ctx.vocab_size, with_entropy=True)
-    with torch.no_grad():
-        tp_rank = parallel_state.get_tensor_model_parallel_rank()
-        valid = max(0, min(logits.shape[-1], ctx.vocab_size - tp_rank * logits.shape[-1]))
-        entropy = _vocab_parallel_entropy(logits.detach()[..., :valid])
-    log_probs, _ = vocab_parallel_log_probs(logits, targets, ctx.vocab_size)  # may overwrite `logits`
-    return log_probs, entropy
+    return log_probs_and_entropy(_logits(output, ctx), targets, ctx.vocab_size, entropy_grad)
 
 
 def teacher_top_kl_from_output(output: torch.Tensor, teacher_top_ids: torch.Tensor, teacher_top_log_probs: torch.Tensor,
@@ -93,13 +89,8 @@ def teacher_top_kl_from_output(output: torch.Tensor, teacher_top_ids: torch.Tens
             raise ValueError("teacher_top_kl_from_output: chunked logits need the output layer's weight")
         (kl,) = chunked_token_statistics(output, weight, statistic, (teacher_top_ids, teacher_top_log_probs),
                                          ctx.logits_chunk_size, ctx.temperature)
-        if kl is None:
-            raise RuntimeError("teacher_top_kl_from_output: the statistic returned no KL")
         return kl
-    logits = output.float()
-    if ctx.temperature != 1.0:
-        logits = logits / ctx.temperature
-    return statistic(logits, teacher_top_ids, teacher_top_log_probs)[0]
+    return statistic(_logits(output, ctx), teacher_top_ids, teacher_top_log_probs)[0]
 
 
 def field_of(micro_batch, name, device):
@@ -112,22 +103,17 @@ def _collect_forward(ctx: StepContext, targets, weight, top_k: int, output: torc
         return {"values": output.float().squeeze(-1).detach().cpu()}
     if top_k:  # --opd-type megatron: the teacher's top-k at every position
         if ctx.chunked:
-            chunked_ids, chunked_log_probs_ = chunked_token_statistics(
+            ids, log_probs = chunked_token_statistics(
                 output, weight, lambda logits: vocab_parallel_top_k(logits, top_k, ctx.vocab_size), (),
                 ctx.logits_chunk_size, ctx.temperature)
-            if chunked_ids is None or chunked_log_probs_ is None:
-                raise RuntimeError("the teacher's top-k: the statistic returned nothing")
-            ids, log_probs = chunked_ids, chunked_log_probs_
         else:
-            logits = output.float() / ctx.temperature if ctx.temperature != 1.0 else output.float()
-            ids, log_probs = vocab_parallel_top_k(logits, top_k, ctx.vocab_size)
+            ids, log_probs = vocab_parallel_top_k(_logits(output, ctx), top_k, ctx.vocab_size)
         return {"top_k": (ids.cpu(), log_probs.detach().cpu())}
     if ctx.chunked:
         log_probs, _ = chunked_log_probs(output, weight, targets, ctx.vocab_size, ctx.logits_chunk_size,
                                          ctx.temperature)
     else:
-        log_probs, _ = vocab_parallel_log_probs(output.float() / ctx.temperature if ctx.temperature != 1.0
-                                                else output.float(), targets, ctx.vocab_size)
+        log_probs, _ = vocab_parallel_log_probs(_logits(output, ctx), targets, ctx.vocab_size)
     return {"log_probs": log_probs.detach().cpu()}
 
 

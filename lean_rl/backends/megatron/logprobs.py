@@ -15,15 +15,34 @@ from megatron.core.tensor_parallel import vocab_parallel_cross_entropy
 from megatron.core.tensor_parallel.mappings import reduce_from_tensor_model_parallel_region
 
 
+def real_vocab_columns(partition: int, vocab_size: int) -> int:
+    """How many of this TP rank's `partition` logit columns are real vocabulary (the rest pad it to
+    MegatronConfig.padded_vocab_size; a late rank may hold padding only)."""
+    return max(0, min(partition, vocab_size - parallel_state.get_tensor_model_parallel_rank() * partition))
+
+
+def log_probs_and_entropy(logits: torch.Tensor, targets: torch.Tensor, vocab_size: int,
+                          entropy_grad: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """(log p(target), entropy), both float32 [...]; the entropy carries a gradient only with
+    `entropy_grad` (when the loss uses it). May overwrite `logits` (vocab_parallel_log_probs)."""
+    if entropy_grad:
+        log_probs, entropy = vocab_parallel_log_probs(logits, targets, vocab_size, with_entropy=True)
+        assert entropy is not None
+        return log_probs, entropy
+    with torch.no_grad():
+        entropy = _vocab_parallel_entropy(logits.detach()[..., :real_vocab_columns(logits.shape[-1], vocab_size)])
+    log_probs, _ = vocab_parallel_log_probs(logits, targets, vocab_size)
+    return log_probs, entropy
+
+
 def vocab_parallel_log_probs(logits: torch.Tensor, targets: torch.Tensor, vocab_size: int,
                              with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
     """logits: [..., V_padded / tp] on this TP rank (GPTModel with parallel_output=True);
     targets: [...] token ids < vocab_size. Returns (log p(target) [...], entropy [...] or None), float32.
     When the vocab is not padded and no entropy is asked for, `logits` (if float32) is overwritten:
     Megatron's cross entropy works in place to save memory."""
-    tp_rank = parallel_state.get_tensor_model_parallel_rank()
     partition = logits.shape[-1]
-    valid = max(0, min(partition, vocab_size - tp_rank * partition))  # real vocab columns on this rank
+    valid = real_vocab_columns(partition, vocab_size)
     logits = logits.float()
     entropy = _vocab_parallel_entropy(logits[..., :valid]) if with_entropy else None
     if valid < partition:
@@ -65,7 +84,7 @@ def vocab_parallel_log_probs_at(logits: torch.Tensor, ids: torch.Tensor, vocab_s
     normaliser log Z is the all-reduced one of _vocab_parallel_entropy. Does not modify `logits`."""
     tp_rank = parallel_state.get_tensor_model_parallel_rank()
     partition = logits.shape[-1]
-    valid = max(0, min(partition, vocab_size - tp_rank * partition))
+    valid = real_vocab_columns(partition, vocab_size)
     real = logits.float()[..., :valid]
     shifted, log_z = _shifted_and_log_z(real)
     local = ids.long() - tp_rank * partition
@@ -85,7 +104,7 @@ def vocab_parallel_top_k(logits: torch.Tensor, k: int, vocab_size: int) -> tuple
     group = parallel_state.get_tensor_model_parallel_group()
     tp_rank = parallel_state.get_tensor_model_parallel_rank()
     partition = logits.shape[-1]
-    valid = max(0, min(partition, vocab_size - tp_rank * partition))
+    valid = real_vocab_columns(partition, vocab_size)
     if k > vocab_size:
         raise ValueError(f"--opd-top-k {k} is more than the vocabulary's {vocab_size} tokens")
     with torch.no_grad():

@@ -74,11 +74,9 @@ def _per_rank_payloads(group: "MegatronGroup", batch: RolloutBatch, indices: lis
     return [refs[layout.data_rank] for layout in group.layouts], by_dp
 
 
-def forward_rollout(group: "MegatronGroup", batch: RolloutBatch, reference: bool = False,
-                    weights: str | None = None) -> torch.Tensor:
-    """[B, T] response-aligned log-probs of the response tokens (actor; of the reference weights if
-    `reference`, of `weights` "reference" / "teacher" if given) or values (critic), 0 on padding."""
-    weights = weights or ("reference" if reference else "policy")
+def forward_rollout(group: "MegatronGroup", batch: RolloutBatch, weights: str = "policy") -> torch.Tensor:
+    """[B, T] response-aligned log-probs of the response tokens under the actor's `weights` ("policy",
+    "reference", "teacher") or values (critic), 0 on padding."""
     indices = list(range(len(batch)))
     args, by_dp = _per_rank_payloads(group, batch, indices, {})
     results = group.call_each(RankTrainer.forward, [(arg, weights) for arg in args])
@@ -196,7 +194,7 @@ def train_on_rollout(actor: "MegatronGroup", groups: list[list[Sample]], policy_
                                                   or algo.kl_coef != 0 or penalty_coef is not None)
     old = batch.rollout_log_probs if algo.use_rollout_logprobs else (
         forward_rollout(actor, batch) if need_old else None)
-    ref = forward_rollout(actor, batch, reference=True) if algo.needs_reference else None
+    ref = forward_rollout(actor, batch, weights="reference") if algo.needs_reference else None
     values = forward_rollout(critic, batch) if algo.needs_critic else None
     forward_s = time.perf_counter() - started
     kl_in_reward = kl_estimate(old, ref, "k1") * masks if algo.kl_coef != 0 else None
