@@ -29,6 +29,7 @@ LINE_PANELS = (
     ("staleness (policy versions)", (("train/staleness_max", "max"), ("train/staleness_mean", "mean"))),
     ("response length (tokens)", (("rollout/response_len_mean", "mean"),)),
     ("turns per trajectory", (("rollout/turns_mean", "mean"), ("rollout/turns_max", "max"))),
+    ("episodes that act (a tool call, a search)", (("rollout/multi_turn_fraction", "more than one model turn"),)),
     ("on-policy distillation", (("train/opd_reverse_kl", "KL(student || teacher), k1 on its samples"),)),
 )
 # time/* keys that are not a phase of the step: the total, idle times (overlap the phases), and the

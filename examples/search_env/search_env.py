@@ -103,15 +103,44 @@ def write_corpus(path: Path = CORPUS) -> None:
 def write_questions(out: Path) -> None:
     rows = []
     for f in _facts():
-        for question, answer in ((f"What is the capital of {f['country']}?", f["capital"]),
-                                 (f"What is the longest river of {f['country']}?", f["river"]),
-                                 (f"In which year was {f['country']} founded?", f["founded"])):
+        for question, _, answer in _questions(f):
             rows.append({"prompt": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": question}],
                          "label": answer})
     random.Random(1).shuffle(rows)
     out.mkdir(parents=True, exist_ok=True)
     (out / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows[:100]))
     (out / "eval.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows[100:]))
+
+
+def _questions(fact: dict) -> list[tuple[str, str, str]]:
+    """(question, the search that finds it, answer) for each fact of a country."""
+    country = fact["country"]
+    return [(f"What is the capital of {country}?", f"capital of {country}", fact["capital"]),
+            (f"What is the longest river of {country}?", f"longest river of {country}", fact["river"]),
+            (f"In which year was {country} founded?", f"{country} founded", fact["founded"])]
+
+
+def write_traces(out: Path, n: int = 96, seed: int = 7) -> None:
+    """Whole episodes (search, results, answer) for the supervised warm start (--loss-type sft_loss),
+    about countries of another invented world (seed 7) than the corpus's: the model learns to search and
+    to read the answer off the results, not the corpus's facts. The results are rendered as SearchEnv
+    renders them (the first TOP_K documents that share words with the query, here the country's two)."""
+    rows = []
+    for fact in _facts(seed):
+        country = fact["country"]
+        docs = [f"{country} is a country whose capital is {fact['capital']}.",
+                f"The longest river of {country} is the {fact['river']}; {country} was founded in {fact['founded']}."]
+        for question, query, answer in _questions(fact):
+            first = docs if "capital" in query else docs[::-1]  # the document that answers ranks first
+            results = "\n".join(f"[{i + 1}] {d}" for i, d in enumerate(first[:TOP_K]))
+            rows.append({"messages": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": question},
+                                      {"role": "assistant", "content": f"<search>{query}</search>"},
+                                      {"role": "user", "content": f"<result>\n{results}\n</result>"},
+                                      {"role": "assistant", "content": f"<answer>{answer}</answer>"}],
+                         "label": answer})
+    random.Random(2).shuffle(rows)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "traces.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows[:n]))
 
 
 if __name__ == "__main__":
@@ -124,4 +153,5 @@ if __name__ == "__main__":
         print(f"wrote {CORPUS}")
     if args.out:
         write_questions(args.out)
-        print(f"wrote {args.out}/train.jsonl and {args.out}/eval.jsonl")
+        write_traces(args.out)
+        print(f"wrote {args.out}/train.jsonl, eval.jsonl and traces.jsonl")

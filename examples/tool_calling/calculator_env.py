@@ -21,14 +21,17 @@ from pathlib import Path
 
 from lean_rl.rollout.environment import Observation, StepResult
 from lean_rl.rollout.sandbox import SandboxLimits, run_python
-from lean_rl.rollout.tool_calls import parse_tool_calls, tools_system_prompt
+from lean_rl.rollout.tool_calls import parse_tool_calls
 
 TOOLS = [{"type": "function", "function": {
     "name": "python",
     "description": "Run Python code in a sandbox and return what it prints, e.g. print(347 * 29).",
     "parameters": {"type": "object", "properties": {"code": {"type": "string", "description": "Python code"}},
                    "required": ["code"]}}}]
-SYSTEM = tools_system_prompt(TOOLS) + "\n\nUse the python tool to compute, then answer with the number only."
+# Hermes' own tool prompt (tools_system_prompt(TOOLS)) costs ~240 tokens of SmolLM2's per sample, which on 2
+# CPU cores is most of a step's training time; this short one says the same for the one tool.
+SYSTEM = ('You have a python tool. To run code, write <tool_call>{"name": "python", "arguments": {"code": '
+          '"print(...)"}}</tool_call> and stop; its output comes back. Then answer with the number only.')
 # Each call gets its own process: 5 s of wall clock, 2 s of CPU, 256 MB, 4 KB of output, no network.
 LIMITS = SandboxLimits(wall_timeout_s=5.0, cpu_seconds=2, memory_mb=256, max_output_bytes=4096)
 MAX_CALLS_PER_TURN = 2
@@ -66,15 +69,35 @@ class CalculatorEnv:
         return StepResult(Observation(text="\n".join(outputs), role="tool"), None, False, {"tools": statuses})
 
 
+def _question(rng: random.Random) -> tuple[str, str, int]:
+    a, b, c = rng.randint(12, 999), rng.randint(12, 99), rng.randint(1, 999)
+    return f"What is {a} * {b} + {c}?", f"{a} * {b} + {c}", a * b + c
+
+
 def make_prompts(path: Path, n: int, seed: int) -> None:
     """Arithmetic a small model gets wrong in its head but right with the tool."""
     rng = random.Random(seed)
     rows = []
     for _ in range(n):
-        a, b, c = rng.randint(12, 999), rng.randint(12, 99), rng.randint(1, 999)
-        question = f"What is {a} * {b} + {c}?"
+        question, _, answer = _question(rng)
         rows.append({"prompt": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": question}],
-                     "label": str(a * b + c)})
+                     "label": str(answer)})
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def make_traces(path: Path, n: int, seed: int) -> None:
+    """Conversations of the whole episode for the supervised warm start (--loss-type sft_loss): the
+    call, the tool's answer (not trained on), the final answer. Other questions than the prompts'."""
+    rng = random.Random(seed)
+    rows = []
+    for _ in range(n):
+        question, expression, answer = _question(rng)
+        call = json.dumps({"name": "python", "arguments": {"code": f"print({expression})"}})
+        rows.append({"messages": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": question},
+                                  {"role": "assistant", "content": f"<tool_call>\n{call}\n</tool_call>"},
+                                  {"role": "tool", "content": str(answer)},
+                                  {"role": "assistant", "content": str(answer)}], "label": str(answer)})
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
 
@@ -85,4 +108,5 @@ if __name__ == "__main__":
     args = parser.parse_args()
     make_prompts(args.out / "train.jsonl", 512, seed=0)
     make_prompts(args.out / "eval.jsonl", 32, seed=1)
-    print(f"wrote {args.out}/train.jsonl and {args.out}/eval.jsonl")
+    make_traces(args.out / "traces.jsonl", 256, seed=2)
+    print(f"wrote {args.out}/train.jsonl, eval.jsonl and traces.jsonl")

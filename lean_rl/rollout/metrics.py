@@ -44,6 +44,8 @@ def rollout_metrics(groups: list[list[Sample]], seconds: float | None = None,
     if turns:
         metrics["rollout/turns_mean"] = sum(turns) / len(turns)
         metrics["rollout/turns_max"] = float(max(turns))
+        # episodes that went on past the first model turn: the model acted (called a tool, searched)
+        metrics["rollout/multi_turn_fraction"] = sum(t > 1 for t in turns) / len(turns)
         metrics["rollout/environment_failed"] = float(sum(s.status == Status.FAILED and "environment_error" in s.metadata
                                                           for s in samples))
     return metrics

@@ -81,3 +81,37 @@ def test_search_env_searches_then_scores_the_answer(examples_on_path):
     assert not hint.done and "<search>" in hint.observation.text
     assert step(env, f"<answer>{fact['capital'].lower()}</answer>").reward == 1.0
     assert step(env, "<answer>Paris</answer>").reward == 0.0
+
+
+def test_the_calculators_warm_start_episodes_are_what_its_environment_answers(examples_on_path, tmp_path):
+    """Each trace's call parses, runs, prints the label, and the final answer scores 1."""
+    import json
+
+    from calculator_env import make_traces
+
+    make_traces(tmp_path / "traces.jsonl", 3, seed=2)
+    for row in map(json.loads, (tmp_path / "traces.jsonl").read_text().splitlines()):
+        system, user, call, tool, answer = row["messages"]
+        env = calculator(label=row["label"])
+        ran = step(env, call["content"])
+        assert ran.observation.role == tool["role"] == "tool" and ran.observation.text.strip() == tool["content"]
+        assert step(env, answer["content"]).reward == 1.0
+
+
+def test_the_search_warm_start_episodes_render_results_as_the_environment_does(examples_on_path, tmp_path):
+    """Written for the corpus's own world (seed 0), a trace's results are SearchEnv's for its query; the
+    shipped traces use another world (seed 7), so no corpus fact is learned from them."""
+    import json
+
+    import search_env
+
+    search_env.write_traces(tmp_path, n=120, seed=0)
+    rows = [json.loads(line) for line in (tmp_path / "traces.jsonl").read_text().splitlines()]
+    for row in rows[:9]:
+        system, user, query, results, answer = row["messages"]
+        env = search_env.SearchEnv(None, SimpleNamespace(label=row["label"]))
+        assert step(env, query["content"]).observation.text == results["content"]
+        assert step(env, answer["content"]).reward == 1.0
+    search_env.write_traces(tmp_path, n=120)
+    corpus = {f["country"] for f in search_env._facts()}
+    assert not any(country in (tmp_path / "traces.jsonl").read_text() for country in corpus)

@@ -137,7 +137,7 @@ def test_cli_writes_the_default_png(tmp_path):
 
 def test_a_multi_turn_run_draws_its_turns(tmp_path):
     rows = [{"step": s, "rollout/reward_mean": 0.1 * s, "rollout/turns_mean": 2.5, "rollout/turns_max": 4.0,
-             "eval/toy/reward/reward_mean": 0.5} for s in range(4)]
+             "rollout/multi_turn_fraction": 0.2 * s, "eval/toy/reward/reward_mean": 0.5} for s in range(4)]
     write_metrics(tmp_path, rows)
     # an eval reward-dict entry named "reward" (eval/<set>/reward/reward_mean) is not an eval set
-    assert plot_run(tmp_path) == ["reward", "turns per trajectory"]
+    assert plot_run(tmp_path) == ["reward", "turns per trajectory", "episodes that act (a tool call, a search)"]

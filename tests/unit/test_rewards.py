@@ -216,3 +216,14 @@ def test_the_flag_offers_exactly_the_builtin_rewards():
     from lean_rl.rollout.rewards import BUILTIN_REWARDS
 
     assert sorted(BUILTIN_REWARD_TYPES) == sorted(BUILTIN_REWARDS)
+
+
+def test_multi_turn_samples_report_how_many_episodes_went_past_their_first_turn():
+    from lean_rl.rollout.metrics import rollout_metrics
+
+    samples = [_sample("4", "4") for _ in range(4)]
+    for sample, turns in zip(samples, (1, 2, 3, 1)):
+        sample.metadata["turns"] = [{"output_tokens": 1}] * turns
+    metrics = rollout_metrics([samples])
+    assert metrics["rollout/multi_turn_fraction"] == 0.5 and metrics["rollout/turns_mean"] == 1.75
+    assert "rollout/multi_turn_fraction" not in rollout_metrics([[_sample("4", "4")]])  # single-turn samples
