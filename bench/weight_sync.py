@@ -23,18 +23,17 @@ with the floor's best round.
 from __future__ import annotations
 
 import base64
-import os
 import pickle
 import statistics
-import tempfile
 import time
 from pathlib import Path
 
 import torch
 
-from bench_common import NO_GOAL, at_least, bench_parser, command_line, parse_bench_args, row, run_bench, write_rows
+from bench_common import (NO_GOAL, at_least, bench_parser, command_line, parse_bench_args, row, run_bench,
+                          work_dir_with_ray, write_rows)
 from floors import SocketFloor
-from lean_rl.options import ConfigError, build
+from lean_rl.options import build
 from lean_rl.weight_sync.buckets import iter_buckets
 
 ENGINES = {"tiny": 2, "small": 2, "base100m": 1}
@@ -176,14 +175,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--buffer-size", type=at_least(1), default=512 * 1024**2, help="--update-weight-buffer-size")
     parser.add_argument("--work-dir", default=None, help="checkpoints and logs (default: a temporary directory)")
     args = parse_bench_args(parser, argv)
-    if args.work_dir and Path(args.work_dir).exists() and not Path(args.work_dir).is_dir():
-        raise ConfigError(f"--work-dir {args.work_dir}: exists and is not a directory")
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
-
-    from lean_rl.utils.ray_utils import init_ray
-
-    init_ray(num_cpus=2)
-    work = Path(args.work_dir or tempfile.mkdtemp(prefix="lean_rl_bench_wsync_"))
+    work = work_dir_with_ray(args.work_dir, "lean_rl_bench_wsync_")
     rows = []
     for preset in args.presets:
         rows += run_preset(preset, args, work)

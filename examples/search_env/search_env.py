@@ -43,9 +43,8 @@ class SearchEnv:
 
     async def step(self, action: str) -> StepResult:
         tags = _TAG.findall(action)
-        if not tags:
-            return StepResult(Observation(text="Write <search>query</search> or <answer>answer</answer>."),
-                              None, False, {"action": "none"})
+        if not tags:  # neither a search nor an answer: the episode ends unrewarded (no hint to loop on)
+            return StepResult(None, 0.0, True, {"action": "none"})
         kind, text = tags[-1]
         if kind == "answer":
             correct = exact_match(text.strip(), self.label)

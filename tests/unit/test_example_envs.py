@@ -77,8 +77,8 @@ def test_search_env_searches_then_scores_the_answer(examples_on_path):
     env = search_env.SearchEnv(None, SimpleNamespace(label=fact["capital"]))
     result = step(env, f"<search>capital of {fact['country']}</search>")
     assert not result.done and f"capital is {fact['capital']}" in result.observation.text
-    hint = step(env, "no tags at all")
-    assert not hint.done and "<search>" in hint.observation.text
+    untagged = step(env, "no tags at all")  # neither a search nor an answer: over, unrewarded
+    assert untagged.done and untagged.reward == 0.0 and untagged.observation is None
     assert step(env, f"<answer>{fact['capital'].lower()}</answer>").reward == 1.0
     assert step(env, "<answer>Paris</answer>").reward == 0.0
 
