@@ -37,7 +37,7 @@ from lean_rl.cli import DEBUG_HELP, ArgumentParser
 REPO = Path(__file__).resolve().parents[1]
 BENCH = REPO / "bench"
 SCRIPTS = ("async_vs_sync", "capture_latency", "convert", "engine_start", "long_sequence_memory", "lora_sync",
-           "multi_turn_overhead", "multinode", "rollout_throughput", "train_step", "weight_sync")
+           "multi_turn_overhead", "multinode", "rollout_throughput", "train_step", "trainer_heal", "weight_sync")
 DEFAULT_TIMEOUT_S = {"quick": 900, "full": 3600}
 STOP_GRACE_S = 60  # after SIGINT, time to stop SGLang servers and Ray before SIGKILL
 README = REPO / "README.md"

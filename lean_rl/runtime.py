@@ -37,6 +37,7 @@ from lean_rl.sample import Sample
 from lean_rl.step_metrics import run_counters
 from lean_rl.stop import StopSignals
 from lean_rl.train_hooks import before_training
+from lean_rl.trainer_heal import TrainerHealer, TrainerHealFailed
 from lean_rl.trainer_start import start_megatron_group, warn_nothing_left
 from lean_rl.trainer_turns import TrainerTurns
 from lean_rl.utils.metrics import MetricsLogger, Timers
@@ -44,6 +45,7 @@ from lean_rl.utils.ray_utils import init_ray, shutdown_ray
 
 if TYPE_CHECKING:
     from lean_rl.backends.megatron.group import MegatronGroup
+    from lean_rl.backends.megatron.rank_actors import MegatronGroupError
     from lean_rl.backends.sglang.engines import EngineGroup
     from lean_rl.backends.sglang.health import EngineMonitor
     from lean_rl.weight_sync.engine_weights import EngineWeights
@@ -71,9 +73,12 @@ class Runtime:
         self.resume_state: dict | None = None  # extra state of the checkpoint resumed from
         self.stop = StopSignals(cfg.run.stop_timeout_s)  # SIGTERM / SIGINT: see run_loop.py
         self._saved_step: int | None = None
+        self._first_step = 0  # the step the run started (or resumed) at
         self.turns = TrainerTurns(cfg.engines.releases_memory, cfg.run.colocate)  # who holds the devices
         self.colocated = cfg.run.colocate and not cfg.run.debug_rollout_only  # engines in the trainer's bundles
         self._ray_started = False
+        self.healer: TrainerHealer | None = None  # a lost trainer rank: back to the last checkpoint (trainer_heal.py)
+        self._start_buffer_state: dict | None = None  # where a heal with no checkpoint yet rewinds the buffer to
         self._locks: list = []  # of --output-dir and --save (run_lock.py), held until close
 
     @property
@@ -115,6 +120,10 @@ class Runtime:
             return warn_nothing_left(cfg, self.start_step)
         if self.buffer is not None and self.resume_state:
             self.buffer.load_state_dict(self.resume_state["buffer"])
+        if self.trainer is not None:
+            self.healer = TrainerHealer.of(cfg)
+            self._start_buffer_state = self.buffer.state_dict() if self.buffer is not None and \
+                self.healer.max_restarts else None
         self.logger = MetricsLogger(self.output_dir, resume_step=self.start_step, tensorboard=cfg.run.tensorboard,
                                     wandb_project=cfg.run.wandb_project if cfg.run.use_wandb else None,
                                     wandb_run_name=cfg.run.wandb_run_name)
@@ -143,10 +152,71 @@ class Runtime:
             return
         self.trainer, self.start_step, self.resume_state = start_megatron_group(self.cfg, "actor",
                                                                                colocated=self.colocated)
+        self._first_step = self.start_step
         if not self.finished and self.cfg.algorithm.needs_critic:
             self.critic, _, _ = start_megatron_group(self.cfg, "critic", colocated=self.colocated,
                                                      actor=self.trainer, actor_step=self.start_step)
         self.turns.groups = tuple(g for g in (self.trainer, self.critic) if g is not None)
+
+    # ------------------------------------------------------------ a trainer heal (trainer_heal.py)
+    def shutdown_trainers(self) -> None:
+        """Both groups gone (the one that failed already is; the other is restarted with it, to load the
+        same checkpoint step)."""
+        for group in (self.critic, self.trainer):
+            if group is not None:
+                try:
+                    group.shutdown()
+                except Exception as error:  # noqa: BLE001 - ranks on a lost node cannot confirm their end
+                    logger.warning("trainer heal: shutdown of the old %s group: %s", group.role, error)
+        self.trainer = self.critic = None
+        self.turns.groups = ()
+
+    def restart_trainers(self, lost_step: int, start_timeout_s: float) -> tuple[int, dict | None]:
+        """The actor (and critic) started again from the last complete checkpoint of --save at or before
+        `lost_step` (one saved by that step itself, whose sync or log the loss cut short, is redone: its
+        metrics row and sample dump are written once), else from what the run started from; the weight
+        sync rebuilt on the new ranks. Returns (step, extra state)."""
+        from lean_rl.backends.megatron.checkpoint_paths import has_step, list_steps
+
+        ckpt = self.cfg.train.checkpoint
+        if ckpt.save is None:
+            raise RuntimeError("restart_trainers: healing needs --save (TrainerHealer.of turns it off without)")
+        saved = [s for s in list_steps(ckpt.save) if self._first_step <= s <= lost_step and has_step(ckpt.save, s)]
+        heal_from = ckpt.save if saved else None
+        actor, step, state = start_megatron_group(self.cfg, "actor", colocated=False, heal_from=heal_from,
+                                                  actor_step=max(saved) if saved else 0,
+                                                  start_timeout_s=start_timeout_s)
+        critic = None
+        try:
+            if self.cfg.algorithm.needs_critic:
+                critic, _, _ = start_megatron_group(self.cfg, "critic", colocated=False, actor=actor, actor_step=step,
+                                                    heal_from=ckpt.critic_save_dir if heal_from else None,
+                                                    start_timeout_s=start_timeout_s)
+            if self.weight_sync is not None:
+                self.weight_sync.replace_trainer(actor, step)
+        except BaseException:
+            for group in (critic, actor):
+                if group is not None:
+                    group.shutdown()
+            raise
+        self.trainer, self.critic = actor, critic
+        self.turns.groups = tuple(g for g in (actor, critic) if g is not None)
+        self.start_step, self._saved_step = step, None
+        return step, state
+
+    def rewind_buffer(self, state: dict | None) -> int:
+        """The buffer as at the checkpoint the trainer restarted from (as a resume loads it), the metrics
+        of later steps forgotten; returns the samples finished since (dropped: their prompts come again)."""
+        if self.logger is not None:
+            self.logger.rewind(self.start_step)
+        if self.buffer is None:
+            return 0
+        saved = state["buffer"] if state and "buffer" in state else self._start_buffer_state
+        if saved is None:
+            raise RuntimeError("rewind_buffer: no buffer state to go back to (healing kept none at start-up)")
+        finished = self.buffer.get_counters().get("samples_finished", 0)
+        self.buffer.load_state_dict(saved)
+        return finished - saved["counters"].get("samples_finished", 0)
 
     def _start_engines(self) -> None:
         started = start_engines(self.cfg, self.output_dir, self.trainer, self.colocated)
@@ -247,4 +317,17 @@ class Runtime:
         return out.metrics
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
-        self.logger.log(step, {**metrics, **run_counters(self.buffer, self.monitor, self.weight_sync)})
+        heal = self.healer.metrics() if self.healer is not None else {}
+        self.logger.log(step, {**metrics, **heal, **run_counters(self.buffer, self.monitor, self.weight_sync)})
+
+    def heal_trainer(self, lost: MegatronGroupError, step: int) -> int:
+        """A trainer rank, node or collective lost at `step`: back to the last checkpoint (trainer_heal.py);
+        returns the step to go on from. Raises when healing is off or cannot succeed."""
+        if self.healer is None:
+            raise lost
+        self.timers.pop()  # the lost step's partial timings
+        try:
+            return self.healer.heal(self, lost, step)
+        except TrainerHealFailed as failed:
+            logger.error("%s; the run stops: the same command resumes from the last checkpoint", failed)
+            raise

@@ -15,22 +15,24 @@ logger = logging.getLogger(__name__)
 
 
 def start_megatron_group(cfg: Config, role: str, *, colocated: bool, actor: MegatronGroup | None = None,
-                         actor_step: int = 0) -> tuple[MegatronGroup, int, dict | None]:
+                         actor_step: int = 0, heal_from: str | None = None,
+                         start_timeout_s: float = 300.0) -> tuple[MegatronGroup, int, dict | None]:
     """(group, step it resumed at, extra state of that checkpoint) for `role` "actor" or "critic".
     `colocated` (--colocate): the actor's bundles also hold the engines, and the critic takes turns on
-    the actor's devices (review C4)."""
+    the actor's devices (review C4). `heal_from`: a heal restarts from this checkpoint root (--save's)
+    instead of --load's (train_driver.initialize_for_training)."""
     from lean_rl.backends.megatron.group import MegatronGroup
     from lean_rl.backends.megatron.rank_trainer import RankTrainer
     from lean_rl.backends.megatron.train_driver import initialize_for_training
 
     placement = cfg.train.placement
     group = MegatronGroup(cfg.megatron, layout=cfg.layout, seed=cfg.train.seed, colocated=colocated and role == "actor",
-                          call_timeout_s=placement.call_timeout_s,
+                          call_timeout_s=placement.call_timeout_s, start_timeout_s=start_timeout_s,
                           dist_timeout_s=placement.distributed_timeout_minutes * 60,
                           colocate_with=actor if role == "critic" and colocated else None)
     try:
         step, state = initialize_for_training(group, cfg.train, cfg.algorithm, role=role, actor_step=actor_step,
-                                              batch_plan=cfg.batch_plan)
+                                              batch_plan=cfg.batch_plan, heal_from=heal_from)
         teacher = cfg.distillation.teacher_in_trainer
         if role == "actor" and teacher is not None:  # --opd-type megatron: the teacher's weights, held on the host
             group.call_all(RankTrainer.load_teacher, teacher)
@@ -43,7 +45,7 @@ def start_megatron_group(cfg: Config, role: str, *, colocated: bool, actor: Mega
         logger.info("LoRA rank %d, alpha / rank %g: %d adapter tensors, %d trainable parameters (rank 0's "
                     "pipeline stage)", cfg.train.lora.lora_rank, cfg.train.lora.scaling, len(trainable),
                     sum(trainable.values()))
-    if step:
+    if step and heal_from is None:
         load_dir = cfg.train.checkpoint.load if role == "actor" else cfg.train.checkpoint.critic_load_dir
         logger.info("%sresumed from %s at step %d", "critic " if role == "critic" else "", load_dir, step)
     return group, step, state

@@ -67,6 +67,7 @@ class DataBuffer:
             self._land(group)
             self.ready.append(group)
             self.counters["groups_finished"] += 1
+            self.counters["samples_finished"] += len(group)  # a trainer heal counts those it drops by it
 
     def put_partial_groups(self, groups: list[Group]) -> None:
         """Groups interrupted mid-generation; they are handed out again first. Samples keep their

@@ -92,6 +92,9 @@ class ContinuousGenerator:
         self._changed.set()
 
     async def stop(self) -> None:
+        """Abort what is in flight and end the loop; engines a pause left paused generate again (a
+        trainer heal stops the generator mid-sync and probes the engines next)."""
+        paused = not self._open.is_set()
         self._stopping = True
         self._open.set()
         self._changed.set()
@@ -102,6 +105,8 @@ class ContinuousGenerator:
                                    self.cfg.engines.request_timeout_s)
         if self._loop_task is not None:
             await asyncio.wait_for(self._loop_task, 30)
+        if paused:
+            await on_every_engine(self.cfg, lambda c: c.continue_generation())
 
     @property
     def counters(self):

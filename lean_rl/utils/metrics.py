@@ -90,6 +90,10 @@ class MetricsLogger:
             self._wandb = wandb.init(project=wandb_project, name=wandb_run_name, config=config or {},
                                      dir=str(self.run_dir), id=wandb_run_id(self.run_dir), resume="allow")
 
+    def rewind(self, step: int) -> None:
+        """Steps from `step` on will be logged again (a trainer heal went back to its checkpoint)."""
+        self._truncate_from(step)
+
     def _truncate_from(self, step: int) -> None:
         """Keep the rows of steps before `step`; drop the rest and any torn line (logged)."""
         for stale in self.run_dir.glob(f".{self.path.name}.tmp-*"):  # a rewrite a kill interrupted

@@ -140,6 +140,17 @@ class EngineWeights:
         with self._lock:
             return self._sync.probe(version)
 
+    def replace_trainer(self, trainer, version: int) -> None:
+        """A trainer heal (lean_rl/trainer_heal.py) started new ranks holding `version`: the old
+        WeightSync is closed (its trainer side is gone: best effort) and one is built on the new ranks.
+        The next sync gives the engines their weights."""
+        with self._lock:
+            old, self._sync = self._sync, None
+            if old is not None:
+                old.close()
+            self.trainer, self.trainer_version = trainer, version
+            self._connect()
+
     def close(self) -> None:
         if self.monitor is not None:
             self.monitor.rejoin = None

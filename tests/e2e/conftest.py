@@ -77,3 +77,21 @@ def assert_each_prompt_trained_once(out: Path, model: Path, data: Path, steps: i
     records, _ = load_prompts(config.prompt_data, config, transformers.AutoTokenizer.from_pretrained(model))
     source = PromptSource(records, shuffle=True, seed=42)
     assert set(trained) == {(0, source.next()[1].row) for _ in range(steps * batch)}
+
+
+_WAIT_ALIVE = """
+import sys, time, ray
+from lean_rl.utils.ray_utils import init_ray
+init_ray(sys.argv[1])
+deadline = time.monotonic() + float(sys.argv[3])
+while sys.argv[2] not in {n["NodeManagerAddress"] for n in ray.nodes() if n["Alive"]}:
+    assert time.monotonic() < deadline, f"node {sys.argv[2]} not alive again"
+    time.sleep(0.5)
+"""
+
+
+def wait_node_alive(address: str, ip: str, timeout_s: float = 90.0) -> None:
+    """Until Ray sees `ip` alive (in a short-lived driver: this process may hold another Ray)."""
+    result = subprocess.run([sys.executable, "-c", _WAIT_ALIVE, address, ip, str(timeout_s)], capture_output=True,
+                            text=True, timeout=timeout_s + 60)
+    assert result.returncode == 0, result.stderr[-2000:]

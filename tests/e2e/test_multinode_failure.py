@@ -10,29 +10,11 @@ import sys
 import time
 
 import pytest
-from conftest import REPO, assert_each_prompt_trained_once, read_metrics, run_flags, run_lean_rl
+from conftest import REPO, assert_each_prompt_trained_once, read_metrics, run_flags, run_lean_rl, wait_node_alive
 
 pytestmark = pytest.mark.e2e
 
 STEPS, BATCH = 4, 8
-
-_WAIT_ALIVE = """
-import sys, time, ray
-from lean_rl.utils.ray_utils import init_ray
-init_ray(sys.argv[1])
-deadline = time.monotonic() + float(sys.argv[3])
-while sys.argv[2] not in {n["NodeManagerAddress"] for n in ray.nodes() if n["Alive"]}:
-    assert time.monotonic() < deadline, f"node {sys.argv[2]} not alive again"
-    time.sleep(0.5)
-"""
-
-
-def _wait_node_alive(address: str, ip: str, timeout_s: float = 90.0) -> None:
-    """Until Ray sees `ip` alive (in a short-lived driver: this process may hold another Ray)."""
-    result = subprocess.run([sys.executable, "-c", _WAIT_ALIVE, address, ip, str(timeout_s)], capture_output=True,
-                            text=True, timeout=timeout_s + 60)
-    assert result.returncode == 0, result.stderr[-2000:]
-
 
 # slow (suite time, issue 24): multi-node runs by default in test_multinode.py, engine loss and recovery in test_engine_faults.py
 @pytest.mark.slow
@@ -85,7 +67,7 @@ def test_node_lost_mid_run_then_resume(simulated_cluster, tiny_qwen2, toy_data, 
             driver.wait(30)
         if killed is not None:
             cluster.restart_node(killed)
-            _wait_node_alive(cluster.address, killed)
+            wait_node_alive(cluster.address, killed)
 
     saved = max(int(p.name.removeprefix("iter_")) for p in ckpt.glob("iter_*"))
     assert 2 <= saved < STEPS

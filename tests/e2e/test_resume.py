@@ -110,6 +110,9 @@ def _stop_with(signum: int, module: str, tiny_qwen2, toy_data, tmp_path, *extra:
     assert_each_prompt_trained_once(tmp_path, tiny_qwen2, toy_data, STEPS, BATCH, in_order)
 
 
+# slow (suite time): the default suite's checkpoint + rewind + exactly-once run is test_trainer_heal.py's kill -9
+# of a rank; SIGTERM / SIGINT at and during a save by tests/unit/test_stop_during_save.py
+@pytest.mark.slow
 def test_sigterm_saves_stops_cleanly_and_the_rerun_resumes_exactly(tiny_qwen2, toy_data, tmp_path):
     _stop_with(signal.SIGTERM, "lean_rl.train", tiny_qwen2, toy_data, tmp_path)
 

@@ -135,7 +135,7 @@ class MegatronGroup:
                         num_cpus_per_actor=num_cpus_per_actor, colocated=colocated,
                         colocate_with=None if colocate_with is None else colocate_with._ranks,
                         timeout_s=start_timeout_s)
-            logger.info("trainer ranks on nodes %s (rank i on the i-th)", self._ranks.nodes)
+            logger.info("trainer ranks on nodes %s, pids %s (rank i on the i-th)", self._ranks.nodes, self._ranks.pids)
             host, port = self._ranks.call_first(MegatronRank.open_rendezvous, dist_timeout_s, timeout_s=start_timeout_s)
             self.rendezvous_host: str = host
             self.rendezvous_port: int = port

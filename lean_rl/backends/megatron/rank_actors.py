@@ -34,8 +34,16 @@ _PEER_LOST = ("Connection closed by peer", "Connection reset by peer", "Broken p
               "Connection refused", "NCCL communicator was aborted", "remote process exited")
 
 
+# how often a waiting call checks that the ranks on this node are still alive
+_LIVENESS_S = 5.0
+
+
 class MegatronGroupError(RuntimeError):
     """A call failed or timed out on some rank; the group has been shut down."""
+
+
+class PlacementError(MegatronGroupError):
+    """The trainer's nodes cannot be reserved now (too few alive, or their resources held)."""
 
 
 class RankActors:
@@ -109,7 +117,16 @@ class RankActors:
         results: list = [None] * len(refs)
         while pending:
             left = deadline - time.monotonic()
-            ready = ray.wait(list(pending), num_returns=1, timeout=max(left, 0))[0] if left > 0 else []
+            ready = ray.wait(list(pending), num_returns=1, timeout=min(max(left, 0), _LIVENESS_S))[0] \
+                if left > 0 else []
+            if not ready and left > _LIVENESS_S:
+                gone = self._gone_local_ranks()
+                if gone:  # Ray may not notice: a child the rank forked (a checkpoint writer) keeps its socket open
+                    self._shutdown_after_failure()
+                    raise MegatronGroupError(f"{what}: " + "; ".join(
+                        f"rank {rank} (MegatronRank) on node {self.nodes[rank]} died (pid {self.pids[rank]} is gone)"
+                        for rank in gone) + "; group shut down")
+                continue
             if not ready:
                 ranks = sorted(pending.values())
                 lost = self._lost_node_note(self._lost_nodes(0.0))
@@ -128,6 +145,22 @@ class RankActors:
         return results
 
     # -- failures and node loss -----------------------------------------------------------------
+
+    def _gone_local_ranks(self) -> list[int]:
+        """Ranks on the driver's node whose process has exited (a zombie counts as exited)."""
+        import ray
+
+        here = ray.util.get_node_ip_address()
+        gone = []
+        for rank, (pid, node) in enumerate(zip(self.pids, self.nodes)):
+            if node != here:
+                continue
+            try:
+                if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+                    gone.append(rank)
+            except psutil.NoSuchProcess:
+                gone.append(rank)
+        return gone
 
     def _failure_message(self, what: str, rank: int, error: BaseException, cause: BaseException) -> str:
         import ray
@@ -194,6 +227,7 @@ class RankActors:
                 pass
         for actor in actors:
             ray.kill(actor, no_restart=True)
+        self._kill_local_process_groups(len(actors))
         try:
             self._wait_ranks_gone(len(actors), wait_s)
         finally:
@@ -201,6 +235,27 @@ class RankActors:
                 from ray.util.placement_group import remove_placement_group
 
                 remove_placement_group(placement)
+
+    def _kill_local_process_groups(self, num_actors: int) -> None:
+        """What a rank on this node forked (Megatron's checkpoint writers) goes with it: a Ray worker leads
+        its own process group, whose members outlive a killed leader (orphans holding Ray's socket)."""
+        import os
+        import signal
+
+        import ray
+
+        if not num_actors:
+            return
+        here = ray.util.get_node_ip_address()
+        for pid, node in zip(self.pids, self.nodes):
+            if node != here:
+                continue
+            try:
+                if psutil.pid_exists(pid) and os.getpgid(pid) != pid:
+                    continue  # not a group leader: nothing of ours to find by its group
+                os.killpg(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
 
     def _wait_ranks_gone(self, num_actors: int, wait_s: float) -> None:
         import ray
@@ -255,14 +310,14 @@ def _reserve_nodes(layout: TrainerLayout, cpus_per_rank: float, timeout_s: float
     what = f"{layout.num_nodes} trainer node(s) x {per_node} rank(s) ({bundle} per node, {strategy})"
     alive = [node for node in ray.nodes() if node["Alive"]]
     if layout.num_nodes > len(alive):
-        raise MegatronGroupError(f"cannot place {what}: the Ray cluster has {len(alive)} node(s) alive "
+        raise PlacementError(f"cannot place {what}: the Ray cluster has {len(alive)} node(s) alive "
                                  f"({', '.join(n['NodeManagerAddress'] for n in alive)})")
     group = placement_group([dict(bundle) for _ in range(layout.num_nodes)], strategy=strategy)
     if not group.wait(timeout_seconds=timeout_s):
         remove_placement_group(group)
         free = {f"{n['NodeManagerAddress']}": {k: v for k, v in n["Resources"].items() if k in ("CPU", "GPU")}
                 for n in alive}
-        raise MegatronGroupError(f"cannot place {what} within {timeout_s:.0f}s (node resources: {free}; other "
+        raise PlacementError(f"cannot place {what} within {timeout_s:.0f}s (node resources: {free}; other "
                                  "actors may hold them)")
     return group
 

@@ -201,6 +201,12 @@ class PlacementConfig:
                                    help="seconds one trainer call (a train step, a checkpoint save) may take")
     distributed_timeout_minutes: float = option(10.0, positive=True,
                                                 help="torch.distributed timeout of the trainer's process groups")
+    # Healing (lean_rl/trainer_heal.py): a lost rank, node or hung collective restarts the trainer group
+    # from the last checkpoint of --save, the engines staying up; 0: the run ends naming the rank.
+    max_trainer_restarts: int = option(2, at_least=0, help="times a run restarts its trainer group after a lost "
+                                       "rank / node / hung collective (from the last --save checkpoint; 0: exit)")
+    trainer_restart_wait_s: float = option(300.0, flag="--trainer-restart-wait", positive=True,
+                                           help="seconds a restart waits for the trainer's nodes to be placeable")
 
     def __post_init__(self) -> None:
         for name in ("actor_num_nodes", "actor_num_gpus_per_node", "actor_num_procs_per_node"):

@@ -285,14 +285,16 @@ def latest_resume_step(root, flag: str) -> int | None:
 
 
 def initialize_for_training(group: "MegatronGroup", train: TrainConfig, algo: AlgorithmConfig,
-                            role: str = "actor", actor_step: int = 0,
-                            batch_plan: BatchPlan | None = None) -> tuple[int, dict | None]:
+                            role: str = "actor", actor_step: int = 0, batch_plan: BatchPlan | None = None,
+                            heal_from: str | None = None) -> tuple[int, dict | None]:
     """Weights, reference and optimizer of `group` as `role` from the flags; returns (step,
     extra_state) of a resumed checkpoint, else (0, None). Where the weights come from, as a slime user
     expects:
     - resume: --load (critic: --critic-load, default LOAD/critic) holds a complete checkpoint -> load
       it (any layout). The critic of a resumed actor (actor_step > 0) loads its checkpoint of that
       same step: the driver saves the critic before the actor, so the actor's step always has one;
+    - a heal (lean_rl/trainer_heal.py): `heal_from`, the --save root (critic: its critic root) that holds
+      the run's last checkpoint, stands for --load;
     - else start from --hf-checkpoint;
     - reference (when a KL term needs it): --ref-load, else the --hf-checkpoint weights (the policy's
       starting point), loaded before any resume so a resumed run keeps the same reference."""
@@ -301,6 +303,8 @@ def initialize_for_training(group: "MegatronGroup", train: TrainConfig, algo: Al
 
     ckpt = train.checkpoint
     load_root, load_flag = (ckpt.load, "--load") if role == "actor" else (ckpt.critic_load_dir, "--critic-load")
+    if heal_from is not None:
+        load_root, load_flag = heal_from, "--save" if role == "actor" else "--critic-save"
     resume = load_root is not None and latest_resume_step(load_root, load_flag) is not None
     if role == "critic" and actor_step:
         if load_root is None or not has_step(load_root, actor_step):
