@@ -74,6 +74,7 @@ class Runtime:
         self.stop = StopSignals(cfg.run.stop_timeout_s)  # SIGTERM / SIGINT: see run_loop.py
         self._saved_step: int | None = None
         self._first_step = 0  # the step the run started (or resumed) at
+        self._kept_placement = None  # --colocate: the lost actor's placement group, between heal steps
         self.turns = TrainerTurns(cfg.engines.releases_memory, cfg.run.colocate)  # who holds the devices
         self.colocated = cfg.run.colocate and not cfg.run.debug_rollout_only  # engines in the trainer's bundles
         self._ray_started = False
@@ -161,11 +162,13 @@ class Runtime:
     # ------------------------------------------------------------ a trainer heal (trainer_heal.py)
     def shutdown_trainers(self) -> None:
         """Both groups gone (the one that failed already is; the other is restarted with it, to load the
-        same checkpoint step)."""
+        same checkpoint step). --colocate: the actor's placement group stays, the engines live in it; the
+        new actor adopts it (restart_trainers)."""
+        self._kept_placement = self.trainer.placement_group if self.colocated and self.trainer is not None else None
         for group in (self.critic, self.trainer):
             if group is not None:
                 try:
-                    group.shutdown()
+                    group.shutdown(keep_placement=self.colocated)
                 except Exception as error:  # noqa: BLE001 - ranks on a lost node cannot confirm their end
                     logger.warning("trainer heal: shutdown of the old %s group: %s", group.role, error)
         self.trainer = self.critic = None
@@ -183,13 +186,15 @@ class Runtime:
             raise RuntimeError("restart_trainers: healing needs --save (TrainerHealer.of turns it off without)")
         saved = [s for s in list_steps(ckpt.save) if self._first_step <= s <= lost_step and has_step(ckpt.save, s)]
         heal_from = ckpt.save if saved else None
-        actor, step, state = start_megatron_group(self.cfg, "actor", colocated=False, heal_from=heal_from,
+        actor, step, state = start_megatron_group(self.cfg, "actor", colocated=self.colocated, heal_from=heal_from,
                                                   actor_step=max(saved) if saved else 0,
-                                                  start_timeout_s=start_timeout_s)
+                                                  placement_group=self._kept_placement, start_timeout_s=start_timeout_s)
+        self._kept_placement = None  # the new group's now: its shutdown removes it
         critic = None
         try:
             if self.cfg.algorithm.needs_critic:
-                critic, _, _ = start_megatron_group(self.cfg, "critic", colocated=False, actor=actor, actor_step=step,
+                critic, _, _ = start_megatron_group(self.cfg, "critic", colocated=self.colocated, actor=actor,
+                                                    actor_step=step,
                                                     heal_from=ckpt.critic_save_dir if heal_from else None,
                                                     start_timeout_s=start_timeout_s)
             if self.weight_sync is not None:
@@ -197,7 +202,8 @@ class Runtime:
         except BaseException:
             for group in (critic, actor):
                 if group is not None:
-                    group.shutdown()
+                    group.shutdown(keep_placement=self.colocated)
+            self._kept_placement = actor.placement_group if self.colocated else None
             raise
         self.trainer, self.critic = actor, critic
         self.turns.groups = tuple(g for g in (actor, critic) if g is not None)

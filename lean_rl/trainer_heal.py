@@ -15,10 +15,10 @@ checkpoint, the engines staying up:
 Healing needs --save: a checkpoint on disk already exists for resumes, costs the run nothing it does not
 pay already, and survives the node; an in-memory snapshot would have to live outside the ranks (the
 driver or Ray's object store) and copy the weights and optimizer state every step (12+ bytes a
-parameter). Without --save, or with --colocate (the engines live in the trainer's placement group,
-which a restart replaces), healing is off and start-up says so. Healing that cannot succeed (restarts
-exhausted, no capacity within the wait, the checkpoint unreadable) ends the run with one line naming
-the cause; the rerun resumes as after any other exit.
+parameter). Without --save healing is off and start-up says so. Under --colocate the engines live in
+the trainer's placement group: a failed colocated group keeps it, and the new ranks start into it.
+Healing that cannot succeed (restarts exhausted, no capacity within the wait, the checkpoint unreadable)
+ends the run with one line naming the cause; the rerun resumes as after any other exit.
 """
 
 from __future__ import annotations
@@ -61,15 +61,14 @@ class TrainerHealer:
         elif cfg.train.checkpoint.save is None:
             off = "no --save: there is no checkpoint to go back to (an in-memory snapshot per step would copy " \
                   "weights and optimizer state every step; set --save, --save-interval N to heal redoing <= N steps)"
-        elif cfg.run.colocate:
-            off = "--colocate: the engines live in the trainer's placement group, which a restart would replace"
         healer = cls(0 if off else placement.max_trainer_restarts, placement.trainer_restart_wait_s, off)
         if off and placement.max_trainer_restarts:
             logger.warning("trainer healing off (%s): a lost trainer rank ends the run; a rerun resumes", off)
         elif not off:
-            logger.info("trainer healing on: up to %d restart(s) of the trainer from the last checkpoint of --save "
-                        "(every --save-interval %s steps: a heal redoes at most that many)",
-                        healer.max_restarts, cfg.train.checkpoint.save_interval)
+            interval = cfg.train.checkpoint.save_interval
+            logger.info("trainer healing on: up to %d restart(s) of the trainer from the last checkpoint of --save (%s)",
+                        healer.max_restarts, f"every {interval} step(s): a heal redoes at most that many" if interval
+                        else "no --save-interval: only the last step is saved, so a heal starts the run over")
         return healer
 
     def metrics(self) -> dict[str, float]:

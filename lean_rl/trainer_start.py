@@ -15,12 +15,13 @@ logger = logging.getLogger(__name__)
 
 
 def start_megatron_group(cfg: Config, role: str, *, colocated: bool, actor: MegatronGroup | None = None,
-                         actor_step: int = 0, heal_from: str | None = None,
+                         actor_step: int = 0, heal_from: str | None = None, placement_group=None,
                          start_timeout_s: float = 300.0) -> tuple[MegatronGroup, int, dict | None]:
     """(group, step it resumed at, extra state of that checkpoint) for `role` "actor" or "critic".
     `colocated` (--colocate): the actor's bundles also hold the engines, and the critic takes turns on
     the actor's devices (review C4). `heal_from`: a heal restarts from this checkpoint root (--save's)
-    instead of --load's (train_driver.initialize_for_training)."""
+    instead of --load's (train_driver.initialize_for_training), its ranks into `placement_group` (the failed
+    group's, kept under --colocate: the engines are in it)."""
     from lean_rl.backends.megatron.group import MegatronGroup
     from lean_rl.backends.megatron.rank_trainer import RankTrainer
     from lean_rl.backends.megatron.train_driver import initialize_for_training
@@ -29,7 +30,8 @@ def start_megatron_group(cfg: Config, role: str, *, colocated: bool, actor: Mega
     group = MegatronGroup(cfg.megatron, layout=cfg.layout, seed=cfg.train.seed, colocated=colocated and role == "actor",
                           call_timeout_s=placement.call_timeout_s, start_timeout_s=start_timeout_s,
                           dist_timeout_s=placement.distributed_timeout_minutes * 60,
-                          colocate_with=actor if role == "critic" and colocated else None)
+                          colocate_with=actor if role == "critic" and colocated else None,
+                          placement_group=placement_group if role == "actor" else None)
     try:
         step, state = initialize_for_training(group, cfg.train, cfg.algorithm, role=role, actor_step=actor_step,
                                               batch_plan=cfg.batch_plan, heal_from=heal_from)
@@ -38,7 +40,7 @@ def start_megatron_group(cfg: Config, role: str, *, colocated: bool, actor: Mega
             group.call_all(RankTrainer.load_teacher, teacher)
             logger.info("teacher for on-policy distillation: --opd-teacher-load %s (in the trainer)", teacher)
     except BaseException:
-        group.shutdown()
+        group.shutdown(keep_placement=placement_group is not None)
         raise
     if role == "actor" and cfg.train.lora.enabled:
         trainable = group.trainable_parameters()

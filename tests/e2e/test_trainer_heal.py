@@ -115,6 +115,16 @@ def test_async_loops_heal_a_killed_rank(mode, tiny_qwen2, toy_data, tmp_path):
 
 
 @pytest.mark.slow
+def test_a_colocated_run_heals_into_the_placement_group_its_engines_live_in(tiny_qwen2, toy_data, tmp_path):
+    flags = run_flags(tiny_qwen2, toy_data, tmp_path, "--num-rollout", str(STEPS), "--save", str(tmp_path / "ckpt"),
+                      "--save-interval", "1", "--dump-samples-interval", "1", "--micro-batch-size", "8",
+                      "--actor-num-procs-per-node", "2", "--colocate")
+    text, rows, healed_s = run_with_a_fault(tmp_path, flags, _kill_rank_1)
+    print(f"--colocate, kill -9 of rank 1: healed {healed_s:.1f} s after the fault")
+    _assert_healed(tmp_path, tiny_qwen2, toy_data, text, rows)
+
+
+@pytest.mark.slow
 def test_ppo_heals_actor_and_critic(tiny_qwen2, toy_data, tmp_path):
     flags = run_flags(tiny_qwen2, toy_data, tmp_path, "--num-rollout", str(STEPS), "--save", str(tmp_path / "ckpt"),
                       "--save-interval", "1", "--dump-samples-interval", "1", "--micro-batch-size", "8",

@@ -19,7 +19,6 @@ def _cfg(tiny_qwen2, tmp_path, *extra):
 @pytest.mark.parametrize("flags, off", [
     ([], "no --save"),
     (["--save", "CKPT", "--max-trainer-restarts", "0"], "--max-trainer-restarts 0"),
-    (["--save", "CKPT", "--colocate"], "--colocate"),
     (["--save", "CKPT"], None),
 ])
 def test_healing_is_on_only_with_a_checkpoint_to_go_back_to(flags, off, tiny_qwen2, tmp_path, caplog):

@@ -58,7 +58,7 @@ def rank_env(device: str, num_threads: int, pythonpath: str | None) -> dict[str,
 
 def place_ranks(ranks: RankActors, rank_class: type, rank_args, layout: TrainerLayout, *, env: dict[str, str],
                 num_cpus_per_actor: float, colocated: bool, colocate_with: RankActors | None,
-                timeout_s: float) -> None:
+                timeout_s: float, placement_group=None) -> None:
     """Start `rank_class(*rank_args(rank))` for every rank of `layout` in `ranks`, placed as a run needs:
     - alone: a bundle per trainer node with one GPU (or num_cpus_per_actor CPUs) per rank;
     - `colocated` (--colocate): the same bundles, each rank taking COLOCATED_RANK_SHARE of its device
@@ -66,7 +66,9 @@ def place_ranks(ranks: RankActors, rank_class: type, rank_args, layout: TrainerL
     - `colocate_with` (PPO's critic under --colocate, review C4): in the other group's bundles, rank i
       on the GPU of that group's rank i (CUDA_VISIBLE_DEVICES set to its Ray GPU id, nothing reserved:
       the two models take turns there, the critic offloaded with the actor), or with no CPU reserved
-      on CPU. Asking Ray for GPUs of its own would wait forever: the actor's bundles hold them all."""
+      on CPU. Asking Ray for GPUs of its own would wait forever: the actor's bundles hold them all.
+    `placement_group`: the bundles of a failed group, kept (--colocate: the engines are in them) for the
+    group a trainer heal starts; adopted, as if reserved here."""
     if layout.device != "cuda" and num_cpus_per_actor <= 0:
         raise ValueError(f"MegatronGroup: num_cpus_per_actor must be > 0 on CPU, got {num_cpus_per_actor}")
     if colocate_with is not None:
@@ -80,7 +82,7 @@ def place_ranks(ranks: RankActors, rank_class: type, rank_args, layout: TrainerL
     ranks.start(rank_class, rank_args, layout,
                 num_cpus=num_cpus_per_actor if layout.device == "cuda" else num_cpus_per_actor * share,
                 num_gpus=share if layout.device == "cuda" else 0, env=env, cpus_per_rank=num_cpus_per_actor,
-                timeout_s=timeout_s)
+                timeout_s=timeout_s, placement_group=placement_group, adopt_placement=placement_group is not None)
 
 
 @dataclass(frozen=True)
@@ -94,7 +96,7 @@ class MegatronGroup:
                  device: str | None = None, num_cpus_per_actor: float = 0.5, seed: int = 1234, num_threads: int = 1,
                  start_timeout_s: float = 300.0, call_timeout_s: float = 600.0, dist_timeout_s: float = 300.0,
                  colocated: bool = False, node_loss_wait_s: float = 45.0,
-                 colocate_with: "MegatronGroup | None" = None, in_process: bool = False):
+                 colocate_with: "MegatronGroup | None" = None, in_process: bool = False, placement_group=None):
         """Start one actor per rank, initialise torch.distributed + parallel_state on each and build
         the model (random weights). `layout`: as a run derived it at start-up (cfg.layout); a group
         used on its own gives `world_size` (default: the smallest world for the parallel layout) and
@@ -102,7 +104,9 @@ class MegatronGroup:
         COLOCATED_RANK_SHARE of their devices, leaving the rest of each node's bundle to the engines
         placed into it (sglang.engine_placement.colocated_placement). `colocate_with` (PPO's critic under --colocate):
         rank i runs in the bundle and on the devices of that group's rank i (place_ranks). `in_process`:
-        one rank hosted in this process, no Ray (rank_actors.InProcessRank; the GPU smoke check)."""
+        one rank hosted in this process, no Ray (rank_actors.InProcessRank; the GPU smoke check).
+        `placement_group`: a trainer heal's, kept from the failed group (place_ranks). A colocated group's
+        failure keeps its placement group: the engines live in it."""
         if not in_process:
             import ray
 
@@ -125,7 +129,7 @@ class MegatronGroup:
         self.batch_plan: BatchPlan | None = None
         self.colocated = colocated
         self.cpus_per_rank = num_cpus_per_actor
-        self._ranks = InProcessRank() if in_process else RankActors(node_loss_wait_s)
+        self._ranks = InProcessRank() if in_process else RankActors(node_loss_wait_s, keep_placement_on_failure=colocated)
         try:
             logger.info("starting %d Megatron-core rank(s) on %s (imports, model build, weights: ~10-30 s on CPU)",
                         self.world_size, device)
@@ -134,7 +138,7 @@ class MegatronGroup:
                         layout, env=rank_env(device, num_threads, os.environ.get("PYTHONPATH")),
                         num_cpus_per_actor=num_cpus_per_actor, colocated=colocated,
                         colocate_with=None if colocate_with is None else colocate_with._ranks,
-                        timeout_s=start_timeout_s)
+                        timeout_s=start_timeout_s, placement_group=placement_group)
             logger.info("trainer ranks on nodes %s, pids %s (rank i on the i-th)", self._ranks.nodes, self._ranks.pids)
             host, port = self._ranks.call_first(MegatronRank.open_rendezvous, dist_timeout_s, timeout_s=start_timeout_s)
             self.rendezvous_host: str = host
@@ -143,7 +147,7 @@ class MegatronGroup:
                                                            timeout_s=start_timeout_s)
             self.call_all(MegatronRank.build_model, timeout_s=start_timeout_s)
         except BaseException:
-            self.shutdown()
+            self.shutdown(keep_placement=placement_group is not None)  # a heal's: it may try again in it
             raise
 
     @classmethod
@@ -302,10 +306,10 @@ class MegatronGroup:
         """Per rank, the GPU ids Ray gave it on its node (empty on CPU)."""
         return [[str(gpu) for gpu in ids] for ids in self._ranks.gpu_ids]
 
-    def shutdown(self, wait_s: float = 30.0) -> None:
+    def shutdown(self, wait_s: float = 30.0, keep_placement: bool = False) -> None:
         """Kill every rank and wait (bounded) until their processes are gone; then release the
-        placement group. Idempotent."""
-        self._ranks.shutdown(wait_s)
+        placement group, unless `keep_placement` (a heal's new group adopts it). Idempotent."""
+        self._ranks.shutdown(wait_s, keep_placement=keep_placement)
 
     def __enter__(self) -> "MegatronGroup":
         return self

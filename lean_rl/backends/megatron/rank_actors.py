@@ -49,8 +49,12 @@ class PlacementError(MegatronGroupError):
 class RankActors:
     """One Ray actor per trainer rank, started by start() and gone after shutdown() (module docstring)."""
 
-    def __init__(self, node_loss_wait_s: float = 45.0):
+    def __init__(self, node_loss_wait_s: float = 45.0, keep_placement_on_failure: bool = False):
+        """`keep_placement_on_failure` (--colocate: the engines live in these bundles): a failed call kills
+        the ranks but leaves the placement group, for a trainer heal to start new ranks into
+        (`adopt_placement`); shutdown() removes it."""
         self.node_loss_wait_s = node_loss_wait_s
+        self.keep_placement_on_failure = keep_placement_on_failure
         self.actors: list[Any] = []
         self.actor_ids: list[str] = []  # per rank: its Ray actor id (hex), as in Ray's actor table
         self.pids: list[int] = []
@@ -62,14 +66,16 @@ class RankActors:
 
     def start(self, actor_class: type, rank_args: Callable[[int], tuple], layout: TrainerLayout, *,
               num_cpus: float, num_gpus: float, env: dict[str, str], cpus_per_rank: float,
-              timeout_s: float, placement_group=None, rank_env: Callable[[int], dict] | None = None) -> None:
+              timeout_s: float, placement_group=None, rank_env: Callable[[int], dict] | None = None,
+              adopt_placement: bool = False) -> None:
         """Reserve the nodes (`cpus_per_rank` each in their bundle), start actor_class(*rank_args(rank))
         in its node's bundle for each rank, and record where each landed. `placement_group`: another
         group's, to start in (not reserved, not removed at shutdown); `rank_env`: per rank, more
-        environment. On an error the caller shuts down what was started."""
+        environment; `adopt_placement`: `placement_group` is this group's own from now on (a heal's, kept from
+        the failed group: shutdown() removes it). On an error the caller shuts down what was started."""
         import ray
 
-        self._owns_placement = placement_group is None
+        self._owns_placement = placement_group is None or adopt_placement
         self.actor_class = actor_class
         self.placement_group = _reserve_nodes(layout, cpus_per_rank, timeout_s) if placement_group is None \
             else placement_group
@@ -211,14 +217,18 @@ class RankActors:
 
     # -- shutdown -------------------------------------------------------------------------------
 
-    def shutdown(self, wait_s: float = 30.0) -> None:
+    def shutdown(self, wait_s: float = 30.0, keep_placement: bool = False) -> None:
         """Kill every actor and wait (bounded) until their processes are gone: psutil for the ranks
         on the driver's node, Ray's actor table (DEAD) for the others. Then release the placement
-        group. Idempotent."""
+        group, unless `keep_placement` (it stays `placement_group`, for a heal). Idempotent."""
         import ray
 
         actors, self.actors = self.actors, []
-        placement, self.placement_group = self.placement_group, None
+        placement = self.placement_group
+        if keep_placement:
+            placement = None  # not removed below
+        else:
+            self.placement_group = None
         save_coverage = getattr(self.actor_class, "save_coverage", None)
         if actors and measured() and save_coverage is not None:
             try:  # ray.kill is a SIGKILL: the ranks' coverage data would be lost (scripts/cpu_coverage.py)
@@ -290,7 +300,7 @@ class RankActors:
         """Shut down, bounded; a shutdown that cannot confirm every actor gone is logged, so that the
         error that ended the group (not this one) is what the caller sees."""
         try:
-            self.shutdown()
+            self.shutdown(keep_placement=self.keep_placement_on_failure)
         except Exception as error:  # noqa: BLE001
             logger.warning("trainer group shutdown after a failure: %s", error)
 
@@ -385,7 +395,7 @@ class InProcessRank:
     def call_first(self, fn: Callable, *args, timeout_s: float):
         return self.call_all(fn, *args, timeout_s=timeout_s)[0]
 
-    def shutdown(self, wait_s: float = 30.0) -> None:
+    def shutdown(self, wait_s: float = 30.0, keep_placement: bool = False) -> None:
         actor, self.actor = self.actor, None
         if actor is not None:
             actor.shutdown()
