@@ -20,7 +20,7 @@ from lean_rl.testing.watched_run import WatchedRun
 
 pytestmark = pytest.mark.e2e
 
-STEPS, BATCH = 4, 8
+STEPS, BATCH = 6, 8  # steps of a second or two: the fault comes right after step 1, well before the end
 
 
 def _listener_pid(port: int) -> int | None:
@@ -32,14 +32,13 @@ def _listener_pid(port: int) -> int | None:
 
 def run_with_a_fault(tmp_path: Path, flags: list[str], fault, module: str = "lean_rl.train",
                      timeout_s: float = 420) -> tuple[str, list[dict], float]:
-    """Start the run, wait for step 1 to be logged, `fault(log_text, rank_pids)` (while step 2 runs), let it
-    finish; returns (its log, its metrics, seconds from the fault to the end of the heal)."""
+    """Start the run, wait for step 1 to be logged, `fault(log_text, rank_pids)` at once (while step 2 runs), let
+    it finish; returns (its log, its metrics, seconds from the fault to the end of the heal)."""
     with WatchedRun(module, flags, tmp_path / "run.log") as run:
         pids = run.rank_pids()
         engine_port = int(run.wait_for(r"engines \['http://[0-9.]+:(\d+)'", 240).group(1))
         engine_pid = _listener_pid(engine_port)
         run.wait_for(r"\nstep 1 \|", 300)
-        time.sleep(2)  # into step 2
         fault(run.text(), pids)
         faulted = time.monotonic()
         run.wait_for(r"trainer healed in", 300)
