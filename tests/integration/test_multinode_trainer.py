@@ -69,6 +69,8 @@ _DRIVER = textwrap.dedent("""
 """)
 
 
+# slow (suite time): tests/e2e/test_multinode.py runs TP=2 over two nodes in the real loop by default
+@pytest.mark.slow
 def test_tp2_over_two_nodes_places_meets_and_trains_as_one_node(simulated_cluster, tiny_qwen2):
     result = subprocess.run([sys.executable, "-c", _DRIVER, simulated_cluster.address, str(tiny_qwen2)],
                             capture_output=True, text=True, timeout=240, env={**os.environ, "OMP_NUM_THREADS": "1"})

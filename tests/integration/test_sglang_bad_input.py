@@ -95,6 +95,8 @@ def test_a_server_that_dies_at_start_raises_with_its_log_tail(broken_model, tmp_
     assert server_tmp_dirs(tmp_path / "run") <= tmp_dirs_before  # its TMPDIR (SGLang ipc files) is gone
 
 
+# slow (suite time): the race is simulated; test_a_taken_port_is_reported_with_its_flag is the default path
+@pytest.mark.slow
 def test_a_port_taken_after_the_check_fails_fast_instead_of_hanging(tiny_qwen2, tmp_path, monkeypatch):
     # SGLang itself hangs forever when uvicorn cannot bind; simulate losing the race for the port.
     port = find_free_port()
