@@ -14,7 +14,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from conftest import assert_each_prompt_trained_once, read_metrics, run_flags, wait_node_alive
+from conftest import assert_each_prompt_trained_once, read_metrics, run_flags, run_lean_rl, wait_node_alive
 
 from lean_rl.testing.watched_run import WatchedRun
 
@@ -56,6 +56,10 @@ def _assert_healed(tmp_path, tiny_qwen2, toy_data, text, rows, in_order=True, ma
     assert rows[-1]["engines/restarts"] == 0
     healed = [r for r in rows if "fault/heal_seconds" in r]
     assert len(healed) == 1 and healed[0]["fault/heal_seconds"] > 0
+    _assert_each_step_trained_its_own_version(tmp_path, tiny_qwen2, toy_data, in_order, max_staleness)
+
+
+def _assert_each_step_trained_its_own_version(tmp_path, tiny_qwen2, toy_data, in_order=True, max_staleness=0):
     assert_each_prompt_trained_once(tmp_path, tiny_qwen2, toy_data, STEPS, BATCH, in_order=in_order)
     for step in range(STEPS):  # no token of a version the heal undid, none staler than the bound
         for line in (tmp_path / "run" / "samples" / f"step_{step:06d}.jsonl").read_text().splitlines():
@@ -75,6 +79,40 @@ def test_kill_9_of_a_trainer_rank_heals_and_the_run_finishes(tiny_qwen2, toy_dat
     print(f"kill -9 of rank 1: healed {healed_s:.1f} s after the fault;",
           [line for line in text.splitlines() if "trainer healed in" in line][-1])
     _assert_healed(tmp_path, tiny_qwen2, toy_data, text, rows)
+
+
+@pytest.mark.slow
+def test_a_spent_restart_budget_stops_the_run_with_one_line_and_the_rerun_resumes(tiny_qwen2, toy_data, tmp_path):
+    """--max-trainer-restarts 1: rank 1 killed after step 1 heals; killed again after the heal, the run ends
+    with one line naming the spent budget; the same command then resumes from the last checkpoint and
+    finishes, every prompt trained once across the three trainers."""
+    ckpt = tmp_path / "ckpt"
+    flags = run_flags(tiny_qwen2, toy_data, tmp_path, "--num-rollout", str(STEPS), "--save", str(ckpt),
+                      "--load", str(ckpt), "--save-interval", "1", "--dump-samples-interval", "1",
+                      "--micro-batch-size", "8", "--actor-num-procs-per-node", "2", "--max-trainer-restarts", "1")
+    with WatchedRun("lean_rl.train", flags, tmp_path / "run.log") as run:
+        pids = run.rank_pids()
+        run.wait_for(r"\nstep 1 \|", 300)
+        os.kill(pids[1], signal.SIGKILL)
+        healed = run.wait_for(r"trainer healed in", 300)
+        run.wait_for(r"\nstep 3 \|", 300, after=healed.end())
+        os.kill(run.rank_pids()[1], signal.SIGKILL)  # the healed group's rank 1: the budget is spent
+        code = run.wait(300)
+        text = run.text()
+    ended = [line for line in text.splitlines() if "the run stops" in line]
+    assert code != 0 and len(ended) == 1, text[-4000:]
+    assert "1 trainer restart(s) used (--max-trainer-restarts 1)" in ended[0] and "rank 1" in ended[0], ended
+    print("the run ended with:", ended[0])
+    healed_rows = [r for r in read_metrics(tmp_path) if "fault/heal_seconds" in r]
+    assert len(healed_rows) == 1 and healed_rows[0]["fault/trainer_restarts"] == 1
+
+    resumed = run_lean_rl("lean_rl.train", flags)  # the same command again
+    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-5000:]
+    assert f"resumed from {ckpt} at step" in resumed.stdout + resumed.stderr
+    rows = read_metrics(tmp_path)
+    assert [r["step"] for r in rows] == list(range(STEPS)), rows  # each step once across heal and rerun
+    assert [r for r in rows if "fault/heal_seconds" in r] == healed_rows
+    _assert_each_step_trained_its_own_version(tmp_path, tiny_qwen2, toy_data)
 
 
 @pytest.mark.slow

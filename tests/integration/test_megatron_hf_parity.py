@@ -27,7 +27,6 @@ MAX_ENTROPY_DIFF = 1e-5
 # not pad, where log-probs without entropy take the in-place path of the cross entropy.
 CASES = {
     "qwen2-tp1": ("qwen2", ParallelConfig(), 128),
-    "qwen2-tp2": ("qwen2", ParallelConfig(tensor_model_parallel_size=2), 96),
     # tied embeddings (as in small Qwen2.5 models): the last stage holds its own output-layer copy
     "qwen2_tied-pp2": ("qwen2_tied", ParallelConfig(pipeline_model_parallel_size=2), 96),
     "llama-tp1": ("llama", ParallelConfig(), 96),
@@ -39,6 +38,7 @@ CASES = {
 # family: PP=2 is qwen2_tied-pp2, expert TP with SP is qwen3_moe-ep2's
 # MoE layer under TP as in qwen3-tp2
 SLOW_CASES = {
+    "qwen2-tp2": ("qwen2", ParallelConfig(tensor_model_parallel_size=2), 96),  # TP 2 by default: qwen3-tp2
     "qwen2-pp2": ("qwen2", ParallelConfig(pipeline_model_parallel_size=2), 96),
     # expert TP = 2 with sequence parallel (odd lengths get padded to a multiple of TP)
     "qwen3_moe-tp2-sp": ("qwen3_moe", ParallelConfig(tensor_model_parallel_size=2, sequence_parallel=True), 96),

@@ -37,6 +37,9 @@ def _model_tensors(directory) -> dict[str, torch.Tensor]:
             for key, meta in reader.tensors().items() if key.startswith(("embedding.", "decoder.", "output_layer."))}
 
 
+# slow (suite time): tests/e2e/test_lora_run.py syncs only the adapters by default, and its probe every step
+# (engine base + adapter vs trainer) fails if anything but the adapters trained
+@pytest.mark.slow
 def test_lora_trains_only_the_adapters_and_exports_merged_weights(ray_cluster, tiny_qwen2, tmp_path):
     groups = make_groups(seed=4)
     probe = [s.tokens for g in groups for s in g][:3]

@@ -128,6 +128,8 @@ def read_line(proc: subprocess.Popen, timeout_s: float) -> str:
     return proc.stdout.readline() if ready else ""
 
 
+# slow (suite time): the trainer's side by default in test_megatron_group.py::test_actors_die_with_their_driver
+@pytest.mark.slow
 def test_no_orphans_when_the_driver_is_killed(tiny_qwen2, tmp_path):
     driver = subprocess.Popen([sys.executable, "-c", START_AND_WAIT, str(tiny_qwen2), str(tmp_path / "run")],
                               stdout=subprocess.PIPE, text=True)

@@ -249,6 +249,8 @@ def test_router_routes_around_a_removed_engine_and_back_after_readding(engine_gr
     router.close()
 
 
+# slow (suite time): tests/e2e/test_engine_faults.py restarts a killed engine in the real loop by default
+@pytest.mark.slow
 def test_restart_engine_brings_it_back_on_the_same_port(engine_group, prompts):
     old_pids = set(engine_group.pids()["engine-1"])
     seconds = engine_group.restart_engine(1)
