@@ -129,17 +129,18 @@ def main(argv: list[str]) -> int:
     # the floor is the best the same requests did through the same pool in this run (noise only slows a
     # round down); ours is the median round. The ratio is ours' time over the floor's: >= 1 unless broken.
     ours, floor = statistics.median(results["ours"]), max(results["floor"])
+    noise = floor / min(results["floor"]) - 1  # the floor's own spread: (slowest - fastest) / fastest time
     print(f"\nrollout throughput ({args.num_engines} engines, {args.prompts}x{args.samples} requests x "
           f"{args.max_new_tokens} tokens, concurrency {args.concurrency}, {args.rounds} rounds):")
     print(f"  ours  {ours:8.1f} tok/s (median)\n  floor {floor:8.1f} tok/s (best)\n"
-          f"  floor / ours {floor / ours:8.3f}  (goal <= {GOAL})")
+          f"  floor / ours {floor / ours:8.3f}  (goal <= {GOAL}; the floor's spread between rounds {noise:.3f})")
     model_name = model.name if args.hf_checkpoint else args.preset
     write_rows(args.json, [row(
         f"rollout time, ours / the same `/generate` requests through one connection pool sized like ours "
         f"({model_name}, {args.num_engines} engines, {args.prompts}×{args.samples} requests × {args.max_new_tokens} "
         f"tokens, concurrency {args.concurrency}, ours the median of {args.rounds} rounds)",
         f"{ours:.0f} tok/s", f"{floor:.0f} tok/s: the same requests, bare, best of {args.rounds} rounds",
-        floor / ours, f"<= {GOAL}", command_line("rollout_throughput", argv), physical=True)])
+        floor / ours, f"<= {GOAL}", command_line("rollout_throughput", argv), physical=True, noise=noise)])
     return 0
 
 

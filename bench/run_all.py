@@ -5,7 +5,7 @@
 Each script runs as its own process, `python bench/NAME.py [--quick] --json FILE`, with a deadline (past
 it: SIGINT, so that the script stops its servers, then SIGKILL to its process group); the rows it writes
 (what, figure, floor, ratio, goal, command) go into the table as written, except that a row whose
-physical floor it beat (ratio < 1: bench_common.broken_floor) is refused as a failure. Above the table, one line
+physical floor it beat (ratio < 1 by more than the floor's noise: bench_common.broken_floor) is refused as a failure. Above the table, one line
 names the machine, the commit, the date and the mode. A script that fails or overruns its deadline
 gets a row saying so (its last stderr line); run_all then exits 1, after writing the table with what
 the others measured. Progress and each script's log files go to stderr.
@@ -31,7 +31,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench_common import NO_GOAL, PHYSICAL, ROW_KEYS, at_least, broken_floor, command_line, row, run_bench
+from bench_common import NO_GOAL, NOISE, PHYSICAL, ROW_KEYS, at_least, broken_floor, command_line, row, run_bench
 from lean_rl.cli import DEBUG_HELP, ArgumentParser
 
 REPO = Path(__file__).resolve().parents[1]
@@ -184,8 +184,9 @@ def run_script(name: str, quick: bool, timeout_s: float, logs: Path) -> tuple[li
         rows = json.loads(json_path.read_text())
     except (OSError, ValueError) as error:
         return [failed_row(name, command, f"no readable --json rows ({error})")], False
-    if not rows or any(set(r) != {*ROW_KEYS, PHYSICAL} for r in rows):
-        return [failed_row(name, command, f"its --json rows lack the columns {', '.join(ROW_KEYS)}, {PHYSICAL}")], False
+    if not rows or any(set(r) != {*ROW_KEYS, PHYSICAL, NOISE} for r in rows):
+        return [failed_row(name, command, f"its --json rows lack the columns {', '.join(ROW_KEYS)}, {PHYSICAL}, "
+                                          f"{NOISE}")], False
     broken = [reason for reason in map(broken_floor, rows) if reason]
     if broken:
         return [r for r in rows if not broken_floor(r)] + [failed_row(name, command, reason) for reason in broken], False

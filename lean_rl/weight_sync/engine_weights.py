@@ -145,11 +145,8 @@ class EngineWeights:
         WeightSync is closed (its trainer side is gone: best effort) and one is built on the new ranks.
         The next sync gives the engines their weights."""
         with self._lock:
-            old, self._sync = self._sync, None
-            if old is not None:
-                old.close()
             self.trainer, self.trainer_version = trainer, version
-            self._connect()
+            self._reconnect("the trainer was restarted")
 
     def close(self) -> None:
         if self.monitor is not None:
@@ -191,5 +188,5 @@ class EngineWeights:
         logger.info("weight sync: reconnecting to %s (%s)", self.engines.engine_urls, why)
         old, self._sync = self._sync, None
         if old is not None:
-            old.close()  # best effort: a restarted engine no longer knows the old groups
+            old.close()  # best effort: a restarted engine (or trainer) no longer knows the old groups
         self._connect()

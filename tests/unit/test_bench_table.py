@@ -105,10 +105,10 @@ def test_command_line_drops_json_and_rows_round_trip(bench, tmp_path):
     common.write_rows(str(tmp_path / "rows.json"), rows)
     back = json.loads((tmp_path / "rows.json").read_text())
     assert back == [{"what": "w", "figure": "f", "floor": "fl", "ratio": 3.0, "goal": "g", "command": "c",
-                     "physical_floor": False},
+                     "physical_floor": False, "floor_noise": 0.0},
                     {"what": "w2", "figure": "f2", "floor": "—", "ratio": None, "goal": "—", "command": "c",
-                     "physical_floor": False}]
-    assert [list(r) for r in back] == [[*common.ROW_KEYS, common.PHYSICAL]] * 2
+                     "physical_floor": False, "floor_noise": 0.0}]
+    assert [list(r) for r in back] == [[*common.ROW_KEYS, common.PHYSICAL, common.NOISE]] * 2
 
 
 def test_a_row_that_beats_its_physical_floor_is_a_broken_floor(bench):
@@ -116,6 +116,11 @@ def test_a_row_that_beats_its_physical_floor_is_a_broken_floor(bench):
     beaten = common.row("weight sync", "0.47 s", "0.63 s raw TCP send", 0.746, "<= 1.5", "c", physical=True)
     assert "broken floor: ours / floor = 0.746 < 1 for 'weight sync'" in common.broken_floor(beaten)
     assert common.broken_floor(common.row("w", "f", "fl", 1.0, "g", "c", physical=True)) is None
+    # ours at the floor, below it by less than the floor's own spread between rounds: a tie
+    tie = common.row("rollout", "4025 tok/s", "4013 tok/s", 0.997, "<= 1.1", "c", physical=True, noise=0.02)
+    assert common.broken_floor(tie) is None
+    beyond = common.row("rollout", "4200 tok/s", "4013 tok/s", 0.955, "<= 1.1", "c", physical=True, noise=0.02)
+    assert "0.955 < 1 (more than the floor's spread between rounds, 0.02)" in common.broken_floor(beyond)
     # a ratio below 1 is fine where the floor is not physical (peak memory / a shard, async / sync ...)
     assert common.broken_floor(common.row("rss", "70 MiB", "95 MiB shard", 0.73, "<= 1.06", "c")) is None
 

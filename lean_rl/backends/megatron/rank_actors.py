@@ -152,15 +152,17 @@ class RankActors:
 
     # -- failures and node loss -----------------------------------------------------------------
 
-    def _gone_local_ranks(self) -> list[int]:
-        """Ranks on the driver's node whose process has exited (a zombie counts as exited)."""
+    def _local_ranks(self) -> list[tuple[int, int]]:
+        """(rank, pid) of the ranks on the driver's node: those psutil can see and signal."""
         import ray
 
         here = ray.util.get_node_ip_address()
+        return [(rank, pid) for rank, (pid, node) in enumerate(zip(self.pids, self.nodes)) if node == here]
+
+    def _gone_local_ranks(self) -> list[int]:
+        """Ranks on the driver's node whose process has exited (a zombie counts as exited)."""
         gone = []
-        for rank, (pid, node) in enumerate(zip(self.pids, self.nodes)):
-            if node != here:
-                continue
+        for rank, pid in self._local_ranks():
             try:
                 if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
                     gone.append(rank)
@@ -252,14 +254,9 @@ class RankActors:
         import os
         import signal
 
-        import ray
-
         if not num_actors:
             return
-        here = ray.util.get_node_ip_address()
-        for pid, node in zip(self.pids, self.nodes):
-            if node != here:
-                continue
+        for _, pid in self._local_ranks():
             try:
                 if psutil.pid_exists(pid) and os.getpgid(pid) != pid:
                     continue  # not a group leader: nothing of ours to find by its group
@@ -281,7 +278,7 @@ class RankActors:
                   and not (rank < len(self.nodes) and self.nodes[rank] in lost)]
         deadline = time.monotonic() + wait_s
         processes = []
-        for pid in [pid for pid, node in zip(self.pids, self.nodes) if node == here]:
+        for _, pid in self._local_ranks():
             try:
                 processes.append(psutil.Process(pid))
             except psutil.NoSuchProcess:
