@@ -5,10 +5,11 @@
 Each script runs as its own process, `python bench/NAME.py [--quick] --json FILE`, with a deadline (past
 it: SIGINT, so that the script stops its servers, then SIGKILL to its process group); the rows it writes
 (what, figure, floor, ratio, goal, command) go into the table as written, except that a row whose
-physical floor it beat (ratio < 1 by more than the floor's noise: bench_common.broken_floor) is refused as a failure. Above the table, one line
-names the machine, the commit, the date and the mode. A script that fails or overruns its deadline
-gets a row saying so (its last stderr line); run_all then exits 1, after writing the table with what
-the others measured. Progress and each script's log files go to stderr.
+physical floor it beat (ratio < 1 by more than the floor's own noise: bench_common.broken_floor) is
+refused as a failure. Above the table, one line names the machine, the commit, the date and the mode.
+A script that fails or overruns its deadline gets a row saying so (its last stderr line); run_all then
+exits 1, after writing the table with what the others measured. Progress and each script's log files
+go to stderr.
 
 A run of every script into the default --out also puts the table into README.md, between its two
 RESULTS markers: the README's measured figures are always one run's, named by its header line
