@@ -107,7 +107,8 @@ class RolloutAhead:
     """The one rollout generating ahead of the trainer (one-step off-policy): at most one in flight."""
 
     def __init__(self, rt: Runtime):
-        self.rt, self.task = rt, None
+        self.rt = rt
+        self.task: asyncio.Task[tuple[RolloutOutput, float]] | None = None
 
     def start(self, step: int) -> None:
         self.task = asyncio.create_task(self._timed(step))
@@ -115,6 +116,8 @@ class RolloutAhead:
     async def take(self) -> tuple[RolloutOutput, float] | None:
         """Its (output, seconds), or None when a signal came first; none is in flight afterwards."""
         task, self.task = self.task, None
+        if task is None:
+            raise RuntimeError("RolloutAhead.take: no rollout was started")
         return await self.rt.stop.unless_stopped(task)
 
     async def settle(self) -> None:
