@@ -15,23 +15,42 @@ What the command line gives the call (each by bubblewrap, i.e. by the kernel's n
   are per network namespace, so the host's are unreachable too);
 - a new session (`--new-session`: no TIOCSTI into a terminal) and `--die-with-parent`: when the bwrap
   process lean_rl started is killed, the namespace's PID 1 dies and the kernel kills every process of
-  the namespace, so nothing the call forked outlives it.
+  the namespace, so nothing the call forked outlives it;
+- a seccomp filter (`--seccomp FD`, lean_rl/rollout/seccomp_filter.py: keyrings, inotify, message
+  queues, mounts, ptrace, BPF... fail with EPERM), installed by bwrap just before it execs the code;
+- no host file as a descriptor: the code comes through a memfd that bwrap copies into the sandbox
+  (`--ro-bind-data`), stdin/stdout/stderr are pipes; /proc/keys and /proc/key-users read as empty.
 
-Running as root, the sandbox's uid maps to root outside: without capabilities, but file ownership
-checks see root's files as its own. That is why only system directories and the runtime are bound, all
-read-only, and /proc/sys is covered (bwrap leaves it writable when its caller is root).
+When lean_rl runs as root, bwrap itself runs as SANDBOX_HOST_UID (setpriv, util-linux), an unprivileged
+uid of its own: the user namespace it makes is owned by that uid and the call's uid 65534 maps to it,
+so everything the kernel charges per user (processes, pending signals, inotify instances, message-queue
+bytes, key quota; counted up the user-namespace tree to the namespace's owner) is that uid's, not
+root's, and root's files are "other" to the call. A runtime directory that uid cannot reach (a
+Python under /root, 0700) is first bind-mounted onto a world-traversable empty directory in a private
+mount namespace of the call (unshare + mount, util-linux), and bound from there.
+Why 1_900_000_000: above the ranges Debian and systemd hand out (0-59999 users and system, 60000-65535
+reserved / DynamicUser / nobody, 524288-1879048191 systemd-nspawn's container range) and below 2**31
+(tools that read uids as signed 32-bit); not 65534 "nobody", which other daemons run as (a process of
+theirs could then signal or ptrace the call, and they would share its per-user quotas). The start-up
+probe refuses it if this machine's passwd names it (then someone else uses it).
 """
 
 from __future__ import annotations
 
 import os
+import pwd
 import shutil
 import subprocess
 import sys
+import tempfile
+
+from lean_rl.rollout import seccomp_filter
+from lean_rl.rollout.seccomp_filter import SeccompUnavailable
 
 TOOL_SANDBOXES = ("bwrap", "none")  # --tool-sandbox
 INSTALL_HINT = "apt-get install bubblewrap"
 SANDBOX_UID = 65534  # "nobody" inside the user namespace
+SANDBOX_HOST_UID = 1_900_000_000  # bwrap's uid and gid outside when lean_rl runs as root (see above for why)
 WORKDIR = "/sandbox"  # the call's working directory inside the sandbox (also HOME, TMPDIR and /tmp)
 CODE_PATH = "/run/lean_rl/code.py"  # the code, bound read-only, outside the working directory
 # what the dynamic loader and libc read, where the host has them
@@ -60,7 +79,37 @@ def runtime_dirs() -> list[str]:
     return sorted({d for d in dirs if not d.startswith(("/usr/", "/bin/", "/lib")) and d != "/usr"})
 
 
-def _system_mounts() -> list[str]:
+def switches_user() -> bool:
+    """bwrap runs as SANDBOX_HOST_UID: lean_rl runs as root."""
+    return os.geteuid() == 0
+
+
+def _reachable_by_others(path: str) -> bool:
+    """Every directory on the way to `path` lets "other" users through (ACLs aside: bwrap then fails, loudly)."""
+    parts = os.path.realpath(path).split(os.sep)
+    return all(os.stat(os.sep + os.path.join(*parts[1:i]) if i > 1 else os.sep).st_mode & 0o001
+               for i in range(1, len(parts)))
+
+
+_staging: dict[str, str] = {}  # runtime dir -> the empty directory it is mounted on for the call (this process)
+
+
+def _bind_sources() -> dict[str, str]:
+    """Runtime dir -> where bwrap binds it from: itself, or (running as root, a dir SANDBOX_HOST_UID cannot
+    reach) an empty world-traversable directory that the call's private mount namespace mounts it on."""
+    sources = {}
+    for path in runtime_dirs():
+        if switches_user() and not _reachable_by_others(path):
+            if path not in _staging:
+                _staging[path] = tempfile.mkdtemp(prefix="lean_rl_runtime_")
+                os.chmod(_staging[path], 0o755)
+            sources[path] = _staging[path]
+        else:
+            sources[path] = path
+    return sources
+
+
+def _system_mounts(sources: dict[str, str]) -> list[str]:
     args = []
     for path in _SYSTEM_DIRS:
         if os.path.islink(path):  # merged /usr: /bin -> usr/bin
@@ -69,23 +118,41 @@ def _system_mounts() -> list[str]:
             args += ["--ro-bind", path, path]
     for path in _ETC_FILES:
         args += ["--ro-bind-try", path, path]
-    for path in runtime_dirs():
-        args += ["--ro-bind", path, path]
+    for path, source in sources.items():
+        args += ["--ro-bind", source, path]
     return args
 
 
-def bwrap_argv(bwrap: str, code_file: str, tmpfs_bytes: int, env: dict[str, str]) -> list[str]:
-    """The bwrap options (up to and including `--`) that run a command in the boundary described
-    above, with `code_file` (a host file) readable at CODE_PATH and `env` as the whole environment."""
-    argv = [bwrap, "--unshare-all", "--unshare-user", "--disable-userns", "--uid", str(SANDBOX_UID),
-            "--gid", str(SANDBOX_UID), "--cap-drop", "ALL", "--hostname", "sandbox",
+def launch_prefix(sources: dict[str, str]) -> list[str]:
+    """What runs before bwrap: as root, mount the staged runtime dirs (a private mount namespace: nothing
+    shows on the host) and switch to SANDBOX_HOST_UID; otherwise nothing."""
+    if not switches_user():
+        return []
+    prefix = []
+    staged = [arg for path, source in sources.items() if source != path for arg in (path, source)]
+    if staged:
+        script = 'while [ "$1" != -- ]; do mount --bind "$1" "$2" || exit 125; shift 2; done; shift; exec "$@"'
+        prefix = ["unshare", "--mount", "--propagation", "private", "--", "sh", "-c", script, "sh", *staged, "--"]
+    uid = str(SANDBOX_HOST_UID)
+    return prefix + ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--"]
+
+
+def bwrap_argv(bwrap: str, code_fd: int, seccomp_fd: int, tmpfs_bytes: int, env: dict[str, str]) -> list[str]:
+    """The command (up to and including bwrap's `--`) that runs a command in the boundary described above,
+    with the contents of `code_fd` readable at CODE_PATH, the filter of `seccomp_fd` (seccomp_filter) in
+    force and `env` as the whole environment. Spawn it with pass_fds=(code_fd, seccomp_fd)."""
+    sources = _bind_sources()
+    argv = [*launch_prefix(sources), bwrap, "--unshare-all", "--unshare-user", "--disable-userns",
+            "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID), "--cap-drop", "ALL", "--hostname", "sandbox",
             "--die-with-parent", "--new-session", "--clearenv"]
     for key, value in env.items():
         argv += ["--setenv", key, value]
-    argv += _system_mounts()
+    argv += _system_mounts(sources)
     argv += ["--proc", "/proc",
              # bwrap covers /proc/sys only when its caller cannot write there; as root it can
              "--ro-bind-try", "/proc/sys", "/proc/sys", "--ro-bind-try", "/proc/sysrq-trigger", "/proc/sysrq-trigger",
+             # keys the call possesses through the inherited session keyring, by description
+             "--ro-bind", "/dev/null", "/proc/keys", "--ro-bind", "/dev/null", "/proc/key-users",
              "--dev", "/dev",
              "--perms", "1777", "--size", str(tmpfs_bytes), "--tmpfs", "/dev/shm",
              "--remount-ro", "/dev",
@@ -94,11 +161,31 @@ def bwrap_argv(bwrap: str, code_file: str, tmpfs_bytes: int, env: dict[str, str]
     # there): then /tmp holds only that read-only bind, and TMPDIR still names the working directory
     if not any(d == "/tmp" or d.startswith("/tmp/") for d in runtime_dirs()):
         argv += ["--symlink", WORKDIR, "/tmp"]
-    argv += ["--ro-bind", code_file, CODE_PATH,
+    argv += ["--perms", "0444", "--ro-bind-data", str(code_fd), CODE_PATH,
+             "--seccomp", str(seccomp_fd),
              "--chdir", WORKDIR,
              "--remount-ro", "/",
              "--"]
     return argv
+
+
+def boundary_fds(code: bytes) -> tuple[int, int]:
+    """(code_fd, seccomp_fd) for bwrap_argv: memfds, no host file; SeccompUnavailable without libseccomp.
+    The caller closes both once bwrap has started."""
+    seccomp_fd = seccomp_filter.program_fd()
+    code_fd = -1
+    try:
+        code_fd = os.memfd_create("lean_rl_code")
+        rest = memoryview(code)
+        while rest:
+            rest = rest[os.write(code_fd, rest):]
+        os.lseek(code_fd, 0, os.SEEK_SET)
+    except BaseException:
+        for fd in (code_fd, seccomp_fd):
+            if fd >= 0:
+                os.close(fd)
+        raise
+    return code_fd, seccomp_fd
 
 
 def exit_code(bwrap_returncode: int) -> int:
@@ -110,24 +197,41 @@ def exit_code(bwrap_returncode: int) -> int:
 
 
 def probe(bwrap: str, timeout_s: float = 30.0) -> None:
-    """Build the whole boundary once and run `python -c pass` in it (the interpreter, the mounts and
-    every namespace: a kernel that refuses user namespaces, or a container that forbids mounts, fails
-    here); BoundaryUnavailable names the cause."""
-    import tempfile
-
-    with tempfile.NamedTemporaryFile("w", prefix="lean_rl_sandbox_probe_", suffix=".py") as code:
-        argv = bwrap_argv(bwrap, code.name, 1 << 20, {"PATH": os.defpath}) + [sys.executable, "-I", "-c", "pass"]
+    """Build the whole boundary once and run `python -c pass` in it (the interpreter, the mounts, every
+    namespace, the seccomp filter and, as root, the switch to SANDBOX_HOST_UID: a kernel that refuses
+    user namespaces or seccomp, or a container that forbids mounts, fails here); BoundaryUnavailable
+    names the cause."""
+    fix = "or run unisolated with --tool-sandbox none"
+    if switches_user():
         try:
-            done = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=timeout_s)
-        except (OSError, subprocess.TimeoutExpired) as err:
-            raise BoundaryUnavailable(f"--tool-sandbox bwrap: {bwrap} could not run ({err}); fix or reinstall it "
-                                      f"(`{INSTALL_HINT}`) or run unisolated with --tool-sandbox none") from None
+            taken = pwd.getpwuid(SANDBOX_HOST_UID).pw_name
+        except KeyError:
+            taken = None
+        if taken is not None:
+            raise BoundaryUnavailable(f"--tool-sandbox bwrap: uid {SANDBOX_HOST_UID}, which tool calls run as when "
+                                      f"lean_rl runs as root, belongs to user {taken!r} here; free it, run lean_rl "
+                                      f"as an unprivileged user, {fix}")
+    try:
+        code_fd, seccomp_fd = boundary_fds(b"")
+    except SeccompUnavailable as err:
+        raise BoundaryUnavailable(f"--tool-sandbox bwrap: {err}; {fix}") from None
+    try:
+        argv = bwrap_argv(bwrap, code_fd, seccomp_fd, 1 << 20, {"PATH": os.defpath}) + [sys.executable, "-I", "-c",
+                                                                                         "pass"]
+        done = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=timeout_s,
+                              pass_fds=(code_fd, seccomp_fd))
+    except (OSError, subprocess.TimeoutExpired) as err:
+        raise BoundaryUnavailable(f"--tool-sandbox bwrap: {bwrap} could not run ({err}); fix or reinstall it "
+                                  f"(`{INSTALL_HINT}`) {fix}") from None
+    finally:
+        os.close(code_fd)
+        os.close(seccomp_fd)
     if done.returncode != 0:
         why = (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1]
         raise BoundaryUnavailable(
             f"--tool-sandbox bwrap: {bwrap} cannot build the sandbox here ({why}); allow unprivileged user "
             "namespaces (sysctl kernel.unprivileged_userns_clone=1, or a container with --security-opt "
-            "seccomp/apparmor that permits them) or run unisolated with --tool-sandbox none")
+            f"seccomp/apparmor that permits them) {fix}")
 
 
 def version(bwrap: str) -> str:

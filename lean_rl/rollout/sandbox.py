@@ -12,14 +12,17 @@ Enforced on every call, and how:
 - A fresh interpreter (`python -I -S -B -u -X utf8`: isolated mode, no PYTHON* variables, no user site;
   site-packages on sys.path without their .pth files), a
   nearly empty environment, cwd = a fresh working directory (bwrap: a tmpfs of `tmpfs_mb`; none: a host
-  temporary directory), deleted afterwards. The code is read from a file outside it, stdin from another.
-- Kernel limits, set by the bootstrap in the child before any user code runs (not in a `preexec_fn`, which is
-  unsafe when the parent has threads, as a rollout process does): RLIMIT_CPU (SIGXCPU -> "cpu_limit"),
-  RLIMIT_AS (MemoryError -> "memory_limit"), RLIMIT_FSIZE (writes past it fail with "File too large"),
-  RLIMIT_CORE=0, and under bwrap RLIMIT_NPROC = `max_processes` (counted for the sandbox's uid in its own
-  user namespace, so only the call's processes and threads count; NOT in force when lean_rl runs as root:
-  the kernel exempts root's processes from it). The child cannot raise a hard limit.
-  RLIMIT_CPU and RLIMIT_AS are per process.
+  temporary directory), deleted afterwards. The code is read from outside it (bwrap: a memfd copied in, read-
+  only; none: a host file); stdin, stdout and stderr are pipes: no host file is handed over as a descriptor.
+- Kernel limits, set by the bootstrap in the child before any user code runs
+  (lean_rl/rollout/sandbox_bootstrap.py), hard = soft: RLIMIT_CPU (SIGXCPU -> "cpu_limit"), RLIMIT_AS
+  (MemoryError -> "memory_limit"), RLIMIT_FSIZE (writes past it fail with "File too large"), RLIMIT_CORE=0,
+  RLIMIT_MSGQUEUE=0, RLIMIT_SIGPENDING = `max_pending_signals`, RLIMIT_NOFILE = `max_open_files`, and
+  under bwrap RLIMIT_NPROC = `max_processes` (counted for the sandbox's uid in its own user namespace;
+  when lean_rl runs as root, bwrap runs as an unprivileged uid of its own, bwrap.SANDBOX_HOST_UID, so the
+  limit holds there too). RLIMIT_CPU, RLIMIT_AS and RLIMIT_NOFILE are per process.
+- Under bwrap a seccomp filter (lean_rl/rollout/seccomp_filter.py, built with libseccomp) refuses the
+  keyring, inotify, message-queue, mount, ptrace, BPF... calls; no libseccomp, no call (BoundaryUnavailable).
 - A cgroup per call (under bwrap, where the machine offers one: lean_rl/rollout/cgroups.py, made with
   cgroup-tools): pids.max = max_processes + 1 and a memory limit of `call_memory_mb` (resident memory
   and tmpfs files) for all of the call's processes together, whoever they run as, root included. A call
@@ -57,75 +60,16 @@ import tempfile
 import time
 from dataclasses import dataclass
 
-from lean_rl.rollout import bwrap, cgroups
+from lean_rl.rollout import bwrap, cgroups, seccomp_filter
 from lean_rl.rollout.bwrap import TOOL_SANDBOXES, BoundaryUnavailable
 from lean_rl.rollout.cgroups import CallCgroup, CgroupUnavailable
+from lean_rl.rollout.seccomp_filter import SeccompUnavailable
+from lean_rl.rollout.sandbox_bootstrap import BOOTSTRAP, MEMORY_EXIT
 
 logger = logging.getLogger(__name__)
 
 STATUSES = ("ok", "error", "timeout", "cpu_limit", "memory_limit", "output_limit")
-_MEMORY_EXIT = 86  # the bootstrap's exit code for an uncaught MemoryError
 
-_BOOTSTRAP = r'''
-import json, linecache, os, resource, sys, traceback, types
-cfg = json.loads(sys.argv[1])
-sys.path.extend(cfg["site_dirs"])  # -S: site-packages without running their .pth files (lean_rl's is not there)
-with open(cfg["code_path"], encoding="utf-8") as f:
-    code = f.read()
-cpu = cfg["cpu_seconds"]
-limits = [(resource.RLIMIT_CPU, cpu, cpu + 1), (resource.RLIMIT_CORE, 0, 0),
-          (resource.RLIMIT_AS, cfg["memory_mb"] << 20, cfg["memory_mb"] << 20),
-          (resource.RLIMIT_FSIZE, cfg["max_file_bytes"], cfg["max_file_bytes"])]
-if cfg["max_processes"]:  # bwrap only: counted for the sandbox's uid in its own user namespace
-    limits.append((resource.RLIMIT_NPROC, cfg["max_processes"], cfg["max_processes"]))
-for kind, soft, hard in limits:
-    resource.setrlimit(kind, (soft, hard))
-work = os.path.realpath(cfg["workdir"])
-readable = (work, *[os.path.realpath(p) for p in sys.path if os.path.isdir(p)])
-REFUSED = {"subprocess.Popen", "os.system", "os.exec", "os.posix_spawn", "os.spawn", "os.fork", "os.forkpty",
-           "os.killpg", "resource.setrlimit", "resource.prlimit"}
-NETWORK = {"socket.connect", "socket.bind", "socket.sendto", "socket.sendmsg", "socket.getaddrinfo",
-           "socket.gethostbyname", "socket.gethostbyaddr", "socket.getnameinfo"}
-PATH_EVENTS = {"os.remove", "os.rename", "os.rmdir", "os.mkdir", "os.symlink", "os.link", "os.chmod",
-               "os.chown", "os.truncate", "os.utime", "shutil.rmtree", "shutil.copyfile", "shutil.copymode",
-               "shutil.copystat", "shutil.copytree", "shutil.move", "os.setxattr", "os.removexattr"}
-WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
-
-def inside(path, roots):
-    path = os.path.realpath(os.fsdecode(path))
-    return any(path == r or path.startswith(r + os.sep) for r in roots)
-
-def hook(event, args):
-    if event == "open":
-        path, mode, flags = args
-        if path is None or isinstance(path, int):
-            return
-        writing = bool((isinstance(mode, str) and set(mode) & set("wax+")) or (flags or 0) & WRITE_FLAGS)
-        if os.fsdecode(path) != "/dev/null" and not inside(path, (work,) if writing else readable):
-            raise PermissionError(f"sandbox: {'writing' if writing else 'reading'} {path!r} is not allowed "
-                                  "outside the working directory")
-    elif event in REFUSED or event in NETWORK or (
-            event == "os.kill" and args[0] != os.getpid()):
-        raise PermissionError(f"sandbox: {event} is not allowed")
-    elif event in PATH_EVENTS:
-        for path in args:
-            if isinstance(path, (str, bytes, os.PathLike)) and not inside(path, (work,)):
-                raise PermissionError(f"sandbox: {event} on {path!r} is not allowed outside the working directory")
-
-sys.addaudithook(hook)
-sys.argv = ["<sandbox>"]
-linecache.cache["<sandbox>"] = (len(code), None, code.splitlines(True), "<sandbox>")  # source in tracebacks
-main = types.ModuleType("__main__")
-sys.modules["__main__"] = main
-try:
-    exec(compile(code, "<sandbox>", "exec"), main.__dict__)
-except SystemExit:
-    raise
-except BaseException as e:
-    traceback.print_exception(type(e), e, e.__traceback__.tb_next)  # without this bootstrap's frame
-    sys.stderr.flush()
-    os._exit(cfg["memory_exit"] if isinstance(e, MemoryError) else 1)
-'''
 
 
 @dataclass(frozen=True)
@@ -140,6 +84,8 @@ class SandboxLimits:
     call_memory_mb: int = 1024       # bwrap, where a cgroup is in force: memory of all the call's processes
                                      # together (resident + its tmpfs files); past it the OOM killer acts
     tmpfs_mb: int = 64               # bwrap: size of the working directory's tmpfs (and of /dev/shm's)
+    max_pending_signals: int = 32    # RLIMIT_SIGPENDING: queued signals (counted per user, not by cgroups)
+    max_open_files: int = 128        # RLIMIT_NOFILE, per process
 
 
 @dataclass(frozen=True)
@@ -203,6 +149,15 @@ class _Collector(asyncio.SubprocessProtocol):
             self.over_cap = True
             _kill_group(self.pid)
 
+    def send_stdin(self, transport: asyncio.SubprocessTransport, data: bytes) -> None:
+        """Write the call's stdin into its pipe and close it (buffered by the loop: a child that never
+        reads it only leaves it unread; one that exits first breaks the pipe, which the loop absorbs)."""
+        pipe = transport.get_pipe_transport(0)
+        assert isinstance(pipe, asyncio.WriteTransport)
+        if data:
+            pipe.write(data)
+        pipe.close()
+
     def process_exited(self) -> None:  # the child itself; a grandchild may still hold the pipes
         self.exited.set_result(None)
 
@@ -264,17 +219,17 @@ def limits_in_force() -> str:
     else:
         cgroup = (f"NO cgroup pids/memory limit ({_no_cgroup_because}): fail-open for this part only, calls run "
                   "without it (the namespace boundary above stays required)")
-    if os.geteuid() != 0:
-        processes = "RLIMIT_NPROC = max_processes in its user namespace"
-    elif hierarchy is not None:  # kernel/fork.c: root's processes pass RLIMIT_NPROC, in any user namespace
-        processes = "RLIMIT_NPROC not in force (lean_rl runs as root: the kernel exempts root), pids.max is the bound"
+    if bwrap.switches_user():
+        who = f"bwrap runs as uid/gid {bwrap.SANDBOX_HOST_UID} (lean_rl runs as root; per-user kernel counts are its)"
     else:
-        processes = ("NO process-count bound (lean_rl runs as root: the kernel exempts root's processes from "
-                     "RLIMIT_NPROC; only the wall clock ends a fork bomb, and memory is memory_mb per process "
-                     "times however many it forks: install cgroup-tools or run lean_rl as an unprivileged user)")
+        who = f"bwrap runs as lean_rl's uid {os.geteuid()}"
+    denied = len(seccomp_filter.denied_names())
     return (f"tool sandbox: {bwrap.version(path)} ({path}): new user/pid/net/ipc/uts/mount namespaces, read-only "
-            f"system and Python runtime, tmpfs working dir; per call: RLIMIT_AS = memory_mb per process, "
-            f"2 x tmpfs_mb of files, {processes}; {cgroup}")
+            f"system and Python runtime, tmpfs working dir, stdio through pipes; {who}; seccomp (libseccomp) "
+            f"refuses {denied} calls ({', '.join(seccomp_filter.DENIED)}); per call: rlimits CPU = cpu_seconds, "
+            f"AS = memory_mb, NPROC = max_processes (in the call's user namespace), FSIZE = max_file_bytes, "
+            f"NOFILE = max_open_files, SIGPENDING = max_pending_signals, MSGQUEUE = 0, CORE = 0, 2 x tmpfs_mb of "
+            f"files; {cgroup}")
 
 
 async def _call_cgroup(limits: SandboxLimits) -> CallCgroup | None:
@@ -332,7 +287,7 @@ async def run_python(code: str, limits: SandboxLimits = SandboxLimits(), stdin: 
         status = "timeout"
     elif rc == -signal.SIGXCPU:
         status = "cpu_limit"
-    elif rc == _MEMORY_EXIT:
+    elif rc == MEMORY_EXIT:
         status = "memory_limit"
     else:
         status = "ok" if rc == 0 else "error"
@@ -343,38 +298,44 @@ async def run_python(code: str, limits: SandboxLimits = SandboxLimits(), stdin: 
 async def _run(code: str, limits: SandboxLimits, stdin: str, bwrap_path: str | None,
                call_cgroup: CallCgroup | None) -> tuple[_Collector, int | None, bool]:
     """Start the child (under bwrap: in the call's cgroup, when there is one) and wait for it: what it
-    printed, its exit status (negative: a signal) and whether the wall clock ended it."""
+    printed, its exit status (negative: a signal) and whether the wall clock ended it. No host file is
+    handed over as a descriptor: stdin, stdout and stderr are pipes; under bwrap the code is a memfd."""
     with tempfile.TemporaryDirectory(prefix="lean_rl_sandbox_", ignore_cleanup_errors=True) as root:
-        code_path, stdin_path = os.path.join(root, "code.py"), os.path.join(root, "stdin.txt")
-        with open(code_path, "w", encoding="utf-8") as f:
-            f.write(code)
-        with open(stdin_path, "w", encoding="utf-8") as f:
-            f.write(stdin)
-        if bwrap_path is None:
-            workdir = os.path.join(root, "work")  # the code and stdin files stay outside the child's directory
-            os.mkdir(workdir, 0o700)
-        else:
-            workdir = bwrap.WORKDIR  # a tmpfs inside the sandbox; the code is bound at bwrap.CODE_PATH
-        cfg = {"code_path": code_path if bwrap_path is None else bwrap.CODE_PATH, "workdir": workdir,
-               "memory_exit": _MEMORY_EXIT, "cpu_seconds": limits.cpu_seconds, "memory_mb": limits.memory_mb,
+        workdir = bwrap.WORKDIR if bwrap_path else os.path.join(root, "work")  # bwrap: a tmpfs inside
+        cfg = {"code_path": bwrap.CODE_PATH if bwrap_path else os.path.join(root, "code.py"), "workdir": workdir,
+               "memory_exit": MEMORY_EXIT, "cpu_seconds": limits.cpu_seconds, "memory_mb": limits.memory_mb,
                "max_file_bytes": limits.max_file_bytes, "site_dirs": _site_dirs(),
+               "max_pending_signals": limits.max_pending_signals, "max_open_files": limits.max_open_files,
                # per uid: on the host that would count (and starve) all of this user's processes
                "max_processes": limits.max_processes if bwrap_path else None}
         env = {"PATH": os.defpath, "LANG": "C.UTF-8", "HOME": workdir, "TMPDIR": workdir,
                "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-        python = [sys.executable, "-I", "-S", "-B", "-u", "-X", "utf8", "-c", _BOOTSTRAP, json.dumps(cfg)]
-        if bwrap_path is None:
+        python = [sys.executable, "-I", "-S", "-B", "-u", "-X", "utf8", "-c", BOOTSTRAP, json.dumps(cfg)]
+        fds: tuple[int, ...] = ()
+        if bwrap_path is None:  # the code file stays outside the child's directory
+            os.mkdir(workdir, 0o700)
+            with open(cfg["code_path"], "w", encoding="utf-8") as f:
+                f.write(code)
             argv, spawn_env, cwd = python, env, workdir
         else:
-            argv = bwrap.bwrap_argv(bwrap_path, code_path, limits.tmpfs_mb << 20, env) + python
+            try:
+                fds = bwrap.boundary_fds(code.encode())
+            except SeccompUnavailable as err:
+                raise BoundaryUnavailable(f"--tool-sandbox bwrap: {err}; or run unisolated with --tool-sandbox "
+                                          "none") from None
+            argv = bwrap.bwrap_argv(bwrap_path, *fds, limits.tmpfs_mb << 20, env) + python
             if call_cgroup is not None:
                 argv = call_cgroup.exec_prefix + argv
-            spawn_env, cwd = {"PATH": os.defpath}, root
-        with open(stdin_path, "rb") as stdin_file:
+            spawn_env, cwd = {"PATH": os.defpath}, "/"
+        try:
             transport, collector = await asyncio.get_running_loop().subprocess_exec(
                 lambda: _Collector(limits.max_output_bytes), *argv,
-                stdin=stdin_file, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-                cwd=cwd, env=spawn_env, start_new_session=True)
+                stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+                cwd=cwd, env=spawn_env, start_new_session=True, pass_fds=fds)
+        finally:
+            for fd in fds:  # bwrap has its copies (and closes them before the code runs)
+                os.close(fd)
+        collector.send_stdin(transport, stdin.encode())
         timed_out = False
         try:
             try:
