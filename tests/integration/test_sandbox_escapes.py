@@ -323,16 +323,9 @@ def _cgroup_or_why() -> tuple[cgroups.Hierarchy | None, str]:
 
 
 CGROUP, NO_CGROUP_BECAUSE = _cgroup_or_why()
-# What bounds a call's processes: the cgroup's pids.max where a cgroup is in force; otherwise RLIMIT_NPROC,
-# which the kernel does not apply to root's processes (kernel/fork.c, in any user namespace): as root with
-# no cgroup only the wall clock ends a fork bomb (the start-up line and docs/agents.md say so), and it
-# reaches a load of hundreds on a shared machine, so these tests do not run then. That the wall clock kills
-# the whole namespace, grandchildren included, is tested for any caller (test_double_forked_setsid...,
-# tests/unit/test_sandbox.py).
-PROCESSES_BOUNDED = pytest.mark.skipif(
-    CGROUP is None and os.geteuid() == 0,
-    reason=f"no bound on a call's processes here: no cgroup pids/memory limit ({NO_CGROUP_BECAUSE}), and running "
-           "as root, so RLIMIT_NPROC does not apply either")
+# What bounds a call's processes: the cgroup's pids.max where a cgroup is in force, and RLIMIT_NPROC in the
+# call's user namespace, always: the kernel exempts root's processes from it (kernel/fork.c), so when lean_rl
+# runs as root bwrap runs as bwrap.SANDBOX_HOST_UID (tests/integration/test_sandbox_kernel_escapes.py).
 
 
 def assert_in_a_cgroup_now_gone(watch: HostWatch, limits: dict) -> None:
@@ -356,7 +349,6 @@ def assert_host_responsive(watch: HostWatch) -> None:
     assert host_process_count() - watch.host_baseline < 100, (watch.host_baseline, host_process_count())
 
 
-@PROCESSES_BOUNDED
 def test_fork_bomb_is_bounded():
     limits = dict(max_processes=8, wall_timeout_s=4.0, cpu_seconds=10)
     with HostWatch() as watch:
@@ -384,7 +376,6 @@ while True:
         time.sleep(0.1)"""
 
 
-@PROCESSES_BOUNDED
 def test_memory_hog_over_many_processes_is_bounded():
     # up to 6 x 100 MB held; with a cgroup the call's 300 MB are reached first, without one 6 x 160 MB
     limits = dict(max_processes=6, memory_mb=160, call_memory_mb=300, wall_timeout_s=5.0, cpu_seconds=10)
