@@ -302,7 +302,8 @@ async def _run(code: str, limits: SandboxLimits, stdin: str, bwrap_path: str | N
     handed over as a descriptor: stdin, stdout and stderr are pipes; under bwrap the code is a memfd."""
     with tempfile.TemporaryDirectory(prefix="lean_rl_sandbox_", ignore_cleanup_errors=True) as root:
         workdir = bwrap.WORKDIR if bwrap_path else os.path.join(root, "work")  # bwrap: a tmpfs inside
-        cfg = {"code_path": bwrap.CODE_PATH if bwrap_path else os.path.join(root, "code.py"), "workdir": workdir,
+        code_path = bwrap.CODE_PATH if bwrap_path else os.path.join(root, "code.py")
+        cfg = {"code_path": code_path, "workdir": workdir,
                "memory_exit": MEMORY_EXIT, "cpu_seconds": limits.cpu_seconds, "memory_mb": limits.memory_mb,
                "max_file_bytes": limits.max_file_bytes, "site_dirs": _site_dirs(),
                "max_pending_signals": limits.max_pending_signals, "max_open_files": limits.max_open_files,
@@ -314,7 +315,7 @@ async def _run(code: str, limits: SandboxLimits, stdin: str, bwrap_path: str | N
         fds: tuple[int, ...] = ()
         if bwrap_path is None:  # the code file stays outside the child's directory
             os.mkdir(workdir, 0o700)
-            with open(cfg["code_path"], "w", encoding="utf-8") as f:
+            with open(code_path, "w", encoding="utf-8") as f:
                 f.write(code)
             argv, spawn_env, cwd = python, env, workdir
         else:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -18,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from lean_rl.rollout import cgroups
+from lean_rl.rollout import cgroups, sandbox
 from lean_rl.rollout.cgroups import CgroupUnavailable
 from lean_rl.rollout.sandbox import SandboxLimits, SandboxResult, run_python
 
@@ -205,6 +206,9 @@ print('exit', os.waitpid(pid, 0)[1] >> 8)""", wall_timeout_s=20.0)
     assert not target.exists()
 
 
+TRUE = shutil.which("true") or "true"  # found once: a test may empty PATH (no cgroup-tools) while it watches
+
+
 class HostWatch:
     """While a call runs, seen from outside: how late a 50 ms sleep of the host wakes up and how long the
     host takes to fork/exec `true` (responsiveness); the most processes and memory (proportional set size)
@@ -227,7 +231,7 @@ class HostWatch:
             time.sleep(0.05)
             self.max_lag_s = max(self.max_lag_s, time.monotonic() - start - 0.05)
             start = time.monotonic()
-            subprocess.run(["true"], check=True, timeout=30)
+            subprocess.run([TRUE], check=True, timeout=30)
             self.max_true_s = max(self.max_true_s, time.monotonic() - start)
             pids = descendants(os.getpid()) - self.before
             self.seen |= pids
@@ -349,8 +353,14 @@ def assert_host_responsive(watch: HostWatch) -> None:
     assert host_process_count() - watch.host_baseline < 100, (watch.host_baseline, host_process_count())
 
 
-def test_fork_bomb_is_bounded():
+@pytest.mark.parametrize("bound", ["as in force here", "RLIMIT_NPROC alone"])
+def test_fork_bomb_is_bounded(bound, monkeypatch, tmp_path):
     limits = dict(max_processes=8, wall_timeout_s=4.0, cpu_seconds=10)
+    if bound == "RLIMIT_NPROC alone":  # no cgroup-tools on PATH (the start-up probe then finds no cgroup)
+        sandbox.check_boundary()
+        monkeypatch.setattr(sandbox, "_cgroup", None)
+        monkeypatch.setattr(sandbox, "_no_cgroup_because", None)
+        monkeypatch.setenv("PATH", str(tmp_path))
     with HostWatch() as watch:
         result = run("while True: libc.fork()", **limits)
     # forks past the bound fail (EAGAIN) and the bomb spins on until the wall clock ends the call
@@ -359,7 +369,10 @@ def test_fork_bomb_is_bounded():
     assert 2 < watch.max_processes <= 1 + limits["max_processes"], watch.max_processes
     assert all(gone(pid) for pid in watch.seen)  # the whole PID namespace died with the call
     assert_host_responsive(watch)
-    assert_in_a_cgroup_now_gone(watch, limits)
+    if bound == "RLIMIT_NPROC alone":
+        assert watch.cgroups == {}, watch.cgroups
+    else:
+        assert_in_a_cgroup_now_gone(watch, limits)
 
 
 HOG = """held = []
