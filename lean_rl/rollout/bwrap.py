@@ -37,6 +37,7 @@ probe refuses it if this machine's passwd names it (then someone else uses it).
 
 from __future__ import annotations
 
+import atexit
 import os
 import pwd
 import shutil
@@ -103,6 +104,7 @@ def _bind_sources() -> dict[str, str]:
             if path not in _staging:
                 _staging[path] = tempfile.mkdtemp(prefix="lean_rl_runtime_")
                 os.chmod(_staging[path], 0o755)
+                atexit.register(shutil.rmtree, _staging[path], ignore_errors=True)  # empty: mounts are the call's
             sources[path] = _staging[path]
         else:
             sources[path] = path

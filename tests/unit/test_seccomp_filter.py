@@ -67,6 +67,14 @@ print(json.dumps(found))""")
     assert inside["seccomp"] == ["Seccomp:\t2"], inside  # mode 2: a filter
 
 
+@pytest.mark.skipif(pyseccomp.system_arch() != pyseccomp.Arch.X86_64, reason="x32 numbering is x86_64's")
+def test_a_call_through_another_abi_kills_the_process():
+    # keyctl with the x32 bit: not the architecture the filter was built for (libseccomp's bad-arch check)
+    result = asyncio.run(run_python(f"import ctypes; ctypes.CDLL(None).syscall({0x40000000 | NR['keyctl']}, 0, -3, 0)"
+                                    "\nprint('survived')"))
+    assert result.status == "error" and "SIGSYS" in result.as_observation() and "survived" not in result.stdout
+
+
 def test_the_program_names_every_group():
     bpf = seccomp_filter.program()
     assert len(bpf) % 8 == 0 and len(bpf) > 8 * len(seccomp_filter.DENIED)
