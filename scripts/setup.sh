@@ -38,8 +38,14 @@ system_package() {  # PACKAGE BINARY WHAT-IT-DOES WHAT-HAPPENS-WITHOUT-IT
 }
 system_package bubblewrap bwrap "it isolates tool code" \
   "runs whose tools use lean_rl.rollout.sandbox refuse to start (or pass --tool-sandbox none: unisolated)"
+if ldconfig -p 2>/dev/null | grep -q 'libseccomp\.so\.2 '; then
+  step "libseccomp2 is installed: it builds the tool sandbox's seccomp filter"
+else  # no binary of its own to look for: system_package finds none and installs it
+  system_package libseccomp2 libseccomp2-has-no-binary "it builds the tool sandbox's seccomp filter" \
+    "runs whose tools use lean_rl.rollout.sandbox refuse to start (or pass --tool-sandbox none: unisolated)"
+fi
 system_package cgroup-tools cgexec "it bounds each tool call's processes and memory with a cgroup" \
-  "tool calls run without a cgroup limit (rlimits only; as root no process-count bound), and the run's start-up line says so"
+  "tool calls run without a cgroup limit (rlimits only), and the run's start-up line says so"
 
 if ! command -v "$python_bin" >/dev/null 2>&1; then
   echo "setup.sh: $python_bin not found; install Python 3.11 or set PYTHON=/path/to/python3.11" >&2

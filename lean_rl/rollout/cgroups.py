@@ -1,6 +1,7 @@
 """A cgroup per tool call, made with cgroup-tools (cgcreate, cgset, cgexec, cgget, cgdelete): its pids
 and memory controllers bound ALL of the call's processes together, whoever they run as. The rlimits
-cannot: RLIMIT_AS is per process, and the kernel exempts root's processes from RLIMIT_NPROC.
+cannot: RLIMIT_AS is per process, and RLIMIT_NPROC counts per uid (the kernel exempts root; lean_rl runs bwrap
+as an unprivileged uid when it is root, lean_rl/rollout/bwrap.py).
 
 Where the cgroup is made: as a child of lean_rl's own cgroup in each hierarchy (/proc/self/cgroup), so
 a call stays inside (and counts against) whatever limits lean_rl itself runs under, and nothing is left

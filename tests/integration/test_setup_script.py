@@ -33,9 +33,10 @@ def test_fresh_install_prints_its_steps_and_stops_on_a_pip_failure(tmp_path):
     assert all(steps), result.stdout  # every line of its own is a timed step
     texts = [m.group(2) for m in steps]
     first = next(i for i, text in enumerate(texts) if text.startswith("creating"))
-    # before the venv: the system packages tool calls need (bubblewrap, cgroup-tools), found or installed
-    assert all(text.startswith(("bubblewrap", "cgroup-tools", "installing bubblewrap", "installing cgroup-tools"))
-               for text in texts[:first]), texts[:first]
+    # before the venv: the system packages tool calls need (bubblewrap, libseccomp2, cgroup-tools), found or installed
+    packages = ("bubblewrap", "libseccomp2", "cgroup-tools")
+    assert all(text.startswith(packages + tuple(f"installing {p}" for p in packages)) for text in texts[:first]), \
+        texts[:first]
     assert texts[first].startswith(f"creating {tmp_path / 'venv'}")
     assert texts[first + 1].startswith("installing the pinned CPU set (requirements.txt")
     seconds = [int(m.group(1)) for m in steps]
