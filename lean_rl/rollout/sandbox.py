@@ -63,8 +63,12 @@ from dataclasses import dataclass
 from lean_rl.rollout import bwrap, cgroups, seccomp_filter
 from lean_rl.rollout.bwrap import TOOL_SANDBOXES, BoundaryUnavailable
 from lean_rl.rollout.cgroups import CallCgroup, CgroupUnavailable
-from lean_rl.rollout.seccomp_filter import SeccompUnavailable
 from lean_rl.rollout.sandbox_bootstrap import BOOTSTRAP, MEMORY_EXIT
+from lean_rl.rollout.sandbox_output import OutputCollector, SandboxResult, kill_group
+from lean_rl.rollout.seccomp_filter import SeccompUnavailable
+
+__all__ = ["STATUSES", "BoundaryUnavailable", "SandboxLimits", "SandboxResult", "limits_in_force", "run_python",
+           "use_backend"]
 
 logger = logging.getLogger(__name__)
 
@@ -86,83 +90,6 @@ class SandboxLimits:
     tmpfs_mb: int = 64               # bwrap: size of the working directory's tmpfs (and of /dev/shm's)
     max_pending_signals: int = 32    # RLIMIT_SIGPENDING: queued signals (counted per user, not by cgroups)
     max_open_files: int = 128        # RLIMIT_NOFILE, per process
-
-
-@dataclass(frozen=True)
-class SandboxResult:
-    status: str  # one of STATUSES
-    stdout: str
-    stderr: str
-    exit_code: int | None  # negative: killed by that signal
-    truncated: bool
-    seconds: float
-
-    def as_observation(self, limit_chars: int = 2000) -> str:
-        """Short text for the model's next turn: the output, then what went wrong, if anything."""
-        parts = [text.rstrip("\n") for text in (self.stdout, self.stderr) if text.strip()]
-        if self.truncated:
-            parts.append("[output truncated]")
-        if self.status != "ok":
-            parts.append(f"[{self._problem()}]")
-        text = "\n".join(parts) or "(no output)"
-        if len(text) <= limit_chars:
-            return text
-        room = max(limit_chars - 40, 0)  # 40: the marker's most
-        marker = f"\n...[{len(text) - room} characters cut]...\n"
-        head = room // 3  # the end of a traceback matters most: keep more of the tail
-        return text[:head] + marker + text[len(text) - (room - head):]
-
-    def _problem(self) -> str:
-        if self.status == "error":
-            code = self.exit_code or 0
-            return f"killed by signal {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
-        return {"timeout": f"wall-clock timeout: killed after {self.seconds:.1f} s",
-                "cpu_limit": "CPU time limit exceeded", "memory_limit": "memory limit exceeded",
-                "output_limit": "output limit exceeded: the process was killed"}[self.status]
-
-
-def _kill_group(pgid: int) -> None:
-    try:
-        os.killpg(pgid, signal.SIGKILL)
-    except ProcessLookupError:  # the group is already empty
-        pass  # (its number is not reused while any member lives, so this never hits a stranger's group)
-
-
-class _Collector(asyncio.SubprocessProtocol):
-    """Keeps the first `cap` bytes of stdout+stderr, kills the group past them; notes exit and pipe closing."""
-
-    def __init__(self, cap: int) -> None:
-        self.kept = {1: bytearray(), 2: bytearray()}
-        self.room, self.over_cap = cap, False
-        loop = asyncio.get_running_loop()
-        self.exited, self.finished = loop.create_future(), loop.create_future()
-        self.pid = 0
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.pid = transport.get_pid()
-
-    def pipe_data_received(self, fd: int, data: bytes) -> None:
-        kept = data[:self.room]
-        self.kept[fd] += kept
-        self.room -= len(kept)
-        if len(kept) < len(data) and not self.over_cap:
-            self.over_cap = True
-            _kill_group(self.pid)
-
-    def send_stdin(self, transport: asyncio.SubprocessTransport, data: bytes) -> None:
-        """Write the call's stdin into its pipe and close it (buffered by the loop: a child that never
-        reads it only leaves it unread; one that exits first breaks the pipe, which the loop absorbs)."""
-        pipe = transport.get_pipe_transport(0)
-        assert isinstance(pipe, asyncio.WriteTransport)
-        if data:
-            pipe.write(data)
-        pipe.close()
-
-    def process_exited(self) -> None:  # the child itself; a grandchild may still hold the pipes
-        self.exited.set_result(None)
-
-    def connection_lost(self, exc: Exception | None) -> None:  # exited and every pipe closed
-        self.finished.set_result(None)
 
 
 # The run's choice (--tool-sandbox, set once at start-up by preflight.check_tool_sandbox) and the bwrap
@@ -296,7 +223,7 @@ async def run_python(code: str, limits: SandboxLimits = SandboxLimits(), stdin: 
 
 
 async def _run(code: str, limits: SandboxLimits, stdin: str, bwrap_path: str | None,
-               call_cgroup: CallCgroup | None) -> tuple[_Collector, int | None, bool]:
+               call_cgroup: CallCgroup | None) -> tuple[OutputCollector, int | None, bool]:
     """Start the child (under bwrap: in the call's cgroup, when there is one) and wait for it: what it
     printed, its exit status (negative: a signal) and whether the wall clock ended it. No host file is
     handed over as a descriptor: stdin, stdout and stderr are pipes; under bwrap the code is a memfd."""
@@ -330,7 +257,7 @@ async def _run(code: str, limits: SandboxLimits, stdin: str, bwrap_path: str | N
             spawn_env, cwd = {"PATH": os.defpath}, "/"
         try:
             transport, collector = await asyncio.get_running_loop().subprocess_exec(
-                lambda: _Collector(limits.max_output_bytes), *argv,
+                lambda: OutputCollector(limits.max_output_bytes), *argv,
                 stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
                 cwd=cwd, env=spawn_env, start_new_session=True, pass_fds=fds)
         finally:
@@ -344,7 +271,7 @@ async def _run(code: str, limits: SandboxLimits, stdin: str, bwrap_path: str | N
             except asyncio.TimeoutError:
                 timed_out = True
         finally:  # also on cancellation: nothing of the group (under bwrap: of the namespace) survives the call
-            _kill_group(collector.pid)  # whatever the child left behind would hold the pipes open
+            kill_group(collector.pid)  # whatever the child left behind would hold the pipes open
             try:  # reap it before the loop may close; all SIGKILLed: prompt
                 await asyncio.wait_for(asyncio.shield(collector.finished), 10.0)
             finally:
