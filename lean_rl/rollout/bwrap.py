@@ -86,10 +86,12 @@ def switches_user() -> bool:
 
 
 def _reachable_by_others(path: str) -> bool:
-    """Every directory on the way to `path` lets "other" users through (ACLs aside: bwrap then fails, loudly)."""
-    parts = os.path.realpath(path).split(os.sep)
-    return all(os.stat(os.sep + os.path.join(*parts[1:i]) if i > 1 else os.sep).st_mode & 0o001
-               for i in range(1, len(parts)))
+    """Every directory on the way to `path`, itself included, lets "other" users through (ACLs aside: bwrap
+    then fails, loudly, at the start-up probe)."""
+    real = os.path.realpath(path)
+    parts = real.strip(os.sep).split(os.sep)
+    ways = [os.sep + os.sep.join(parts[:i]) for i in range(len(parts) + 1)] if real != os.sep else [os.sep]
+    return all(os.stat(way).st_mode & 0o001 for way in ways)
 
 
 _staging: dict[str, str] = {}  # runtime dir -> the empty directory it is mounted on for the call (this process)
@@ -152,10 +154,11 @@ def bwrap_argv(bwrap: str, code_fd: int, seccomp_fd: int, tmpfs_bytes: int, env:
     argv += _system_mounts(sources)
     argv += ["--proc", "/proc",
              # bwrap covers /proc/sys only when its caller cannot write there; as root it can
-             "--ro-bind-try", "/proc/sys", "/proc/sys", "--ro-bind-try", "/proc/sysrq-trigger", "/proc/sysrq-trigger",
-             # keys the call possesses through the inherited session keyring, by description
-             "--ro-bind", "/dev/null", "/proc/keys", "--ro-bind", "/dev/null", "/proc/key-users",
-             "--dev", "/dev",
+             "--ro-bind-try", "/proc/sys", "/proc/sys", "--ro-bind-try", "/proc/sysrq-trigger", "/proc/sysrq-trigger"]
+    for path in ("/proc/keys", "/proc/key-users"):  # keys the call possesses through the inherited session
+        if os.path.exists(path):                    # keyring, by description (absent: a kernel without keys)
+            argv += ["--ro-bind", "/dev/null", path]
+    argv += ["--dev", "/dev",
              "--perms", "1777", "--size", str(tmpfs_bytes), "--tmpfs", "/dev/shm",
              "--remount-ro", "/dev",
              "--perms", "0700", "--size", str(tmpfs_bytes), "--tmpfs", WORKDIR]

@@ -61,6 +61,7 @@ class OutputCollector(asyncio.SubprocessProtocol):
         self.pid = 0
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.SubprocessTransport)  # a SubprocessProtocol's transport
         self.pid = transport.get_pid()
 
     def pipe_data_received(self, fd: int, data: bytes) -> None:
