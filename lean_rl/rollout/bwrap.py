@@ -216,6 +216,14 @@ def probe(bwrap: str, timeout_s: float = 30.0) -> None:
             raise BoundaryUnavailable(f"--tool-sandbox bwrap: uid {SANDBOX_HOST_UID}, which tool calls run as when "
                                       f"lean_rl runs as root, belongs to user {taken!r} here; free it, run lean_rl "
                                       f"as an unprivileged user, {fix}")
+        sources = _bind_sources()
+        tools = ["setpriv"] + (["unshare", "mount", "sh"] if any(s != d for d, s in sources.items()) else [])
+        missing = [tool for tool in tools if shutil.which(tool, path=os.defpath) is None]
+        if missing:
+            raise BoundaryUnavailable(f"--tool-sandbox bwrap: no {', '.join(missing)} on {os.defpath} (util-linux, "
+                                      f"mount), which start tool calls as uid {SANDBOX_HOST_UID} when lean_rl runs as "
+                                      f"root: `apt-get install util-linux mount`, run lean_rl as an unprivileged "
+                                      f"user, {fix}")
     try:
         code_fd, seccomp_fd = boundary_fds(b"")
     except SeccompUnavailable as err:

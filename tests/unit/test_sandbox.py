@@ -286,3 +286,11 @@ def test_a_runtime_under_the_hosts_tmp_keeps_its_bind_and_tmp_is_no_symlink(monk
     monkeypatch.setattr(bwrap, "runtime_dirs", lambda: ["/opt/venv"])
     argv = bwrap.bwrap_argv("bwrap", 3, 4, 1 << 20, {})
     assert any(argv[i:i + 3] == ["--symlink", bwrap.WORKDIR, "/tmp"] for i in range(len(argv)))
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="bwrap switches to its own uid only when lean_rl runs as root")
+def test_as_root_without_setpriv_no_call_runs(monkeypatch, tmp_path):
+    monkeypatch.setattr(sandbox, "_proven_bwrap", None)  # a fresh process: the start-up probe
+    monkeypatch.setattr(os, "defpath", str(tmp_path))  # where calls' commands are looked up: no util-linux there
+    with pytest.raises(BoundaryUnavailable, match="no setpriv.*apt-get install util-linux"):
+        sandbox.check_boundary()
