@@ -40,7 +40,8 @@ from lean_rl.testing.gpu_smoke_colocated import Colocated, bf16_tiny_model
 from lean_rl.testing.gpu_smoke_parts import deadline, emit, free_memory, result
 
 STEPS = ("env", "engine", "memory", "disk", "corrupt", "lora", "loop")
-STEP_DEADLINE_S = {"env": 60, "engine": 330, "memory": 120, "disk": 120, "corrupt": 120, "lora": 330, "loop": 330}
+# engine: a cold first start on GPU compiles kernels (N7); its own timeout (gpu_smoke_colocated) comes first
+STEP_DEADLINE_S = {"env": 60, "engine": 420, "memory": 120, "disk": 120, "corrupt": 120, "lora": 360, "loop": 360}
 CORRUPTED = "model.layers.1.mlp.down_proj.weight"  # zeroed on the engine by the corrupt step
 CORRUPT_VERSION = 99
 
@@ -204,12 +205,22 @@ def _train_command(run: Run, out: Path, *extra: str) -> dict:
            "12", "--micro-batch-size", "8", "--output-dir", str(out / "run"), "--no-tensorboard",
            "--sglang-max-total-tokens", "8192", *extra]
     started = time.perf_counter()
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=STEP_DEADLINE_S["loop"] - 20)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        _, stderr = proc.communicate(timeout=STEP_DEADLINE_S["loop"] - 40)
+    finally:
+        if proc.poll() is None:  # SIGTERM first: the run stops its engines and Ray (lean_rl/stop.py)
+            proc.terminate()
+            try:
+                proc.communicate(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.communicate()
     metrics = out / "run" / "metrics.jsonl"
     rows = [json.loads(x) for x in metrics.read_text().splitlines()] if metrics.is_file() else []
     return {"returncode": proc.returncode, "rows": len(rows), "run_seconds": time.perf_counter() - started,
             "probe": [r.get("sync/probe_mean_abs_diff") for r in rows],
-            "tail": None if proc.returncode == 0 else proc.stderr[-2000:]}
+            "tail": None if proc.returncode == 0 else stderr[-2000:]}
 
 
 def step_lora(run: Run) -> dict:

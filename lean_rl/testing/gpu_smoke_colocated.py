@@ -67,7 +67,7 @@ class Colocated:
                                 checkpoint=CheckpointConfig(hf_checkpoint=str(self.model)))
             initialize_for_training(self.trainer, train, build(AlgorithmConfig))
             self.config = rebuild(engine_config_for_tests(self.model, "--rollout-num-engines", "1",
-                                                          "--sglang-dtype", "bfloat16", "--engine-start-timeout", "900"),
+                                                          "--sglang-dtype", "bfloat16", "--engine-start-timeout", "360"),
                                   colocated=True)
             placement = colocated_placement(self.trainer.placement_group, [0], device=device, ranks_per_node=1,
                                             rank_gpu_ids=self.trainer.rank_gpu_ids, rank_share=COLOCATED_RANK_SHARE,
