@@ -55,6 +55,7 @@ if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L 2>/dev/null | grep -q 
   req_files=(requirements-gpu.txt requirements-gpu-te.txt)
   te_plan=$(bash scripts/te-plan.sh) || exit 1  # TransformerEngine: opt-in (LEAN_RL_TE=1), needs nvcc
   flavour=gpu-${te_plan%%:*}  # gpu-build / gpu-skip: switching LEAN_RL_TE reruns setup
+  step "GPU machine; TransformerEngine: $te_plan"
 else
   flavour=cpu
   req_files=(requirements.txt requirements-nodeps.txt)
@@ -101,8 +102,6 @@ if [[ $flavour == gpu-* ]]; then
   if [[ $flavour == gpu-build ]]; then
     step "building TransformerEngine against that torch (requirements-gpu-te.txt, --no-build-isolation; ${te_plan#build: })"
     pip_with_progress requirements-gpu-te.txt install -q --no-build-isolation -r requirements-gpu-te.txt
-  else
-    step "TransformerEngine not installed: ${te_plan#skip: }"
   fi
 else
   step "installing the pinned CPU set (requirements.txt: torch CPU, Megatron-core, Ray, pytest, mypy, ...; 2-4 min on a fresh machine)"
