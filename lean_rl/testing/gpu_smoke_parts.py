@@ -10,6 +10,7 @@ import hashlib
 import json
 import os
 import signal
+import traceback
 from pathlib import Path
 from typing import Any
 
@@ -64,6 +65,7 @@ class Smoke:
         self.checkpoint: Path | None = None
         self.buckets: list[dict] = []  # from export, for ipc
         self.trained = None  # the bfloat16 MegatronGroup after train, for offload and rng
+        self.reference: dict | None = None  # the float32 CPU reference (reference_in_child's answer)
 
     def close(self) -> None:
         self.buckets = []
@@ -148,3 +150,55 @@ def open_in_child(inbox, outbox) -> None:
     outbox.put({"devices": sorted({str(b["flat"].device) for b in buckets}), "hashes": bucket_hashes(buckets),
                 "pid": os.getpid()})
     inbox.get(timeout=60)  # the parent has read the answer: the shared memory may go
+
+
+def eval_tokens() -> list[list[int]]:
+    """The sequences whose log-probs the device run and the reference compare."""
+    from lean_rl.testing.sample_groups import make_groups
+
+    return [s.tokens for g in make_groups(seed=99) for s in g][:4]
+
+
+def train_tiny(smoke: Smoke, device: str, dtype: str, steps: int):
+    """A group of the checkpoint on `device` in `dtype`, trained `steps` GRPO steps on fixed synthetic
+    groups: (group, log-probs of eval_tokens() before, after, each step's metrics). The group is the
+    caller's to shut down (shut down here on failure)."""
+    from lean_rl.algorithms.config import AlgorithmConfig
+    from lean_rl.backends.megatron.train_config import BatchConfig, CheckpointConfig, OptimizerConfig, TrainConfig
+    from lean_rl.backends.megatron.train_driver import initialize_for_training, train_on_rollout
+    from lean_rl.options import build
+    from lean_rl.testing.sample_groups import make_groups, set_rollout_log_probs
+
+    group = smoke.group(device, dtype)
+    try:
+        group.load_hf_checkpoint(smoke.checkpoint)
+        train = TrainConfig(optimizer=OptimizerConfig(lr=1e-3), batch=BatchConfig(micro_batch_size=2),
+                            checkpoint=CheckpointConfig(hf_checkpoint=str(smoke.checkpoint)))
+        initialize_for_training(group, train, build(AlgorithmConfig, use_rollout_logprobs=True))
+        before = torch.cat(group.compute_log_probs(eval_tokens()).log_probs).double().cpu()
+        metrics = []
+        for step in range(steps):
+            groups = make_groups(seed=100 + step)
+            set_rollout_log_probs(group, groups)
+            metrics.append(train_on_rollout(group, groups, policy_version=step))
+        after = torch.cat(group.compute_log_probs(eval_tokens()).log_probs).double().cpu()
+    except BaseException:
+        group.shutdown()
+        raise
+    return group, before, after, metrics
+
+
+def reference_in_child(out_dir: str, steps: int, outbox) -> None:
+    """The second process of the reference step: the checkpoint, then the float32 CPU reference. Apart
+    from the device run because a CPU Megatron rank replaces torch.cuda's API and Megatron's RNG tracker
+    process-wide (backends/megatron/compat.py _apply_cpu_fixes): a GPU rank after it would break."""
+    try:
+        smoke = Smoke("cpu", Path(out_dir))
+        checkpoint = smoke.write_checkpoint()
+        group, before, after, metrics = train_tiny(smoke, "cpu", "float32", steps)
+        group.shutdown()
+        outbox.put({"checkpoint": str(checkpoint), "before": before.tolist(), "after": after.tolist(),
+                    "pg_loss": [m["train/pg_loss"] for m in metrics], "grad_norm": [m["train/grad_norm"] for m in metrics],
+                    "pid": os.getpid()})
+    except BaseException as error:  # noqa: BLE001 - the parent reports it as the step's error
+        outbox.put({"error": f"{type(error).__name__}: {error}", "traceback": traceback.format_exc()[-3000:]})

@@ -8,15 +8,17 @@ built, trained and exported by lean_rl's own code.
 Steps, one JSON line each, each with a deadline (SIGALRM) and its resources released in `finally`;
 a last line `done` sums them up (and lists any of ray / sglang / transformers that got imported):
 - env: torch, CUDA, the GPU and its driver, megatron-core, TransformerEngine's import error if any.
-- export: a bfloat16 tiny qwen2 checkpoint (written here from Megatron's seeded init) loaded into a
-  bfloat16 trainer (--bf16, local layer spec); its weights exported for sync as the engines take them
+- reference: in a second process (a CPU Megatron rank patches torch.cuda process-wide), a bfloat16 tiny
+  qwen2 checkpoint written from Megatron's seeded init, and TRAIN_STEPS GRPO steps on it in float32 on CPU.
+- export: the checkpoint loaded into a bfloat16 trainer on the device (--bf16, local layer spec); its
+  weights exported for sync as the engines take them
   (HF names, the engines' dtype, buckets of --update-weight-buffer-size): every tensor bit-equal to
   the checkpoint's.
 - ipc: those buckets flattened on the device and sent to a second process (torch.multiprocessing:
   CUDA IPC handles on GPU, shared memory on CPU), which opens them and hashes every tensor: the
   hashes must equal this process's.
-- train: TRAIN_STEPS GRPO steps on synthetic groups, in bfloat16 on the device and in float32 on CPU
-  from the same checkpoint and data: their log-probs agree within MEAN_LOGPROB_TOL before and after
+- train: the same TRAIN_STEPS GRPO steps (same checkpoint, same synthetic groups) in bfloat16 on the
+  device: its log-probs agree with the float32 reference's within MEAN_LOGPROB_TOL before and after
   training, training moved both, every loss is finite.
 - offload: the trained bfloat16 trainer offloaded and onloaded (colocated mode's turn), with
   torch.cuda.mem_get_info() at each phase; the weights bit-identical after; on GPU memory was freed.
@@ -39,12 +41,12 @@ from typing import Any, Callable
 import torch
 
 from lean_rl.testing.gpu_smoke_parts import (RankTools, Smoke, bucket_hashes, deadline, emit, free_memory,
-                                             open_in_child, result)
+                                             open_in_child, reference_in_child, result, train_tiny)
 
 TRAIN_STEPS = 3
 # The probe's bfloat16 bound (weight_sync/config.py DEFAULT_PROBE_TOL): bf16 rounding against float32
 MEAN_LOGPROB_TOL = 0.1
-STEP_DEADLINE_S = {"env": 60, "export": 90, "ipc": 90, "train": 180, "offload": 60, "rng": 90}
+STEP_DEADLINE_S = {"env": 60, "reference": 180, "export": 90, "ipc": 90, "train": 120, "offload": 60, "rng": 90}
 BUCKET_BYTES = 64 * 1024  # small buckets: several per model, as a real model has
 FOREIGN = ("ray", "sglang", "transformers")  # must not be needed (nor imported) here
 
@@ -81,7 +83,9 @@ def step_env(smoke: Smoke) -> dict:
 def step_export(smoke: Smoke) -> dict:
     from safetensors.torch import load_file
 
-    checkpoint = smoke.write_checkpoint()
+    if smoke.checkpoint is None:
+        return result("export", skipped="no checkpoint: the reference step did not run or failed")
+    checkpoint = smoke.checkpoint
     expected = load_file(str(checkpoint / "model.safetensors"))
     group = smoke.group(smoke.device, "bfloat16")
     try:
@@ -134,57 +138,46 @@ def step_ipc(smoke: Smoke) -> dict:
                 child_exit=child.exitcode)
 
 
-def _train(smoke: Smoke, device: str, dtype: str, eval_tokens: list[list[int]]):
-    from lean_rl.algorithms.config import AlgorithmConfig
-    from lean_rl.backends.megatron.train_config import BatchConfig, CheckpointConfig, OptimizerConfig, TrainConfig
-    from lean_rl.backends.megatron.train_driver import initialize_for_training, train_on_rollout
-    from lean_rl.options import build
-    from lean_rl.testing.sample_groups import make_groups, set_rollout_log_probs
+def step_reference(smoke: Smoke) -> dict:
+    """The checkpoint and the float32 CPU reference, in a second process (see reference_in_child)."""
+    import torch.multiprocessing as mp
 
-    group = smoke.group(device, dtype)
+    context = mp.get_context("spawn")
+    outbox = context.Queue()
+    child = context.Process(target=reference_in_child, args=(str(smoke.out), TRAIN_STEPS, outbox), daemon=True)
+    child.start()
     try:
-        group.load_hf_checkpoint(smoke.checkpoint)
-        train = TrainConfig(optimizer=OptimizerConfig(lr=1e-3), batch=BatchConfig(micro_batch_size=2),
-                            checkpoint=CheckpointConfig(hf_checkpoint=str(smoke.checkpoint)))
-        initialize_for_training(group, train, build(AlgorithmConfig, use_rollout_logprobs=True))
-        before = torch.cat(group.compute_log_probs(eval_tokens).log_probs).double()
-        metrics = []
-        for step in range(TRAIN_STEPS):
-            groups = make_groups(seed=100 + step)
-            set_rollout_log_probs(group, groups)
-            metrics.append(train_on_rollout(group, groups, policy_version=step))
-        after = torch.cat(group.compute_log_probs(eval_tokens).log_probs).double()
-    except BaseException:
-        group.shutdown()
-        raise
-    return group, before, after, metrics
+        answer = outbox.get(timeout=STEP_DEADLINE_S["reference"] - 10)
+        child.join(timeout=30)
+    finally:
+        if child.is_alive():
+            child.kill()
+            child.join(timeout=10)
+    if "error" in answer:
+        return result("reference", ok=False, error=answer["error"], traceback=answer["traceback"])
+    smoke.checkpoint, smoke.reference = Path(answer["checkpoint"]), answer
+    return result("reference", ok=True, checkpoint=answer["checkpoint"], pg_loss_fp32=answer["pg_loss"],
+                  grad_norm_fp32=answer["grad_norm"], child_pid=answer["pid"], child_exit=child.exitcode)
 
 
 def step_train(smoke: Smoke) -> dict:
-    from lean_rl.testing.sample_groups import make_groups
-
-    smoke.write_checkpoint()
-    eval_tokens = [s.tokens for g in make_groups(seed=99) for s in g][:4]
-    started = time.perf_counter()
-    reference, ref_before, ref_after, ref_metrics = _train(smoke, "cpu", "float32", eval_tokens)
-    reference.shutdown()  # one in-process group at a time (Megatron's parallel state is global)
-    ref_seconds = time.perf_counter() - started
-    started = time.perf_counter()
-    smoke.trained, before, after, metrics = _train(smoke, smoke.device, "bfloat16", eval_tokens)
+    if smoke.reference is None or smoke.checkpoint is None:
+        return result("train", skipped="no float32 reference: the reference step did not run or failed")
+    reference = smoke.reference
+    smoke.trained, before, after, metrics = train_tiny(smoke, smoke.device, "bfloat16", TRAIN_STEPS)
+    ref_before, ref_after = torch.tensor(reference["before"]), torch.tensor(reference["after"])
     gap_before = float((before - ref_before).abs().mean())
     gap_after = float((after - ref_after).abs().mean())
     moved = float((after - before).abs().max()), float((ref_after - ref_before).abs().max())
-    losses = [m["train/pg_loss"] for m in metrics] + [m["train/pg_loss"] for m in ref_metrics]
+    losses = [m["train/pg_loss"] for m in metrics] + reference["pg_loss"]
     finite = all(torch.isfinite(torch.tensor(x)) for x in losses)
     return result("train", ok=bool(gap_before <= MEAN_LOGPROB_TOL and gap_after <= MEAN_LOGPROB_TOL and min(moved) > 0
                                  and finite),
-                steps=TRAIN_STEPS, tolerance_mean_abs_logprob=MEAN_LOGPROB_TOL,
-                mean_abs_logprob_gap_before=gap_before, mean_abs_logprob_gap_after=gap_after,
-                max_abs_logprob_moved_bf16=moved[0], max_abs_logprob_moved_fp32=moved[1],
-                pg_loss_bf16=[m["train/pg_loss"] for m in metrics], pg_loss_fp32=[m["train/pg_loss"] for m in ref_metrics],
-                grad_norm_bf16=[m["train/grad_norm"] for m in metrics],
-                grad_norm_fp32=[m["train/grad_norm"] for m in ref_metrics],
-                seconds_bf16_device=time.perf_counter() - started, seconds_fp32_cpu=ref_seconds)
+                  steps=TRAIN_STEPS, tolerance_mean_abs_logprob=MEAN_LOGPROB_TOL,
+                  mean_abs_logprob_gap_before=gap_before, mean_abs_logprob_gap_after=gap_after,
+                  max_abs_logprob_moved_bf16=moved[0], max_abs_logprob_moved_fp32=moved[1],
+                  pg_loss_bf16=[m["train/pg_loss"] for m in metrics], pg_loss_fp32=reference["pg_loss"],
+                  grad_norm_bf16=[m["train/grad_norm"] for m in metrics], grad_norm_fp32=reference["grad_norm"])
 
 
 def step_offload(smoke: Smoke) -> dict:
@@ -220,7 +213,8 @@ def step_rng(smoke: Smoke) -> dict:
                 repeated=saved == loaded, loaded_step=step)
 
 
-STEPS: dict[str, Callable[[Smoke], dict]] = {"env": step_env, "export": step_export, "ipc": step_ipc,
+STEPS: dict[str, Callable[[Smoke], dict]] = {"env": step_env, "reference": step_reference, "export": step_export,
+                                             "ipc": step_ipc,
                                              "train": step_train, "offload": step_offload, "rng": step_rng}
 
 

@@ -24,7 +24,7 @@ def test_the_trainer_part_runs_its_steps_on_cpu_without_ray_sglang_or_transforme
                            str(tmp_path / "out")], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     lines = {x["step"]: x for x in map(json.loads, (y for y in proc.stdout.splitlines() if y.startswith("{")))}
     assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
-    assert list(lines) == ["env", "export", "ipc", "train", "offload", "rng", "done"]
+    assert list(lines) == ["env", "reference", "export", "ipc", "train", "offload", "rng", "done"]
     assert all(line["ok"] for line in lines.values()), proc.stdout
     export, ipc, train = lines["export"], lines["ipc"], lines["train"]
     assert export["dtypes"] == ["bfloat16"] and export["tensors"] == 27 and export["buckets"] > 1  # engine dtype
