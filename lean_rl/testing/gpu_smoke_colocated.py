@@ -22,7 +22,8 @@ def bf16_tiny_model(out: Path) -> Path:
 
     path = make_tiny_model(out / "tiny_bf16", arch="qwen2", seed=0)
     for file in path.glob("*.safetensors"):
-        save_file({k: v.to(torch.bfloat16) for k, v in load_file(str(file)).items()}, str(file), metadata={"format": "pt"})
+        weights = {k: v.to(torch.bfloat16) for k, v in load_file(str(file)).items()}
+        save_file(weights, str(file), metadata={"format": "pt"})
     config = json.loads((path / "config.json").read_text())
     config["dtype"] = "bfloat16"
     (path / "config.json").write_text(json.dumps(config, indent=1))
@@ -66,9 +67,8 @@ class Colocated:
             train = TrainConfig(optimizer=OptimizerConfig(lr=1e-5), batch=BatchConfig(micro_batch_size=2),
                                 checkpoint=CheckpointConfig(hf_checkpoint=str(self.model)))
             initialize_for_training(self.trainer, train, build(AlgorithmConfig))
-            self.config = rebuild(engine_config_for_tests(self.model, "--rollout-num-engines", "1",
-                                                          "--sglang-dtype", "bfloat16", "--engine-start-timeout", "360"),
-                                  colocated=True)
+            flags = ("--rollout-num-engines", "1", "--sglang-dtype", "bfloat16", "--engine-start-timeout", "360")
+            self.config = rebuild(engine_config_for_tests(self.model, *flags), colocated=True)
             placement = colocated_placement(self.trainer.placement_group, [0], device=device, ranks_per_node=1,
                                             rank_gpu_ids=self.trainer.rank_gpu_ids, rank_share=COLOCATED_RANK_SHARE,
                                             cpus_per_rank=self.trainer.cpus_per_rank,

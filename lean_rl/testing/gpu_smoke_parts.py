@@ -198,7 +198,8 @@ def reference_in_child(out_dir: str, steps: int, outbox) -> None:
         group, before, after, metrics = train_tiny(smoke, "cpu", "float32", steps)
         group.shutdown()
         outbox.put({"checkpoint": str(checkpoint), "before": before.tolist(), "after": after.tolist(),
-                    "pg_loss": [m["train/pg_loss"] for m in metrics], "grad_norm": [m["train/grad_norm"] for m in metrics],
+                    "pg_loss": [m["train/pg_loss"] for m in metrics],
+                    "grad_norm": [m["train/grad_norm"] for m in metrics],
                     "pid": os.getpid()})
     except BaseException as error:  # noqa: BLE001 - the parent reports it as the step's error
         outbox.put({"error": f"{type(error).__name__}: {error}", "traceback": traceback.format_exc()[-3000:]})

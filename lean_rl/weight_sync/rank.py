@@ -67,7 +67,8 @@ class StageSent:
     adapter: dict[str, torch.Tensor] | None = None
 
 
-def in_dtype(named_tensors: Iterable[tuple[str, torch.Tensor]], dtype: str | None) -> Iterator[tuple[str, torch.Tensor]]:
+def in_dtype(named_tensors: Iterable[tuple[str, torch.Tensor]],
+             dtype: str | None) -> Iterator[tuple[str, torch.Tensor]]:
     """The exported tensors as they travel: cast to the engines' dtype (None: as they are)."""
     if dtype is None:
         yield from named_tensors
