@@ -30,8 +30,8 @@ from lean_rl.backends.megatron.config import MegatronConfig, ModelFlags, Paralle
 from lean_rl.backends.megatron.hf_config import checkpoint_dtype
 from lean_rl.backends.megatron.train_config import (BatchPlan, CheckpointConfig, TrainConfig, TrainerLayout,
                                                     training_temperature)
-from lean_rl.backends.sglang.config import (API_KEY_ENV, EngineConfig, engines_dtype, resolve_api_key, resolve_ports,
-                                           split_passthrough)
+from lean_rl.backends.sglang.config import (API_KEY_ENV, EngineConfig, engines_dtype, gpu_fp32_note, resolve_api_key,
+                                           resolve_ports, split_passthrough)
 from lean_rl.buffer.config import DataConfig
 from lean_rl.buffer.prompt_source import check_prompt_file_type
 from lean_rl.cli import DEBUG_HELP, ArgumentParser
@@ -131,7 +131,7 @@ def build_parser() -> argparse.ArgumentParser:
 def _megatron_config(argv: list[str], args: argparse.Namespace, parallel: ParallelConfig,
                      device: str) -> MegatronConfig:
     """Architecture from the HF config; Megatron model flags the user typed must agree with it. The
-    trainer's dtype: --bf16 / --fp16, else float32 on CPU and the checkpoint's dtype on GPU."""
+    trainer's dtype: --bf16 / --fp16, else float32 on CPU and 16-bit on GPU (PrecisionFlags)."""
     from lean_rl.backends.megatron.arch_flags import check_given_flags, given_model_flags_parser
     from lean_rl.backends.megatron.hf_config import arch_from_hf_config
 
@@ -154,15 +154,14 @@ def _megatron_config(argv: list[str], args: argparse.Namespace, parallel: Parall
 def _ipc_unserved(layout: TrainerLayout, parallel: ParallelConfig, engines: EngineConfig,
                   engine_nodes: list[int]) -> str | None:
     """Colocated on GPU: why CUDA IPC (the tensor transport) cannot reach every engine, or None."""
-    from lean_rl.weight_sync.ipc_map import IpcLayout, describe_unserved, unserved_by_ipc
+    from lean_rl.weight_sync.ipc_map import IpcLayout, ipc_refusal
 
     if layout.device != "cuda":
         return None
     ipc = IpcLayout(parallel.tensor_model_parallel_size, layout.data_parallel_size,
                     parallel.pipeline_model_parallel_size, layout.ranks_per_node, engines.num_engines,
                     engines.gpus_per_engine, tuple(engine_nodes))
-    unserved = unserved_by_ipc(ipc)
-    return describe_unserved(unserved, ipc) if unserved else None
+    return ipc_refusal(ipc)
 
 
 def parse_config(argv: list[str]) -> Config:
@@ -211,6 +210,9 @@ def parse_config(argv: list[str]) -> Config:
         other_cpu_engines=distillation.teacher_engine_count,
         colocated=run.colocate and not (run.debug_rollout_only or no_engines),
         dtype=engines_dtype(passthrough.server, megatron.params_dtype, checkpoint_dtype(args.hf_checkpoint)))))
+    fp32_note = gpu_fp32_note(engines)
+    if fp32_note:
+        logger.info("%s", fp32_note)
     typed_key = any(a == "--sglang-api-key" or a.startswith("--sglang-api-key=") for a in argv)
     if typed_key and engines.api_key:  # a key on the command line ('none' stores "": nothing to hide)
         logger.warning("--sglang-api-key: a key typed on the command line shows in `ps` and in Ray's job table; "

@@ -129,6 +129,10 @@ class Runtime:
                                     wandb_project=cfg.run.wandb_project if cfg.run.use_wandb else None,
                                     wandb_run_name=cfg.run.wandb_run_name)
         if cfg.starts_engines and not beside:
+            if cfg.engines.releases_memory:
+                # SGLang sizes its KV pool once, from the memory free when it starts: the trainer leaves the
+                # devices first, as slime starts its engines (review 2026-12-06 N5)
+                self.turns.offload()
             self._start_engines()
         report_placement(cfg, self.engines, self.trainer, self.colocated)
         if self.trainer is not None and self.engines is not None:
@@ -143,7 +147,8 @@ class Runtime:
                 # colocated on GPU: the trainer leaves the devices before the engines' KV cache returns
                 after_send=self.turns.offload if cfg.engines.releases_memory else None)
             self.turns.weight_sync = self.weight_sync
-            report = self.sync_weights(self.start_step)
+            with self.turns.turn():  # colocated on GPU: the engines release, the trainer onloads, then the sync
+                report = self.sync_weights(self.start_step)
             logger.info("engines serve the trainer's weights (version %d): probe max |Δ log p| %.2e",
                         self.start_step, report.probe.max_abs_diff)
 

@@ -59,13 +59,16 @@ fi
 if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L 2>/dev/null | grep -q '^GPU'; then
   flavour=gpu
   req_files=(requirements-gpu.txt requirements-gpu-te.txt)
+  te_plan=$(bash scripts/te-plan.sh) || exit 1  # TransformerEngine: opt-in (LEAN_RL_TE=1), needs nvcc
+  flavour=gpu-${te_plan%%:*}  # gpu-build / gpu-skip: switching LEAN_RL_TE reruns setup
+  step "GPU machine; TransformerEngine: $te_plan"
 else
   flavour=cpu
   req_files=(requirements.txt requirements-nodeps.txt)
 fi
 
 stamp="$venv/.lean_rl-setup-stamp"
-want=$(cat "${req_files[@]}" pyproject.toml scripts/setup.sh | sha256sum | cut -d' ' -f1)-$flavour
+want=$(cat "${req_files[@]}" pyproject.toml scripts/setup.sh scripts/te-plan.sh | sha256sum | cut -d' ' -f1)-$flavour
 next_steps="main job: bash scripts/quickstart.sh   tests: bash scripts/test.sh"
 if [[ -x "$venv/bin/python" && -f "$stamp" && "$(cat "$stamp")" == "$want" && -z "${LEAN_RL_FORCE_SETUP:-}" ]]; then
   echo "setup.sh: $venv is up to date ($flavour); $next_steps"
@@ -99,11 +102,13 @@ else
   step "creating $venv with $python_bin"
   "$python_bin" -m venv "$venv"
 fi
-if [[ $flavour == gpu ]]; then
+if [[ $flavour == gpu-* ]]; then
   step "installing the pinned GPU set (requirements-gpu.txt: torch CUDA, full SGLang, Megatron-core; several minutes)"
   pip_with_progress requirements-gpu.txt install -q -r requirements-gpu.txt
-  step "building TransformerEngine against that torch (requirements-gpu-te.txt, --no-build-isolation; 10-30 min)"
-  pip_with_progress requirements-gpu-te.txt install -q --no-build-isolation -r requirements-gpu-te.txt
+  if [[ $flavour == gpu-build ]]; then
+    step "building TransformerEngine against that torch (requirements-gpu-te.txt, --no-build-isolation; ${te_plan#build: })"
+    pip_with_progress requirements-gpu-te.txt install -q --no-build-isolation -r requirements-gpu-te.txt
+  fi
 else
   step "installing the pinned CPU set (requirements.txt: torch CPU, Megatron-core, Ray, pytest, mypy, ...; 2-4 min on a fresh machine)"
   pip_with_progress requirements.txt install -q -r requirements.txt
@@ -125,7 +130,7 @@ fi
 step "checking that lean_rl, torch, Megatron-core, SGLang, Ray and transformers import (~15 s)"
 PYTHONWARNINGS=ignore "$venv/bin/python" -c "import lean_rl, torch, megatron.core, sglang, ray, transformers" \
   || { echo "setup.sh: the installed environment does not import; see the error above" >&2; exit 1; }
-if [[ $flavour == gpu ]]; then
+if [[ $flavour == gpu-build ]]; then
   # a TE extension built against another torch does not load, and Megatron then falls back silently
   "$venv/bin/python" -c "from megatron.core.transformer.moe import moe_utils; assert moe_utils.HAVE_TE" 2>/dev/null \
     || { echo "setup.sh: TransformerEngine is installed but Megatron-core cannot load it (built against another" \

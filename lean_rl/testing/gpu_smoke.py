@@ -1,23 +1,25 @@
-"""The device smoke check of issue 22 (the plan in ../shared/reviews/gpu-static-2026-12-02.md §4): the
-GPU paths that no CPU run takes, each step one JSON line on stdout, in under 8 minutes on one GPU.
+"""Part (2) of the device check (issue 39): the engine side, for a machine with the full GPU environment
+(SGLang's GPU build, Ray, TransformerEngine optional: scripts/setup.sh), what a user runs first. Part (1),
+the trainer alone on a machine with torch and a few wheels, is gpu_smoke_trainer.py (--trainer-only).
 
-    bash scripts/gpu-smoke.sh [--device cuda|cpu] [--steps env,trainer,engine,memory,loop] [--out DIR]
+    bash scripts/gpu-smoke.sh --steps env,engine,memory,disk,corrupt   # call 1 (< 7 min on one GPU)
+    bash scripts/gpu-smoke.sh --steps lora,loop                        # call 2 (< 7 min)
 
-Steps (each needs what the one before it showed to work; a step whose packages are missing prints
-{"step": ..., "skipped": why} and the next goes on):
-- env: torch, CUDA, TransformerEngine as Megatron sees it (E1, C3), SGLang, Ray, the trainer ranks' NCCL
-  switches (C6).
-- trainer: the tiny model in one Megatron rank hosted in this process (no Ray needed): log-probs against
-  transformers' float32 forward (TE names and parity), one train step in float32 and one in bfloat16
-  (--bf16: the float32 master weights of Megatron's mixed-precision optimizer), an offload / onload
-  round trip (bytes released, weights bit-identical: P2).
-- engine: one colocated SGLang engine and the trainer on Ray; tensor transport (CUDA IPC) syncs in the
-  engine's default dtype (the trainer's) and in bfloat16 against a float32 trainer: probe figures (C2).
-- memory: the same engine with --enable-memory-saver (colocated): release everything, resume weights,
-  sync, resume the KV cache, probe; then a /health while released must not kill the scheduler (M1-M3).
-- loop: `python -m lean_rl.train --colocate --num-rollout 2` on the tiny model (one full loop).
-On CPU (--device cpu) env and trainer run as they do on a GPU; CI runs them (tests/integration/
-test_gpu_smoke.py). The engine steps need a GPU and SGLang's GPU build.
+Every step prints one JSON line, runs under a deadline (SIGALRM) and releases what it started in
+`finally`; steps needing what is missing print {"skipped": why}. A bfloat16 tiny qwen2 model throughout
+(16-bit engines are the GPU default, review 2026-12-06 N1). The steps engine..corrupt share one
+colocated set, built as a run builds it (the trainer offloaded before the engines start: N5) and torn
+down (engines, trainer, Ray) before lora and at the end:
+- env: driver, torch's CUDA, nvcc / CUDA_HOME, TransformerEngine's import error, sgl_kernel,
+  torch_memory_saver, flashinfer, the GPU count (the disaggregated NCCL path needs >= 2: not covered).
+- engine: one colocated bf16 engine (--enable-memory-saver) and a bf16 trainer; the first sync as the
+  run makes it (engines release, trainer onloads, CUDA IPC, trainer offloads, KV cache back, probe).
+- memory: a second turn with torch.cuda.mem_get_info() at each phase (released, onloaded, sent,
+  offloaded, KV back) and a /health while released (M1-M5).
+- disk: a sync by the disk transport (auto's fallback on GPU) to the same engine, probed.
+- corrupt: one tensor of the engine overwritten with zeros; the probe must fail and name it (W2).
+- lora: `lean_rl.train --colocate --lora-rank 4 --transformer-impl local`, one rollout (N2).
+- loop: `lean_rl.train --colocate --num-rollout 2` (one full loop).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import argparse
 import importlib.util
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -33,15 +36,14 @@ import time
 import traceback
 from pathlib import Path
 
-from lean_rl.options import build, rebuild
+from lean_rl.testing.gpu_smoke_colocated import Colocated, bf16_tiny_model
+from lean_rl.testing.gpu_smoke_parts import deadline, emit, free_memory, result
 
-STEPS = ("env", "trainer", "engine", "memory", "loop")
-
-
-def emit(step: str, **fields) -> dict:
-    line = {"step": step, **fields}
-    print(json.dumps(line, default=str), flush=True)
-    return line
+STEPS = ("env", "engine", "memory", "disk", "corrupt", "lora", "loop")
+# engine: a cold first start on GPU compiles kernels (N7); its own timeout (gpu_smoke_colocated) comes first
+STEP_DEADLINE_S = {"env": 60, "engine": 420, "memory": 120, "disk": 120, "corrupt": 120, "lora": 360, "loop": 360}
+CORRUPTED = "model.layers.1.mlp.down_proj.weight"  # zeroed on the engine by the corrupt step
+CORRUPT_VERSION = 99
 
 
 def missing(*modules: str) -> str | None:
@@ -49,182 +51,194 @@ def missing(*modules: str) -> str | None:
     return f"not installed: {', '.join(absent)}" if absent else None
 
 
-def step_env(device: str, out: Path) -> dict:
-    import torch
+class Run:
+    def __init__(self, device: str, out: Path):
+        self.device, self.out = device, out
+        self.colocated: Colocated | None = None
 
-    from lean_rl.backends.megatron.group import rank_env
+    def shared(self) -> Colocated:
+        colocated = self.colocated
+        if colocated is None:
+            colocated = self.colocated = Colocated(self.device, self.out / "colocated")
+        return colocated
+
+    def close(self) -> None:
+        if self.colocated is not None:
+            colocated, self.colocated = self.colocated, None
+            colocated.close()
+
+
+def step_env(run: Run) -> dict:
+    import torch
 
     facts = {"torch": torch.__version__, "cuda": torch.version.cuda, "cuda_available": torch.cuda.is_available(),
-             "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
-             "rank_nccl_env": {k: v for k, v in rank_env(device, 1, None).items() if k.startswith("NCCL")}}
-    if importlib.util.find_spec("megatron") is not None:
-        from lean_rl.backends.megatron.compat import transformer_engine_available
-
-        facts["megatron_have_te"] = transformer_engine_available()
-    for name in ("transformer_engine", "sglang", "ray", "transformers"):
-        facts[name] = importlib.util.find_spec(name) is not None
-    return emit("env", ok=device == "cpu" or facts["cuda_available"], **facts)
-
-
-def step_trainer(device: str, out: Path) -> dict:
-    reason = missing("megatron", "transformers")
-    if reason:
-        return emit("trainer", skipped=reason)
-    import torch
-    import transformers
-
-    from lean_rl.algorithms.config import AlgorithmConfig
-    from lean_rl.backends.megatron.config import ParallelConfig
-    from lean_rl.backends.megatron.group import MegatronGroup
-    from lean_rl.backends.megatron.train_config import BatchConfig, CheckpointConfig, OptimizerConfig, TrainConfig
-    from lean_rl.backends.megatron.train_driver import initialize_for_training, train_on_rollout
-    from lean_rl.testing.sample_groups import make_groups, set_rollout_log_probs
-    from lean_rl.testing.tiny_model import make_tiny_model
-
-    model = make_tiny_model(out / "tiny", arch="qwen2", seed=0)
-    groups = make_groups(seed=1)
-    tokens = [s.tokens for g in groups for s in g][:4]
-    hf = transformers.AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32).eval()
-    expected = []
-    with torch.no_grad():
-        for seq in tokens:
-            logits = hf(torch.tensor([seq])).logits[0, :-1].float()
-            expected.append(torch.log_softmax(logits, -1).gather(-1, torch.tensor(seq[1:])[:, None])[:, 0])
-    train = TrainConfig(optimizer=OptimizerConfig(lr=1e-4), batch=BatchConfig(micro_batch_size=2),
-                        checkpoint=CheckpointConfig(hf_checkpoint=str(model)))
-    result = {}
-    for dtype in ("float32", "bfloat16"):
-        started = time.perf_counter()
-        group = MegatronGroup.from_hf_checkpoint(model, ParallelConfig(), world_size=1, device=device,
-                                                 params_dtype=dtype, in_process=True)
+             "gpus": torch.cuda.device_count(), "nvcc": shutil.which("nvcc"), "CUDA_HOME": os.environ.get("CUDA_HOME")}
+    if shutil.which("nvidia-smi"):
+        facts["driver"] = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                                         capture_output=True, text=True, timeout=30).stdout.strip()
+    for name in ("transformer_engine.pytorch", "sgl_kernel", "torch_memory_saver", "flashinfer", "sglang", "ray"):
         try:
-            got = group.compute_log_probs(tokens).log_probs
-            gap = max(float((a - b).abs().max()) for a, b in zip(got, expected))
-            initialize_for_training(group, train, build(AlgorithmConfig, use_rollout_logprobs=True))
-            set_rollout_log_probs(group, groups)
-            metrics = train_on_rollout(group, groups, policy_version=0)
-            before = group.gather_hf_state_dict()
-            offload = group.offload()
-            onload = group.onload()
-            after = group.gather_hf_state_dict()
-            identical = all(torch.equal(before[k], after[k]) for k in before)
-        finally:
-            group.shutdown()
-        result[dtype] = {"max_abs_logprob_diff_vs_hf_fp32": gap, "pg_loss": metrics["train/pg_loss"],
-                         "grad_norm": metrics["train/grad_norm"], "offload": offload, "onload": onload,
-                         "weights_identical_after_onload": identical, "seconds": time.perf_counter() - started}
-    ok = (result["float32"]["max_abs_logprob_diff_vs_hf_fp32"] < 1e-3
-          and result["bfloat16"]["max_abs_logprob_diff_vs_hf_fp32"] < 1.0
-          and all(r["weights_identical_after_onload"] for r in result.values())
-          and all(torch.isfinite(torch.tensor(r["pg_loss"])) for r in result.values()))
-    return emit("trainer", ok=bool(ok), **result)
+            __import__(name)
+            facts[name] = "loads"
+        except Exception as error:  # noqa: BLE001 - the facts are the point
+            facts[name] = f"{type(error).__name__}: {str(error)[:200]}"
+    facts["disaggregated"] = ("not covered: the NCCL path needs >= 2 GPUs (trainer rank and engine on one GPU in one "
+                              "NCCL group is refused)")
+    return result("env", ok=run.device == "cpu" or facts["cuda_available"], **facts)
 
 
-def _engine_and_trainer(device: str, out: Path, *engine_flags: str):
-    """A colocated engine and a trainer of one rank on a local Ray, as a run places them."""
-    from lean_rl.backends.megatron.config import ParallelConfig
-    from lean_rl.backends.megatron.group import COLOCATED_RANK_SHARE, MegatronGroup
-    from lean_rl.backends.megatron.train_config import TrainerLayout
-    from lean_rl.backends.sglang.engine_placement import colocated_placement
-    from lean_rl.backends.sglang.engines import EngineGroup
-    from lean_rl.testing.sglang_engines import engine_config_for_tests
-    from lean_rl.testing.tiny_model import make_tiny_model
-    from lean_rl.utils.ray_utils import init_ray
-
-    init_ray(num_cpus=4)
-    model = make_tiny_model(out / "tiny", arch="qwen2", seed=0)
-    layout = TrainerLayout.derive(ParallelConfig(), 1, device)
-    trainer = MegatronGroup.from_hf_checkpoint(model, ParallelConfig(), layout=layout, colocated=True)
-    config = rebuild(engine_config_for_tests(model, "--rollout-num-engines", "1",
-                                                         "--sglang-max-total-tokens", "8192",
-                                                         "--engine-start-timeout", "600", *engine_flags),
-                                 colocated=True)
-    placement = colocated_placement(trainer.placement_group, [0], device=device, ranks_per_node=1,
-                                    rank_gpu_ids=trainer.rank_gpu_ids, rank_share=COLOCATED_RANK_SHARE,
-                                    cpus_per_rank=trainer.cpus_per_rank, gpus_per_engine=config.gpus_per_engine)
-    engines = EngineGroup(config, out / "engines", placement=placement).start()
-    return trainer, engines, config
+def probed(report):
+    """The probe of a sync run with probe=True (the default): its ProbeResult."""
+    if report.probe is None:
+        raise RuntimeError("the sync ran without its probe")
+    return report.probe
 
 
-def step_engine(device: str, out: Path) -> dict:
-    reason = missing("sglang", "ray", "megatron")
-    if reason:
-        return emit("engine", skipped=reason)
-    from lean_rl.weight_sync.config import WeightSyncConfig
-    from lean_rl.weight_sync.sync import WeightSync
-
-    rows = {}
-    for label, flags in (("engine_fp32", ("--sglang-dtype", "float32")), ("engine_bf16", ("--sglang-dtype", "bfloat16"))):
-        trainer, engines, config = _engine_and_trainer(device, out / label, *flags)
-        try:
-            with WeightSync.create(build(WeightSyncConfig, transport="tensor", colocate=True, device=device, probe_tol=1e9),
-                                   trainer, engines.engine_urls, api_key=config.api_key) as sync:
-                report = sync.update(1)
-                rows[label] = {"max": report.probe.max_abs_diff, "mean": report.probe.mean_abs_diff,
-                               "bytes": report.bytes, "seconds": report.seconds,
-                               "default_tolerance": build(WeightSyncConfig).probe_tolerance(sync.trainer_dtype, sync.engine_dtype)}
-        finally:
-            engines.stop()
-            trainer.shutdown()
-    ok = rows["engine_fp32"]["max"] <= 1e-3 and rows["engine_bf16"]["mean"] <= rows["engine_bf16"]["default_tolerance"]
-    return emit("engine", ok=bool(ok), **rows)
+def _needs_gpu_stack(run: Run, gpu_only: bool = True) -> str | None:
+    """Why a step cannot run here, or None. `gpu_only`: it checks what only a GPU does (memory release,
+    CUDA IPC); the others run on CPU too (engine, disk: CPU SGLang, the inline tensor payload)."""
+    gpu = None if run.device == "cuda" or not gpu_only else "releases memory / opens CUDA IPC on GPU only"
+    return missing("sglang", "ray", "megatron") or gpu
 
 
-def step_memory(device: str, out: Path) -> dict:
-    reason = missing("sglang", "ray", "megatron") or (None if device == "cuda" else "releases memory on GPU only")
-    if reason:
-        return emit("memory", skipped=reason)
+def step_engine(run: Run) -> dict:
+    if (reason := _needs_gpu_stack(run, gpu_only=False)):
+        return result("engine", skipped=reason)
+    colocated = run.shared()
+    probe = probed(colocated.turn_and_sync(0))  # as the run's start-up sync
+    return result("engine", ok=probe.mean_abs_diff <= probe.tolerance, transport=colocated.cfg.transport,
+                  probe_mean=probe.mean_abs_diff, probe_max=probe.max_abs_diff, tolerance=probe.tolerance,
+                  statistic=probe.statistic,
+                  free_bytes_when_engines_started=colocated.free_with_trainer_offloaded)
+
+
+def step_memory(run: Run) -> dict:
     import httpx
-    import torch
 
+    if (reason := _needs_gpu_stack(run)):
+        return result("memory", skipped=reason)
+    colocated = run.shared()
+    colocated.phases = {"generating": free_memory(run.device)}
+    health = {}
+
+    def check_health():  # /health must not generate on released memory (M3)
+        health["status"] = httpx.get(f"{colocated.engines.engine_urls[0]}/health",
+                                     headers=colocated.config.auth_headers(), timeout=30).status_code
+
+    try:
+        probe = probed(colocated.turn_and_sync(1, on_released=check_health))
+        phases = colocated.phases or {}
+    finally:
+        colocated.phases = None
+    alive = colocated.engines.engine_alive(0)
+    ok = alive and probe.mean_abs_diff <= probe.tolerance and phases["released"] > phases["generating"]
+    return result("memory", ok=bool(ok), free_bytes=phases, health_while_released=health.get("status"),
+                  engine_alive=alive, probe_mean=probe.mean_abs_diff)
+
+
+def step_disk(run: Run) -> dict:
+    from lean_rl.options import build
     from lean_rl.weight_sync.config import WeightSyncConfig
-    from lean_rl.weight_sync.memory import ALL
     from lean_rl.weight_sync.sync import WeightSync
 
-    trainer, engines, config = _engine_and_trainer(device, out / "memory")
+    if (reason := _needs_gpu_stack(run, gpu_only=False)):
+        return result("disk", skipped=reason)
+    colocated = run.shared()
+    colocated.trainer.onload()
     try:
-        with WeightSync.create(build(WeightSyncConfig, transport="tensor", colocate=True, device=device), trainer,
-                               engines.engine_urls, api_key=config.api_key) as sync:
-            sync.update(0)
-            free_before = torch.cuda.mem_get_info()[0]
-            sync.memory.release(ALL)
-            freed = torch.cuda.mem_get_info()[0] - free_before
-            health = httpx.get(f"{engines.engine_urls[0]}/health", headers=config.auth_headers(), timeout=30).status_code
-            report = sync.update(1)  # resumes weights, syncs, resumes the KV cache, probes
-            alive = engines.engine_alive(0)
-        row = {"freed_bytes_seen_by_this_process": freed, "health_while_released": health,
-               "probe_after_resume": report.probe.max_abs_diff, "engine_alive": alive}
+        with WeightSync.create(build(WeightSyncConfig, transport="disk", colocate=True, device=run.device),
+                               colocated.trainer, colocated.engines.engine_urls, api_key=colocated.config.api_key,
+                               tokenizer_path=str(colocated.model)) as sync:
+            report = sync.update(2)
     finally:
-        engines.stop()
-        trainer.shutdown()
-    return emit("memory", ok=bool(freed > 0 and alive), **row)
+        colocated.trainer.offload()
+    probe = probed(report)
+    return result("disk", ok=probe.mean_abs_diff <= probe.tolerance, bytes=report.bytes,
+                  sync_seconds=report.seconds, probe_mean=probe.mean_abs_diff)
 
 
-def step_loop(device: str, out: Path) -> dict:
-    reason = missing("sglang", "ray", "megatron")
-    if reason:
-        return emit("loop", skipped=reason)
-    from lean_rl.testing.tiny_model import make_tiny_model
+def step_corrupt(run: Run) -> dict:
+    import torch
+
+    from lean_rl.backends.sglang.client import BlockingEngineClient, EngineClient
+    from lean_rl.backends.sglang.compat import patch_torch_cuda_ipc_reductions
+    from lean_rl.weight_sync.buckets import Bucket
+    from lean_rl.weight_sync.errors import WeightSyncProbeError
+    from lean_rl.weight_sync.transports.tensor import cuda_ipc_bucket, cuda_ipc_payloads
+
+    if (reason := _needs_gpu_stack(run)):
+        return result("corrupt", skipped=reason)
+    colocated = run.shared()
+    colocated.trainer.onload()
+    try:
+        shape = colocated.trainer.gather_hf_state_dict()[CORRUPTED].shape
+        patch_torch_cuda_ipc_reductions()
+        bucket = Bucket()
+        bucket.add(CORRUPTED, torch.zeros(shape, dtype=torch.bfloat16, device="cuda"))
+        flat = cuda_ipc_bucket(bucket)
+        url = colocated.engines.engine_urls[0]
+        with BlockingEngineClient(url, timeout_s=120, api_key=colocated.config.api_key) as client:
+            client.submit(EngineClient.update_weights_from_tensor, cuda_ipc_payloads(flat, 1),
+                          weight_version=str(CORRUPT_VERSION), flush_cache=True,
+                          load_format="flattened_bucket").result(timeout=120)
+        del flat
+        try:
+            colocated.weights.probe(CORRUPT_VERSION)
+            caught, named = None, []
+        except WeightSyncProbeError as error:
+            caught, named = str(error)[:600], list(error.tensors or [])
+    finally:
+        colocated.trainer.offload()
+    return result("corrupt", ok=caught is not None and any(CORRUPTED in n or "down_proj" in n for n in named),
+                  error=caught, named=named)
+
+
+def _train_command(run: Run, out: Path, *extra: str) -> dict:
     from lean_rl.testing.toy_task import write_dataset
 
-    model = make_tiny_model(out / "tiny", arch="qwen2", seed=0)
+    run.close()  # the GPU for this run alone
+    model = bf16_tiny_model(out)
     write_dataset(out / "train.jsonl", 64, seed=0)
     cmd = [sys.executable, "-m", "lean_rl.train", "--hf-checkpoint", str(model), "--prompt-data",
            str(out / "train.jsonl"), "--custom-rm-path", "lean_rl.testing.toy_task.kind_fraction_reward",
-           "--colocate", "--num-rollout", "2", "--rollout-batch-size", "4", "--n-samples-per-prompt", "4",
-           "--rollout-max-response-len", "12", "--micro-batch-size", "8", "--output-dir", str(out / "loop"),
-           "--no-tensorboard", "--sglang-max-total-tokens", "8192", "--engine-start-timeout", "600"]
+           "--colocate", "--rollout-batch-size", "4", "--n-samples-per-prompt", "4", "--rollout-max-response-len",
+           "12", "--micro-batch-size", "8", "--output-dir", str(out / "run"), "--no-tensorboard",
+           "--sglang-max-total-tokens", "8192", *extra]
     started = time.perf_counter()
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=420)
-    metrics = out / "loop" / "metrics.jsonl"
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        _, stderr = proc.communicate(timeout=STEP_DEADLINE_S["loop"] - 40)
+    finally:
+        if proc.poll() is None:  # SIGTERM first: the run stops its engines and Ray (lean_rl/stop.py)
+            proc.terminate()
+            try:
+                proc.communicate(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.communicate()
+    metrics = out / "run" / "metrics.jsonl"
     rows = [json.loads(x) for x in metrics.read_text().splitlines()] if metrics.is_file() else []
-    return emit("loop", ok=proc.returncode == 0 and len(rows) == 2, returncode=proc.returncode,
-                seconds=time.perf_counter() - started,
-                probe=[r.get("sync/probe_mean_abs_diff") for r in rows],
-                tail=None if proc.returncode == 0 else proc.stderr[-2000:])
+    return {"returncode": proc.returncode, "rows": len(rows), "run_seconds": time.perf_counter() - started,
+            "probe": [r.get("sync/probe_mean_abs_diff") for r in rows],
+            "tail": None if proc.returncode == 0 else stderr[-2000:]}
 
 
-RUNNERS = {"env": step_env, "trainer": step_trainer, "engine": step_engine, "memory": step_memory, "loop": step_loop}
+def step_lora(run: Run) -> dict:
+    if (reason := _needs_gpu_stack(run, gpu_only=False)):
+        return result("lora", skipped=reason)
+    got = _train_command(run, run.out / "lora", "--num-rollout", "1", "--lora-rank", "4", "--transformer-impl", "local")
+    return result("lora", ok=got["returncode"] == 0 and got["rows"] == 1, **got)
+
+
+def step_loop(run: Run) -> dict:
+    if (reason := _needs_gpu_stack(run, gpu_only=False)):
+        return result("loop", skipped=reason)
+    got = _train_command(run, run.out / "loop", "--num-rollout", "2")
+    return result("loop", ok=got["returncode"] == 0 and got["rows"] == 2, **got)
+
+
+RUNNERS = {"env": step_env, "engine": step_engine, "memory": step_memory, "disk": step_disk,
+           "corrupt": step_corrupt, "lora": step_lora, "loop": step_loop}
 
 
 def main(argv: list[str]) -> int:
@@ -237,16 +251,21 @@ def main(argv: list[str]) -> int:
     unknown = [s for s in steps if s not in RUNNERS]
     if unknown:
         parser.error(f"--steps: unknown {unknown}; choose from {', '.join(STEPS)}")
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
     out = Path(args.out or tempfile.mkdtemp(prefix="lean_rl_gpu_smoke_"))
     out.mkdir(parents=True, exist_ok=True)
-    failed = False
-    for step in steps:
-        try:
-            line = RUNNERS[step](args.device, out / step)
-        except Exception as error:  # noqa: BLE001 - one line for the step, then the next step
-            line = emit(step, ok=False, error=f"{type(error).__name__}: {error}", traceback=traceback.format_exc()[-3000:])
-        failed |= line.get("ok") is False
+    run, failed = Run(args.device, out), False
+    try:
+        for step in steps:
+            started = time.perf_counter()
+            try:
+                with deadline(STEP_DEADLINE_S[step], step):
+                    fields = RUNNERS[step](run)
+            except Exception as error:  # noqa: BLE001 - one line for the step, then the next step
+                fields = result(step, ok=False, error=f"{type(error).__name__}: {error}",
+                                traceback=traceback.format_exc()[-3000:])
+            failed |= emit(**fields, seconds=round(time.perf_counter() - started, 2)).get("ok") is False
+    finally:
+        run.close()
     return 1 if failed else 0
 
 

@@ -40,12 +40,23 @@ DEFAULT_BUFFER_SIZE_BYTES = 512 * 1024**2  # slime's default --update-weight-buf
 # <= 0.059, float16 <= 0.006, the mildest broken layer tried >= 0.17. Not calibrated on GPU kernels:
 # --weight-sync-probe-tol overrides it.
 DEFAULT_PROBE_TOL = {"float32": 1e-3, "bfloat16": 0.1, "float16": 0.05}
+# float32 on a GPU is not the exact float32 of the CPU calibration: TransformerEngine's and cuBLAS's
+# float32 GEMMs default to TF32 (a 10-bit mantissa, float16's), so a float32 forward there is judged
+# like a float16 one: on the mean, with float16's bound (review 2026-12-06 N1).
+GPU_FLOAT32_AS = "float16"
 
 
-def probe_statistic(trainer_dtype: str, engine_dtype: str) -> str:
+def compute_dtype(dtype: str, device: str) -> str:
+    """The dtype whose rounding a forward pass in `dtype` on `device` has (TF32 on GPU counts as float16)."""
+    return GPU_FLOAT32_AS if device == "cuda" and dtype == "float32" else dtype
+
+
+def probe_statistic(trainer_dtype: str, engine_dtype: str, device: str = "cpu") -> str:
     """What the probe's tolerance bounds: the max |Δ log p| over the probe's tokens when both sides
-    compute in float32, the mean |Δ log p| when either is 16-bit (see DEFAULT_PROBE_TOL)."""
-    return "max" if trainer_dtype == engine_dtype == "float32" else "mean"
+    compute in exact float32 (CPU), the mean |Δ log p| when either is 16-bit or on a GPU (TF32; see
+    DEFAULT_PROBE_TOL)."""
+    exact = {compute_dtype(trainer_dtype, device), compute_dtype(engine_dtype, device)} == {"float32"}
+    return "max" if exact else "mean"
 
 
 @dataclass(frozen=True)
@@ -60,7 +71,8 @@ class WeightSyncConfig:
     probe_tol: float | None = option(  # None: DEFAULT_PROBE_TOL for the dtype the trainer sends
         None, flag="--weight-sync-probe-tol",
         help="largest |Δ log p| allowed between trainer and engine on the probe sequence after a sync: the max "
-             "over its tokens when both compute in float32 (default 1e-3), the mean when either is 16-bit "
+             "over its tokens when both compute in float32 on CPU (default 1e-3), the mean when either is 16-bit or "
+             "on GPU, whose float32 GEMMs run in TF32 (default as float16) "
              "(default 0.1 for bfloat16, 0.05 for float16: 16-bit rounding alone moves single tokens by up to ~0.7)")
     disk_dir: str | None = option(  # disk transport; None: a temporary directory per WeightSync
         None, flag="--weight-sync-disk-dir",
@@ -110,7 +122,8 @@ class WeightSyncConfig:
         for dtype in (trainer_dtype, engine_dtype):
             if dtype not in DEFAULT_PROBE_TOL:
                 raise ConfigError(f"--weight-sync-probe-tol: no default for a forward pass in {dtype}; set it")
-        return max(DEFAULT_PROBE_TOL[trainer_dtype], DEFAULT_PROBE_TOL[engine_dtype])
+        return max(DEFAULT_PROBE_TOL[compute_dtype(trainer_dtype, self.device)],
+                   DEFAULT_PROBE_TOL[compute_dtype(engine_dtype, self.device)])
 
 
 def resolve_transport(requested: str, colocate: bool, device: str = "cpu", ipc_unserved: str | None = None,

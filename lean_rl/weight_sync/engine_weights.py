@@ -128,9 +128,15 @@ class EngineWeights:
         given the engines back their KV cache. In this order (review M3): the monitor's health checks
         are held first (SGLang's /health generates, which on released memory kills the scheduler), the
         engines release their memory (a no-op on CPU), and the trainer onloads. The sync offloads the
-        trainer before the engines' KV cache returns (`after_send`, M4)."""
+        trainer before the engines' KV cache returns (`after_send`, M4).
+        An engine restarted while the engines generated is reconnected to first (review 2026-12-06
+        N6): released through the old WeightSync and then forgotten by the reconnect of the sync,
+        it would stay released while the others resume."""
         hold = self.monitor.hold_health_checks() if self.monitor is not None else contextlib.nullcontext()
         with hold:
+            with self._lock:
+                if self.monitor is not None and self.monitor.total_restarts != self._restarts_seen:
+                    self._reconnect("an engine restarted while the engines generated")
             self._sync.release_engine_memory()
             onload_trainer()
             yield

@@ -59,3 +59,16 @@ def describe_unserved(unserved: list[tuple[int, int]], layout: IpcLayout) -> str
     more = f" ({len(unserved) - 1} more such pairs)" if len(unserved) > 1 else ""
     return (f"engine {engine} sees the GPUs of trainer ranks {ranks[engine]} but pipeline stage {stage} is sent "
             f"from rank {leads[stage]}{more}")
+
+
+def ipc_refusal(layout: IpcLayout) -> str | None:
+    """Why CUDA IPC cannot serve every engine of `layout`, or None. Besides the unserved pairs: an
+    engine of TP > 1. The tensor transport sends one flat bucket on the lead's GPU and every TP rank of
+    the engine gets the same handle, so each rank opens a CUDA context on the lead's GPU and copies
+    across devices (sglang/srt/model_executor/model_runner_components/weight_updater.py never moves the
+    flattened bucket to the rank's own device; review P3): `auto` takes disk there instead."""
+    if layout.gpus_per_engine > 1:
+        return (f"engines of TP {layout.gpus_per_engine} would all open the one bucket on the stage lead's GPU "
+                "(one CUDA context per TP rank there, cross-device copies)")
+    unserved = unserved_by_ipc(layout)
+    return describe_unserved(unserved, layout) if unserved else None

@@ -99,9 +99,9 @@ def run_probe(trainer_log_probs: torch.Tensor, clients: Sequence, token_ids: lis
 
 def raise_on_failure(result: ProbeResult, clients: Sequence, engine_tp_sizes: Sequence[int],
                      trainer_checksums: Callable[[], tuple[dict[str, str], dict[str, list[str]]]] | None,
-                     timeout_s: float, dtypes: tuple[str, str] | None = None) -> None:
+                     timeout_s: float, dtypes: tuple[str, str] | None = None, unnamed_why: str | None = None) -> None:
     """WeightSyncProbeError for the first failing engine, naming the tensors that differ (not when
-    `trainer_checksums` is None: the adapter transport). `dtypes`:
+    `trainer_checksums` is None: then `unnamed_why` says why none can be named). `dtypes`:
     (the trainer's, the engines') compute dtypes; the checksums hash the weights as sent, in the
     engines' dtype, so a gap that only precision explains is named as such."""
     failures = result.failures()
@@ -121,9 +121,9 @@ def raise_on_failure(result: ProbeResult, clients: Sequence, engine_tp_sizes: Se
                 f"the probe sequence: {result.statistic} |Δ log p| {failed.diff(result.statistic):.3g} > tolerance "
                 f"{result.tolerance:.3g} over {result.num_tokens} tokens (max {failed.max_abs_diff:.3g}, mean "
                 f"{failed.mean_abs_diff:.3g}){version_note}{others}")
-    if trainer_checksums is None:  # the engine holds its base and the LoRA adapter apart: no merged bytes to compare
-        raise WeightSyncProbeError(f"{headline}; the engine serves its base with the LoRA adapter loaded apart, so "
-                                   "no tensor can be named", engine_url=failed.url, max_abs_diff=failed.max_abs_diff,
+    if trainer_checksums is None:  # the adapter transport, or an offloaded trainer: no bytes to compare
+        why = unnamed_why or "the trainer's tensors cannot be hashed now, so no tensor can be named"
+        raise WeightSyncProbeError(f"{headline}; {why}", engine_url=failed.url, max_abs_diff=failed.max_abs_diff,
                                    tensors=None)
     if engine_tp_sizes[index] != 1:
         raise WeightSyncProbeError(f"{headline}; the differing tensor cannot be named for an engine with TP "

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Iterable, Iterator
 
 import torch
 
@@ -65,6 +65,17 @@ class StageSent:
     # adapter transport: the stage's LoRA tensors (PEFT name -> CPU tensor), which the driver loads on
     # the engines in one call (SGLang loads an adapter whole, so stages cannot send their parts)
     adapter: dict[str, torch.Tensor] | None = None
+
+
+def in_dtype(named_tensors: Iterable[tuple[str, torch.Tensor]],
+             dtype: str | None) -> Iterator[tuple[str, torch.Tensor]]:
+    """The exported tensors as they travel: cast to the engines' dtype (None: as they are)."""
+    if dtype is None:
+        yield from named_tensors
+        return
+    torch_dtype = getattr(torch, dtype)
+    for name, tensor in named_tensors:
+        yield name, tensor.to(torch_dtype)
 
 
 class TimedExport:
@@ -162,10 +173,7 @@ class RankSync:
             tensors = self.worker.named_hf_adapter_tensors(self.plan.family)
         else:
             tensors = self.worker.named_hf_tensors(self.plan.family)
-        if self.plan.dtype is None:
-            return tensors
-        dtype = getattr(torch, self.plan.dtype)
-        return ((name, tensor.to(dtype)) for name, tensor in tensors)
+        return in_dtype(tensors, self.plan.dtype)
 
     # -- lockstep methods (called on every rank) ----------------------------------------------------
     def setup(self) -> dict:

@@ -25,7 +25,7 @@ from lean_rl.backends.sglang.client import EngineClient
 from lean_rl.weight_sync.config import WeightSyncConfig, probe_statistic
 from lean_rl.weight_sync.engine_calls import call_all
 from lean_rl.weight_sync.errors import WeightSyncError
-from lean_rl.weight_sync.memory import KV_CACHE_AND_GRAPHS, WEIGHTS, EngineMemory
+from lean_rl.weight_sync.memory import ALL, KV_CACHE_AND_GRAPHS, WEIGHTS, EngineMemory
 from lean_rl.weight_sync.probe import ProbeResult, probe_token_ids, raise_on_failure, run_probe
 from lean_rl.weight_sync.rank import RankSyncPlan, RankWeightSync, StageSent
 from lean_rl.weight_sync.transports import transport_for
@@ -184,7 +184,7 @@ class WeightSync:
             self._after_send()
         self.memory.resume(KV_CACHE_AND_GRAPHS)
         probe_started = time.perf_counter()
-        result = self._probe(version, trainer_log_probs) if probe else None
+        result = self._probe(version, trainer_log_probs, self._after_send is not None) if probe else None
         probe_seconds += time.perf_counter() - probe_started
         return SyncReport(version=version, transport=self.transport.name, seconds=seconds,
                           bytes=sum(s.bytes for s in sent), buckets=sum(s.buckets for s in sent),
@@ -199,18 +199,29 @@ class WeightSync:
     def _trainer_probe_log_probs(self):
         return self.actor_group.compute_log_probs([self._probe_ids]).log_probs[0]
 
-    def _probe(self, version: int | str, trainer_log_probs) -> ProbeResult:
+    def _probe(self, version: int | str, trainer_log_probs, trainer_offloaded: bool = False) -> ProbeResult:
+        """`trainer_offloaded`: after_send has run (colocated on GPU), so the trainer's tensors cannot be
+        hashed to name a differing one: the error says so instead of failing in the export (N4)."""
         result = run_probe(trainer_log_probs, self.clients, self._probe_ids, str(version), self.tolerance,
-                           self.cfg.timeout_s, probe_statistic(self.trainer_dtype, self.engine_dtype))
-        checksums = None if self.transport.sends_adapter else self._trainer_checksums
-        raise_on_failure(result, self.clients, self.plan.engine_tp_sizes, checksums, self.cfg.timeout_s,
-                         dtypes=(self.trainer_dtype, self.engine_dtype))
+                           self.cfg.timeout_s, probe_statistic(self.trainer_dtype, self.engine_dtype, self.cfg.device))
+        unnamed = None
+        if self.transport.sends_adapter:
+            unnamed = "the engine serves its base with the LoRA adapter loaded apart, so no tensor can be named"
+        elif trainer_offloaded:
+            unnamed = ("the trainer's weights were offloaded for generation (colocated on GPU), so the differing "
+                       "tensor is not named; rerun without --colocate, or on CPU, to name it")
+        raise_on_failure(result, self.clients, self.plan.engine_tp_sizes,
+                         None if unnamed else self._trainer_checksums, self.cfg.timeout_s,
+                         dtypes=(self.trainer_dtype, self.engine_dtype), unnamed_why=unnamed)
         return result
 
     def release_engine_memory(self) -> bool:
         """Colocated on GPU: free the engines' memory before training (update() takes it back).
-        False (skipped) when not colocated or the engines are on CPU."""
-        return self.cfg.colocate and self.memory.release()
+        False (skipped) when not colocated or the engines are on CPU. With the adapter transport the
+        weights stay: SGLang keeps no copy of released weights (no --enable-weights-cpu-backup), and an
+        adapter-only sync never sends the base again (review 2026-12-06 N2)."""
+        tags = KV_CACHE_AND_GRAPHS if self.transport.sends_adapter else ALL
+        return self.cfg.colocate and self.memory.release(tags)
 
     # ------------------------------------------------------------------ for the transports
     def send_stages(self, args_for_stage: Callable[[int], tuple]) -> list[StageSent]:

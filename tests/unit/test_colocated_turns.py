@@ -51,9 +51,9 @@ class Trainer:
         return SimpleNamespace(log_probs=[torch.zeros(len(token_ids[0]) - 1)])
 
 
-def client_factory(log: Log, model_path: str, versions: dict):
+def client_factory(log: Log, model_path: str, versions: dict, score_offset: float = 0.0):
     class Client:
-        def __init__(self, url, timeout_s, api_key):
+        def __init__(self, url, timeout_s, api_key, adapter=None):
             self.base_url = url
 
         def submit(self, fn, *args, **kwargs):
@@ -64,7 +64,7 @@ def client_factory(log: Log, model_path: str, versions: dict):
                 log(f"{self.base_url} {method.split('_')[0]} {'+'.join(args[0])}")
             elif method == "score":
                 log(f"{self.base_url} score")
-                answers["score"] = ScoreResult(log_probs=[0.0] * (len(args[0]) - 1),
+                answers["score"] = ScoreResult(log_probs=[score_offset] * (len(args[0]) - 1),
                                                weight_version=versions.get(self.base_url))
             elif method == "end_weight_update":
                 versions[self.base_url] = versions["sending"]
@@ -154,3 +154,67 @@ def test_an_engine_that_restarted_is_not_resumed_the_others_are(run):
     e0, e1 = run.urls
     resumed = [event for event in run.log if " resume " in event]
     assert resumed == [f"{e0} resume weights", f"{e0} resume kv_cache+cuda_graph"]
+
+
+def test_an_engine_restarted_while_generating_is_released_and_resumed_with_the_others(run):
+    """Review 2026-12-06 N6: engine 1 restarts while the engines generate (before the turn). The turn
+    reconnects first, so the new server's release is remembered and the sync resumes it."""
+    run.weights.sync(0)
+    run.monitor.health[1].restarts += 1  # the monitor restarted engine 1 during generation
+    run.log.clear()
+    with run.weights.trainer_turn(lambda: run.log("trainer onloads")):
+        run.weights.sync(1)
+    e0, e1 = run.urls
+    assert f"{e1} release weights+kv_cache+cuda_graph" in run.log
+    resumed = sorted(event for event in run.log if " resume " in event)
+    assert resumed == sorted(f"{url} resume {tags}" for url in run.urls for tags in ("weights", "kv_cache+cuda_graph"))
+
+
+def test_with_the_adapter_transport_the_engines_keep_their_base_weights(tiny_qwen2):
+    """Review 2026-12-06 N2: SGLang keeps no copy of released weights, and an adapter-only sync never
+    sends the base again: a LoRA run releases and resumes only the KV cache and CUDA graphs."""
+    from lean_rl.backends.sglang.lora import ServedAdapter
+
+    log, versions = Log(), {}
+    urls = ["http://e0"]
+    trainer = Trainer(log)
+    trainer.call_all = _tracking_versions(trainer.call_all, versions)
+    engines = SimpleNamespace(engine_urls=urls, engine_url=urls.__getitem__, config=SimpleNamespace(start_timeout_s=1))
+    cfg = build(WeightSyncConfig, colocate=True, device="cuda", adapter=ServedAdapter(4, 8.0, ("q_proj",)))
+    assert cfg.transport == "adapter"
+    weights = EngineWeights(cfg, trainer, engines, None, version=0, tokenizer_path=str(tiny_qwen2),
+                            defer_rejoin=True, after_send=lambda: log("trainer offloads"),
+                            client_factory=client_factory(log, str(tiny_qwen2), versions))
+    weights._connect()
+    with weights.trainer_turn(lambda: log("trainer onloads")):
+        pass  # the sync itself (adapter transport) is covered by its own tests; the memory turn is what N2 is about
+    assert [e for e in log if " release " in e] == ["http://e0 release kv_cache+cuda_graph"]
+    assert weights.weight_sync.memory.resume(("weights",)) is False  # nothing of the weights to resume
+    assert weights.weight_sync.memory.resume(("kv_cache", "cuda_graph")) is True
+
+
+def test_a_failed_probe_after_the_trainer_offloaded_names_no_tensor_and_reads_no_weight(tiny_qwen2):
+    """Review 2026-12-06 N4: colocated on GPU the probe fails after after_send offloaded the trainer;
+    the error says why no tensor is named instead of exporting offloaded weights (the checksum pass)."""
+    from lean_rl.weight_sync.errors import WeightSyncProbeError
+
+    log, versions = Log(), {}
+    trainer = Trainer(log)
+    checksums_asked = []
+
+    def call_all(fn, *args, **kwargs):
+        if fn is RankWeightSync.stage_checksums:
+            checksums_asked.append(args)
+        return Trainer.call_all(trainer, fn, *args, **kwargs)
+
+    trainer.call_all = _tracking_versions(call_all, versions)
+    engines = SimpleNamespace(engine_urls=["http://e0"], engine_url=["http://e0"].__getitem__,
+                              config=SimpleNamespace(start_timeout_s=1))
+    weights = EngineWeights.start(build(WeightSyncConfig, colocate=True, device="cuda"), trainer, engines, None,
+                                  version=0, tokenizer_path=str(tiny_qwen2), defer_rejoin=True,
+                                  after_send=lambda: log("trainer offloads"),
+                                  client_factory=client_factory(log, str(tiny_qwen2), versions, score_offset=-1.0))
+    with pytest.raises(WeightSyncProbeError, match="trainer's weights were offloaded for generation") as err:
+        weights.sync(1)
+    assert err.value.tensors is None and not checksums_asked
+    assert log.index("trainer offloads") < log.index("http://e0 score")  # the order that makes naming impossible

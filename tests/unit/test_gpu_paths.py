@@ -20,10 +20,10 @@ from lean_rl.weight_sync.ipc_map import IpcLayout, engine_ranks, stage_lead_rank
 # ---------------------------------------------------------------- dtypes
 @pytest.mark.parametrize("flags, device, checkpoint, expected", [
     ({}, "cpu", "bfloat16", "float32"),  # CPU: float32 unless asked
-    ({}, "cuda", "bfloat16", "bfloat16"),  # GPU: the checkpoint's dtype, as slime runs
+    ({}, "cuda", "bfloat16", "bfloat16"),  # GPU: 16-bit whatever the checkpoint's dtype (N1)
     ({}, "cuda", "float16", "float16"),
-    ({}, "cuda", "float32", "float32"),
-    ({}, "cuda", None, "float32"),
+    ({}, "cuda", "float32", "bfloat16"),  # FA3 has no float32 kernels; TE's float32 is TF32 anyway
+    ({}, "cuda", None, "bfloat16"),
     ({"bf16": True}, "cpu", "float32", "bfloat16"),
     ({"fp16": True}, "cuda", "bfloat16", "float16"),
 ])
@@ -139,13 +139,17 @@ def test_run_config_derives_the_ipc_verdict(tiny_qwen2, tmp_path, monkeypatch):
     monkeypatch.setattr(config_module, "detect_device", lambda: "cuda")
     data = tmp_path / "train.jsonl"
     data.write_text('{"prompt": "1 + 1 =", "label": "2"}\n')
-    base = ["--hf-checkpoint", str(tiny_qwen2), "--prompt-data", str(data), "--colocate",
-            "--actor-num-gpus-per-node", "8", "--rollout-num-gpus-per-engine", "4"]
-    cfg = config_module.parse_config([*base, "--rollout-num-gpus", "8"])
+    base = ["--hf-checkpoint", str(tiny_qwen2), "--prompt-data", str(data), "--colocate"]
+    cfg = config_module.parse_config([*base, "--actor-num-gpus-per-node", "8", "--rollout-num-gpus", "8"])
     assert cfg.weight_sync.transport == "disk" and "engine 1" in cfg.weight_sync.ipc_unserved
-    assert cfg.engines.releases_memory and cfg.megatron.params_dtype == cfg.engines.dtype
-    one = config_module.parse_config([*base, "--rollout-num-gpus-per-engine", "8", "--rollout-num-gpus", "8"])
+    assert cfg.engines.releases_memory and cfg.megatron.params_dtype == cfg.engines.dtype == "bfloat16"  # N1
+    one = config_module.parse_config([*base, "--actor-num-gpus-per-node", "1", "--rollout-num-gpus", "1"])
     assert one.weight_sync.transport == "tensor" and one.weight_sync.ipc_unserved is None
+    # P3: an engine of TP > 1 would open the lead's one bucket from every TP rank: disk instead
+    tp = config_module.parse_config([*base, "--actor-num-gpus-per-node", "8", "--rollout-num-gpus-per-engine", "8",
+                                     "--rollout-num-gpus", "8"])
+    assert tp.weight_sync.transport == "disk" and "engines of TP 8" in tp.weight_sync.ipc_unserved
+    assert tp.engines.start_timeout_s == 900  # N7: a cold first start on GPU compiles kernels
 
 
 # ---------------------------------------------------------------- the layer spec switch (C3)
@@ -237,3 +241,80 @@ def test_a_16_bit_probe_judges_the_mean_and_a_dtype_gap_is_named_as_such():
         raise_on_failure(_result(3.0, 0.3, "mean", 0.1), [_ChecksumEngine(other)], [1], trainer, 5,
                          ("float32", "bfloat16"))
     assert err.value.tensors == ["model.layers.0.mlp.down_proj.weight"]
+
+
+# ---------------------------------------------------------------- review 2026-12-06 (N1, N4, N7, P3)
+def test_a_float32_engine_on_gpu_gets_an_attention_backend_with_float32_kernels():
+    from lean_rl.backends.sglang.config import gpu_fp32_note
+    from lean_rl.options import rebuild
+
+    fp32 = rebuild(engine_config("cuda", True), dtype="float32")
+    assert flags_to_dict(fp32.server_flags(0, 30000))["--attention-backend"] == ["triton"]  # FA3 has none (N1)
+    assert "attention backend triton" in gpu_fp32_note(fp32)
+    chosen = rebuild(engine_config("cuda", False, "--sglang-attention-backend", "torch_native"), dtype="float32")
+    assert flags_to_dict(chosen.server_flags(0, 30000))["--attention-backend"] == ["torch_native"]  # the user's
+    assert "attention backend torch_native" in gpu_fp32_note(chosen)
+    bf16 = engine_config("cuda", True)
+    assert "--attention-backend" not in flags_to_dict(bf16.server_flags(0, 30000)) and gpu_fp32_note(bf16) is None
+    cpu = rebuild(engine_config("cpu", False), dtype="float32")
+    assert flags_to_dict(cpu.server_flags(0, 30000))["--attention-backend"] == ["torch_native"]
+    assert gpu_fp32_note(cpu) is None
+
+
+def test_engine_start_timeout_defaults_by_device_and_the_flag_wins():
+    assert engine_config("cpu", False).start_timeout_s == 300
+    assert engine_config("cuda", False).start_timeout_s == 900  # N7: cold FlashInfer JIT + CUDA graphs
+    assert engine_config("cuda", False, "--engine-start-timeout", "120").start_timeout_s == 120
+    with pytest.raises(ConfigError, match="--engine-start-timeout"):
+        engine_config("cuda", False, "--engine-start-timeout", "0")
+
+
+def test_float32_on_gpu_is_judged_as_tf32():
+    from lean_rl.weight_sync.config import probe_statistic
+
+    gpu, cpu = build(WeightSyncConfig, device="cuda", colocate=True), build(WeightSyncConfig)
+    assert probe_statistic("float32", "float32", "cpu") == "max" and cpu.probe_tolerance("float32", "float32") == 1e-3
+    # TF32 GEMMs round like float16: the mean, with float16's bound (N1)
+    assert probe_statistic("float32", "float32", "cuda") == "mean"
+    assert gpu.probe_tolerance("float32", "float32") == 0.05
+    assert gpu.probe_tolerance("float32", "bfloat16") == gpu.probe_tolerance("bfloat16", "bfloat16") == 0.1
+    assert build(WeightSyncConfig, device="cuda", probe_tol=0.3).probe_tolerance("float32", "float32") == 0.3
+
+
+def test_engines_of_tp_above_one_are_not_served_by_ipc():
+    from lean_rl.weight_sync.ipc_map import ipc_refusal
+
+    assert ipc_refusal(layout()) is None
+    assert "engines of TP 2" in ipc_refusal(layout(tp=2, gpe=2))  # P3: every TP rank opens the lead's GPU
+    assert "engine 1 sees" in ipc_refusal(layout(dp=2, engines=2))
+
+
+def test_a_failed_probe_with_an_offloaded_trainer_says_so_and_hashes_nothing():
+    """N4: colocated on GPU the probe runs after the trainer offloaded; naming the tensor would export
+    offloaded weights. The error says why no tensor is named; the trainer's checksums are never asked."""
+    from lean_rl.weight_sync.errors import WeightSyncProbeError
+    from lean_rl.weight_sync.probe import raise_on_failure
+
+    with pytest.raises(WeightSyncProbeError, match="trainer's weights were offloaded") as err:
+        raise_on_failure(_result(3.0, 0.3, "mean", 0.1), [_ChecksumEngine({})], [1], None, 5,
+                         ("bfloat16", "bfloat16"), unnamed_why="the trainer's weights were offloaded ...")
+    assert err.value.tensors is None and "mean |Δ log p| 0.3 > tolerance 0.1" in str(err.value)
+
+
+def test_an_offloaded_rank_refuses_to_read_its_weights():
+    """N4: MegatronRank reads no weight whose storage the hosted trainer released."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from lean_rl.backends.megatron.rank import MegatronRank
+
+    rank = MegatronRank.__new__(MegatronRank)
+    rank.rank, rank.model = 3, torch.nn.Linear(2, 2)
+    trainer = SimpleNamespace(offloaded=False)
+    rank.hosted = {SimpleNamespace: trainer}
+    assert rank._require_weights() is rank.model
+    trainer.offloaded = True
+    assert rank._require_model() is rank.model  # metadata (dtypes) is still readable
+    with pytest.raises(RuntimeError, match="rank 3: the weights are offloaded"):
+        rank._require_weights()

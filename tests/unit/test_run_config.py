@@ -84,8 +84,11 @@ def test_colocated_on_gpu_never_syncs_through_nccl(base, monkeypatch):
         parse_config(flags + ["--weight-sync-transport", "tensor"])
     with pytest.raises(ConfigError, match="NCCL"):
         parse_config(flags + ["--weight-sync-transport", "distributed"])
+    one_gpu = ["--colocate", "--actor-num-gpus-per-node", "1", "--rollout-num-gpus", "1"]
+    assert parse_config(base + one_gpu).weight_sync.transport == "tensor"
     one_engine = ["--colocate", "--actor-num-gpus-per-node", "2", "--rollout-num-gpus", "2",
                   "--rollout-num-gpus-per-engine", "2"]
-    assert parse_config(base + one_engine).weight_sync.transport == "tensor"
+    # review P3: every TP rank of the engine would open the lead's one bucket on GPU 0
+    assert parse_config(base + one_engine).weight_sync.transport == "disk"
     two_engines = ["--colocate", "--actor-num-gpus-per-node", "2", "--rollout-num-gpus", "2"]
     assert parse_config(base + two_engines).weight_sync.transport == "disk"  # engine 1 cannot see rank 0's GPU

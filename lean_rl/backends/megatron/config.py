@@ -221,12 +221,15 @@ class ParallelConfig:
 
 @dataclass(frozen=True)
 class PrecisionFlags:
-    """Megatron's mixed-precision switches. Neither given: float32 on CPU; on GPU the checkpoint's own
-    dtype (a bfloat16 / float16 checkpoint trains in it, a float32 one in float32), as slime runs."""
+    """Megatron's mixed-precision switches. Neither given: float32 on CPU; on GPU 16-bit whatever the
+    checkpoint's dtype: a float16 checkpoint trains in float16, any other (bfloat16, float32,
+    undeclared) in bfloat16, as slime's GPU scripts run (--bf16). Not float32 on GPU: SGLang's default
+    attention backend on Hopper (FA3) has no float32 kernels, and TransformerEngine's float32 GEMMs run
+    in TF32 anyway (review 2026-12-06 N1)."""
 
     bf16: bool = option(False, help="train in bfloat16: weights and compute in bf16, float32 master weights and "
-                                    "gradients in the optimizer (Megatron's --bf16). Default: float32 on CPU, the "
-                                    "checkpoint's dtype on GPU")
+                                    "gradients in the optimizer (Megatron's --bf16). Default: float32 on CPU; on GPU "
+                                    "bfloat16 (float16 for a float16 checkpoint), whatever the checkpoint's dtype")
     fp16: bool = option(False, help="train in float16 with float32 master weights and dynamic loss scaling "
                                     "(Megatron's --fp16); a step whose scaled gradients overflow is skipped and "
                                     "counted")
@@ -238,8 +241,8 @@ class PrecisionFlags:
             return "bfloat16"
         if self.fp16:
             return "float16"
-        if device == "cuda" and checkpoint_dtype in ("bfloat16", "float16"):
-            return checkpoint_dtype
+        if device == "cuda":
+            return "float16" if checkpoint_dtype == "float16" else "bfloat16"
         return "float32"
 
 

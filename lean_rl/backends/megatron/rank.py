@@ -135,19 +135,19 @@ class MegatronRank:
     def load_hf_checkpoint(self, checkpoint_dir: str, family: str) -> int:
         from lean_rl.backends.megatron.hf_weights.load import load_hf_weights
 
-        return load_hf_weights(self._require_model(), Path(checkpoint_dir), self.config, family)
+        return load_hf_weights(self._require_weights(), Path(checkpoint_dir), self.config, family)
 
     def compute_log_probs(self, batch: ScoringBatch, with_entropy: bool) -> list[dict[str, torch.Tensor]] | None:
         """Results on the last pipeline stage's TP rank 0; None elsewhere (nothing to ship twice)."""
         from lean_rl.backends.megatron.scoring import score_batch
 
-        results = score_batch(self._require_model(), batch, self.config.arch.vocab_size, self.device, with_entropy)
+        results = score_batch(self._require_weights(), batch, self.config.arch.vocab_size, self.device, with_entropy)
         return results if self.layout.tensor_rank == 0 else None
 
     def gather_hf_state_dict(self, family: str) -> dict[str, torch.Tensor] | None:
         from lean_rl.backends.megatron.hf_weights.export import gather_hf_state_dict
 
-        return gather_hf_state_dict(self._require_model(), self.config, family, dst=0)
+        return gather_hf_state_dict(self._require_weights(), self.config, family, dst=0)
 
     # -- the weights as HF tensors, for objects attached by the layer above (weight sync) ------------
 
@@ -156,13 +156,13 @@ class MegatronRank:
         Collective within the stage (TP / EP all-gathers): its ranks iterate together."""
         from lean_rl.backends.megatron.hf_weights.export import iter_stage_hf_tensors
 
-        return iter_stage_hf_tensors(self._require_model(), self.config, family)
+        return iter_stage_hf_tensors(self._require_weights(), self.config, family)
 
     def named_hf_adapter_tensors(self, family: str) -> Iterator[tuple[str, torch.Tensor]]:
         """(PEFT name, tensor) of the LoRA adapters of this rank's pipeline stage (--lora-sync adapter)."""
         from lean_rl.backends.megatron.hf_weights.export import iter_stage_hf_adapter_tensors
 
-        return iter_stage_hf_adapter_tensors(self._require_model(), self.config, family)
+        return iter_stage_hf_adapter_tensors(self._require_weights(), self.config, family)
 
     def weight_dtypes(self) -> list[str]:
         """The dtypes of this rank's parameters ("float32", "bfloat16", ...)."""
@@ -173,18 +173,18 @@ class MegatronRank:
     def load_model_checkpoint(self, path: str, step: int | None) -> str:
         from lean_rl.backends.megatron.model_checkpoint import load_model_checkpoint
 
-        return str(load_model_checkpoint(self._require_model(), path, step, vocab_size=self.config.arch.vocab_size))
+        return str(load_model_checkpoint(self._require_weights(), path, step, vocab_size=self.config.arch.vocab_size))
 
     def save_model_checkpoint(self, root: str, step: int, hf_config_dir: str | None) -> str:
         from lean_rl.backends.megatron.model_checkpoint import save_model_checkpoint
 
-        return str(save_model_checkpoint(self._require_model(), root, step, hf_config_dir))
+        return str(save_model_checkpoint(self._require_weights(), root, step, hf_config_dir))
 
     def compute_logits(self, token_ids: list[list[int]]) -> list[torch.Tensor] | None:
         """On the last stage's TP rank 0 of DP rank 0; None elsewhere."""
         from lean_rl.backends.megatron.logits import forward_logits
 
-        logits = forward_logits(self._require_model(), token_ids, self.config.arch.vocab_size, self.device)
+        logits = forward_logits(self._require_weights(), token_ids, self.config.arch.vocab_size, self.device)
         return logits if self.layout.tensor_rank == 0 and self.layout.data_rank == 0 else None
 
     # -- training: the rest is RankTrainer's (rank_trainer.py), called as RankTrainer.<method> ----------
@@ -208,3 +208,13 @@ class MegatronRank:
         if self.model is None:
             raise RuntimeError(f"rank {self.rank}: build_model() has not run")
         return self.model
+
+    def _require_weights(self) -> torch.nn.Module:
+        """The model, for a call that reads its weights: refused while a hosted trainer has offloaded
+        them (colocated on GPU their storages are 0 bytes; reading them raises or reads freed memory,
+        review 2026-12-06 N4)."""
+        model = self._require_model()
+        if any(getattr(hosted, "offloaded", False) for hosted in self.hosted.values()):
+            raise RuntimeError(f"rank {self.rank}: the weights are offloaded (colocated on GPU, the engines hold the "
+                               "devices); onload() first")
+        return model

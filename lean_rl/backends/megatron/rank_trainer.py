@@ -220,6 +220,10 @@ class RankTrainer:
                 self.counters["loss_scale_overflows"] += 1
             else:
                 self.counters["consecutive_skipped_steps"] += 1
+        if self.device.type == "cuda":
+            # the step's activations are freed but stay in the caching allocator: give them back before
+            # a colocated sync re-maps the engines' weights beside this rank (review 2026-12-06 M4/N5)
+            torch.cuda.empty_cache()
         metrics["step_time_s"] = time.perf_counter() - start  # this rank's forward/backward/step
         metrics.update({name: float(value) for name, value in self.counters.items()})
         reports = (parallel_state.is_pipeline_last_stage() and parallel_state.get_tensor_model_parallel_rank() == 0
@@ -332,7 +336,12 @@ class RankTrainer:
         return StorageOffloader(keep=[t for t in keep if t.device.type == "cuda"],
                                 discard=[b.grad_data for b in buffers], host_buffers=self._host_buffers)
 
+    @property
+    def offloaded(self) -> bool:
+        """Its params, grads and optimizer state are in host memory (MegatronRank._require_weights reads it)."""
+        return self._offloader is not None and self._offloader.offloaded
+
     def _require_onloaded(self) -> None:
-        if self._offloader is not None and self._offloader.offloaded:
+        if self.offloaded:
             raise RuntimeError(f"{self.role} rank is offloaded; call onload() first")
 

@@ -40,6 +40,11 @@ DEFAULT_HOST = "127.0.0.1"
 # On CPU SGLang sizes the KV pool at ~70% of RAM unless told otherwise; this many tokens is plenty
 # for the tiny and small models and takes a few MB.
 DEFAULT_CPU_MAX_TOTAL_TOKENS = 16384
+# --engine-start-timeout by device. On GPU a server's first start on a machine JIT-compiles
+# flashinfer_python's kernels (a pure-Python wheel: no cubins pinned) and captures CUDA graphs, which
+# can pass 300 s (review 2026-12-06 N7); later starts hit the JIT cache.
+DEFAULT_CPU_START_TIMEOUT_S = 300.0
+DEFAULT_GPU_START_TIMEOUT_S = 900.0
 
 # The run's API key: the flag, else this environment variable, else a random key (resolve_api_key).
 API_KEY_ENV = "LEAN_RL_API_KEY"
@@ -83,6 +88,22 @@ COLOCATED_GPU_FLAGS = {"--enable-memory-saver": [], "--cuda-graph-backend-prefil
 COLOCATED_GPU_ENV = {"SGLANG_MEMORY_SAVER_CUDA_GRAPH": "true", "SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION": "false",
                      "SGLANG_ENABLE_TP_MEMORY_INBALANCE_CHECK": "false",
                      "SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_IDLE": "false"}
+
+
+# A float32 engine on GPU: SGLang's default attention backend there (FA3 on Hopper, FlashInfer
+# elsewhere: sglang/srt/arg_groups/model_override_base.py) has no float32 kernels and the server dies
+# at its first attention call; Triton's kernels take float32 (review 2026-12-06 N1). Said at start-up
+# (gpu_fp32_note); --sglang-attention-backend replaces it.
+GPU_FP32_ATTENTION_BACKEND = "triton"
+
+
+def gpu_fp32_note(config: "EngineConfig") -> str | None:
+    """The start-up line for float32 engines on GPU (which attention backend they get, and why), or None."""
+    if config.device != "cuda" or config.dtype != "float32":
+        return None
+    chosen = (flags_to_dict(config.server_passthrough).get("--attention-backend") or [GPU_FP32_ATTENTION_BACKEND])[0]
+    return (f"engines serve float32 on GPU (--sglang-dtype float32): attention backend {chosen} (SGLang's GPU "
+            "default, FA3 / FlashInfer, has no float32 kernels); 16-bit serving is the GPU default")
 
 
 @dataclass(frozen=True)
@@ -213,7 +234,11 @@ class EngineConfig:
                                                help="GPU memory fraction for weights + KV")
     max_total_tokens: int | None = option(None, flag="--sglang-max-total-tokens",
                                           help=f"KV-cache size in tokens (CPU default {DEFAULT_CPU_MAX_TOTAL_TOKENS})")
-    start_timeout_s: float = option(300.0, flag="--engine-start-timeout", help="seconds until every server is healthy")
+    start_timeout_s: float = option(  # None: derive_fields picks the device's default
+        None, flag="--engine-start-timeout",
+        help=f"seconds until every server is healthy (default {DEFAULT_CPU_START_TIMEOUT_S:.0f} on CPU, "
+             f"{DEFAULT_GPU_START_TIMEOUT_S:.0f} on GPU: a cold first start compiles FlashInfer's kernels and "
+             "captures CUDA graphs)")
     request_timeout_s: float = option(600.0, flag="--engine-request-timeout",
                                       help="seconds for one HTTP call to an engine")
     cpu_threads: int | None = option(None, flag="--engine-cpu-threads",
@@ -264,6 +289,8 @@ class EngineConfig:
         v = dict(values)
         if v["device"] == "cpu":
             v["gpus_per_engine"] = 0
+        if v["start_timeout_s"] is None:
+            v["start_timeout_s"] = DEFAULT_GPU_START_TIMEOUT_S if v["device"] == "cuda" else DEFAULT_CPU_START_TIMEOUT_S
         v["num_engines"] = _num_engines(v["num_engines"], v["num_gpus"], v["gpus_per_engine"], v["device"])
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
         v["threads_per_cpu_engine"] = v["cpu_threads"] or max(1, cores // (v["num_engines"] + v["other_cpu_engines"] + 1))
@@ -361,6 +388,8 @@ class EngineConfig:
                 flags["--max-total-tokens"] = [str(self.max_total_tokens)]
             if self.releases_memory:
                 flags.update(COLOCATED_GPU_FLAGS)
+            if self.dtype == "float32":  # FA3 (Hopper's default) and FlashInfer have no float32 kernels (N1)
+                flags["--attention-backend"] = [GPU_FP32_ATTENTION_BACKEND]
         if self.mem_fraction_static is not None:
             flags["--mem-fraction-static"] = [str(self.mem_fraction_static)]
         if self.return_routed_experts:
