@@ -35,6 +35,8 @@ _SLIME_FIELDS = {f.name: f for f in dataclasses.fields(SlimeSample)}
 _SHARED = {"group_index", "index", "prompt", "tokens", "response", "response_length", "label", "reward", "loss_mask",
            "weight_versions", "rollout_log_probs", "teacher_log_probs", "status", "metadata", "remove_sample",
            "rollout_routed_experts"}
+# slime's counter objects: kept in metadata as their to_dict(), made objects again on the way in
+_COUNTERS: dict[str, Any] = {"spec_info": SlimeSample.SpecInfo, "prefix_cache_info": SlimeSample.PrefixCacheInfo}
 
 
 def rendered_prompt(cfg: Config, sample: Sample) -> Any:
@@ -58,7 +60,7 @@ def to_slime(cfg: Config, sample: Sample) -> SlimeSample:
         teacher_log_probs=list(sample.teacher_log_probs) or None, status=SlimeSample.Status(sample.status.value),
         metadata=sample.metadata)
     for name, value in dict(sample.metadata.get(ATTRIBUTES_KEY) or {}).items():
-        setattr(out, name, value)
+        setattr(out, name, _COUNTERS[name].from_dict(value) if name in _COUNTERS and isinstance(value, dict) else value)
     return out
 
 
@@ -92,7 +94,8 @@ def from_slime(cfg: Config, slime: SlimeSample, original: Sample, answers: list[
     status, error = _status(slime, n, stopping)
     if error:
         metadata["generate_error"] = error
-    attributes = {k: v for k, v in vars(slime).items()
+    attributes = {k: v.to_dict() if isinstance(v, tuple(_COUNTERS.values())) else v  # JSON, as the dumps hold it
+                  for k, v in vars(slime).items()
                   if k not in _SHARED and (k not in _SLIME_FIELDS or not _is_default(k, v))}
     if attributes:
         metadata[ATTRIBUTES_KEY] = attributes

@@ -325,3 +325,16 @@ def test_lora_runs_start_the_engines_with_the_adapter_and_teachers_without(make_
     merged = make_cfg("--lora-rank", "4", "--lora-sync", "merged")
     assert merged.engines.adapter is None and merged.weight_sync.transport != "adapter"
     assert "--enable-lora" not in merged.engines.server_flags(0, 30000)
+
+
+def test_slimes_counters_cross_the_boundary_as_json(make_cfg):
+    cfg = make_cfg()
+    original = prompt_sample(cfg)
+    slime = convert.to_slime(cfg, original)
+    slime.append_response_tokens(None, tokens=[1], log_probs=[-1.0], meta_info={
+        "weight_version": "0", "finish_reason": {"type": "stop"}, "cached_tokens": 2, "prompt_tokens": 3})
+    back = convert.from_slime(cfg, slime, original, [GenerateAnswer([1], [0], False)], False, "--flag")
+    assert back.metadata["slime_attributes"] == {"prefix_cache_info": {"cached_tokens": 2, "total_prompt_tokens": 3}}
+    json.dumps(back.to_dict())  # the sample dumps hold it
+    again = convert.to_slime(cfg, back)
+    assert again.prefix_cache_info == SlimeSample.PrefixCacheInfo(cached_tokens=2, total_prompt_tokens=3)
