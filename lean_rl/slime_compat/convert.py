@@ -121,7 +121,7 @@ def response_versions(response: list[int], loss_mask: list[int], answers: list[G
     position = len(kept)
     for answer in answers:
         ids = answer.output_ids
-        start = _find(response, ids, position) if ids else None
+        start = _find(response, ids, position, loss_mask) if ids else None
         if start is not None:
             versions[start:start + len(ids)] = answer.versions
             position = start + len(ids)
@@ -140,11 +140,13 @@ def response_versions(response: list[int], loss_mask: list[int], answers: list[G
     return versions
 
 
-def _find(haystack: list[int], needle: list[int], start: int) -> int | None:
+def _find(haystack: list[int], needle: list[int], start: int, mask: list[int]) -> int | None:
+    """Where `needle` (an answer's ids) first appears from `start` on trainable tokens only: a tool's
+    text may hold the same ids (a one-token answer "e" inside an observation), and is not the answer."""
     last = len(haystack) - len(needle)
     first = needle[0]
     for i in range(start, last + 1):
-        if haystack[i] == first and haystack[i:i + len(needle)] == needle:
+        if haystack[i] == first and haystack[i:i + len(needle)] == needle and all(mask[i:i + len(needle)]):
             return i
     return None
 

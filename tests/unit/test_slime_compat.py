@@ -135,6 +135,10 @@ def test_versions_come_from_the_answers_token_by_token():
                                          [GenerateAnswer([1, 2], [3, 3], False), GenerateAnswer([4, 5], [4, 4], False)],
                                          [], "w")
     assert versions == [3, 3, NOT_GENERATED, NOT_GENERATED, 4, 4]
+    # the second answer's ids also occur in the tool's text before it: only trainable tokens are its own
+    versions = convert.response_versions([1, 7, 9, 7], [1, 0, 0, 1],
+                                         [GenerateAnswer([1], [3], False), GenerateAnswer([7], [4], False)], [], "w")
+    assert versions == [3, NOT_GENERATED, NOT_GENERATED, 4]
     # the function re-tokenised the text (ids no answer holds): one version seen is still exact
     assert convert.response_versions([8, 8], [1, 1], [GenerateAnswer([1, 2], [3, 3], False)], [], "w") == [3, 3]
     with pytest.raises(ValueError, match=r"policy versions \[3, 4\]: which one made them is unknown"):
