@@ -27,6 +27,7 @@ MODULES: dict[str, str | None] = {
     "slime.backends": None,
     "slime.backends.megatron_utils": None,
     "slime.backends.megatron_utils.loss": "lean_rl.slime_compat.megatron_loss",
+    "slime.backends.megatron_utils.cp_utils": "lean_rl.slime_compat.cp_utils",
     "slime.rollout": None,
     "slime.rollout.base_types": "lean_rl.slime_compat.base_types",
     "slime.rollout.data_source": "lean_rl.slime_compat.data_source",
