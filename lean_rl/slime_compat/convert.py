@@ -30,6 +30,7 @@ if TYPE_CHECKING:  # not at run time: lean_rl.config imports every flag group
     from lean_rl.config import Config
 
 ATTRIBUTES_KEY = "slime_attributes"
+REWARD_DETAILS_KEY = "slime_reward_details"  # a slime reward dict's entries that are no numbers
 _SLIME_FIELDS = {f.name: f for f in dataclasses.fields(SlimeSample)}
 # slime's fields lean_rl's Sample has under the same name and meaning (set from it, read back from it)
 _SHARED = {"group_index", "index", "prompt", "tokens", "response", "response_length", "label", "reward", "loss_mask",
@@ -48,9 +49,35 @@ def rendered_prompt(cfg: Config, sample: Sample) -> Any:
     return tokenizer.decode(sample.tokens[:sample.prompt_length], skip_special_tokens=False)
 
 
+def keep_reward_details(cfg: Config, metadata: dict, value: Any) -> Any:
+    """A slime reward dict may hold entries that are no numbers (retool's answer text "pred"): slime
+    trains only the --reward-key entry. lean_rl keeps the numbers (and the trained entry, whatever it
+    holds: the run's check names it) as the reward, the rest in metadata, and to_slime hands the whole
+    dict back to slime's functions."""
+    if not isinstance(value, dict):
+        return value
+    trained = {cfg.reward.reward_key, cfg.eval.reward_key}
+    details = {k: v for k, v in value.items() if k not in trained and not _is_number(v)}
+    if details:
+        metadata[REWARD_DETAILS_KEY] = details
+    return {k: v for k, v in value.items() if k not in details}
+
+
+def _is_number(value: Any) -> bool:
+    if value is None or isinstance(value, (str, bytes)):
+        return False
+    try:
+        float(value)
+    except (TypeError, ValueError, RuntimeError):
+        return False
+    return True
+
+
 def to_slime(cfg: Config, sample: Sample) -> SlimeSample:
     n = sample.response_length
     rewards = sample.metadata.get("rewards")
+    if isinstance(rewards, dict):
+        rewards = {**rewards, **dict(sample.metadata.get(REWARD_DETAILS_KEY) or {})}
     out = SlimeSample(
         group_index=sample.group_index, index=sample.index, prompt=rendered_prompt(cfg, sample),
         tokens=list(sample.tokens), response=sample.response, response_length=n, label=sample.label,
@@ -94,8 +121,7 @@ def from_slime(cfg: Config, slime: SlimeSample, original: Sample, answers: list[
     status, error = _status(slime, n, stopping)
     if error:
         metadata["generate_error"] = error
-    attributes = {k: v.to_dict() if isinstance(v, tuple(_COUNTERS.values())) else v  # JSON, as the dumps hold it
-                  for k, v in vars(slime).items()
+    attributes = {k: _as_json(v) for k, v in vars(slime).items()
                   if k not in _SHARED and (k not in _SLIME_FIELDS or not _is_default(k, v))}
     if attributes:
         metadata[ATTRIBUTES_KEY] = attributes
@@ -106,7 +132,7 @@ def from_slime(cfg: Config, slime: SlimeSample, original: Sample, answers: list[
     # a dict reward stays a dict until --reward-key picks its value (rollout/rewards.py), as lean_rl's own do
     out = Sample(index=index, group_index=group_index, prompt=prompt, tokens=tokens,
                  response=slime.response or "", response_length=n, label=slime.label,
-                 reward=slime.reward,  # type: ignore[arg-type]
+                 reward=keep_reward_details(cfg, metadata, slime.reward),  # type: ignore[arg-type]
                  loss_mask=loss_mask, rollout_log_probs=[float(x) for x in log_probs], weight_versions=versions,
                  status=status, metadata=metadata, teacher_log_probs=teacher if len(teacher) == n else [])
     out.check()
@@ -163,6 +189,13 @@ def _status(slime: SlimeSample, n: int, stopping: bool) -> tuple[Status, str | N
     if value == "pending":
         return (Status.COMPLETED, None) if n else (Status.FAILED, "the generate function returned no response")
     return Status(value), None
+
+
+def _as_json(value: Any) -> Any:
+    """slime's counter objects as their to_dict() (the sample dumps hold metadata as JSON)."""
+    if isinstance(value, (SlimeSample.SpecInfo, SlimeSample.PrefixCacheInfo)):
+        return value.to_dict()
+    return value
 
 
 def _is_default(name: str, value) -> bool:

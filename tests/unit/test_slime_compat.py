@@ -4,6 +4,7 @@ slime's hook contracts, rm_hub and filter_hub. Pure logic: no engine (tests/e2e/
 runs slime-style functions against real engines)."""
 
 import asyncio
+import collections
 import copy
 import json
 import subprocess
@@ -342,3 +343,33 @@ def test_slimes_counters_cross_the_boundary_as_json(make_cfg):
     json.dumps(back.to_dict())  # the sample dumps hold it
     again = convert.to_slime(cfg, back)
     assert again.prefix_cache_info == SlimeSample.PrefixCacheInfo(cached_tokens=2, total_prompt_tokens=3)
+
+
+RETOOL_STYLE_REWARD = '''
+from slime.utils.types import Sample
+
+async def reward_func(args, sample, **kwargs):
+    seen = sample.reward  # on a second call: the dict of the first, whole
+    return {"score": -1.0 if seen is None else 0.5, "acc": False, "pred": "42", "seen": seen}
+'''
+
+
+def test_a_slime_reward_dict_may_hold_entries_that_are_no_numbers(make_cfg, monkeypatch):
+    from lean_rl.rollout.rewards import score_group
+
+    module = types.ModuleType("retool_style_reward")
+    exec(RETOOL_STYLE_REWARD, module.__dict__)
+    monkeypatch.setitem(sys.modules, "retool_style_reward", module)
+    cfg = make_cfg("--custom-rm-path", "retool_style_reward.reward_func", "--reward-key", "score")
+    extensions = load_extensions(cfg)
+    sample = prompt_sample(cfg)
+    sample.append_response([1], log_probs=[-1.0], weight_versions=0)
+    sample.status = Status.COMPLETED
+    counters = collections.Counter()
+    asyncio.run(score_group(cfg, [sample], extensions.reward, False, counters))
+    # slime trains the --reward-key entry; the text and the nested value stay for slime's functions
+    assert sample.reward == -1.0 and counters["reward_failed"] == 0
+    assert sample.metadata["rewards"] == {"score": -1.0, "acc": False}
+    assert sample.metadata["slime_reward_details"] == {"pred": "42", "seen": None}
+    json.dumps(sample.to_dict())
+    assert convert.to_slime(cfg, sample).reward == {"score": -1.0, "acc": False, "pred": "42", "seen": None}
