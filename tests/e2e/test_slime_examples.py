@@ -5,8 +5,9 @@ cluster flags are the tiny CPU run's): search-r1 (its local retrieval server sto
 server on the port its file names), retool (its Python tool sandbox as it is) and multi_agent (a
 generate that returns many samples, from five solvers, five rewriters and a selector). Each runs 2
 steps of the tiny model with real SGLang, router, Megatron and Ray; every sample must train (none
-FAILED), with the loss mask and log-probs the example built. docs/extending.md "Coming from slime"
-lists every slime example and what it needs."""
+FAILED), with the loss mask and log-probs the example built. retool and multi_agent read slime's `args`
+as slime's parser builds it (`args.context_parallel_size`, `args.rollout_max_context_len`: the generated
+namespace of issue 38). docs/extending.md "Coming from slime" lists every slime example and what it needs."""
 
 import http.server
 import itertools
