@@ -24,6 +24,7 @@ MODULES: dict[str, str | None] = {
     "slime.utils.async_utils": "lean_rl.slime_compat.async_utils",
     "slime.utils.processing_utils": "lean_rl.slime_compat.processing_utils",
     "slime.utils.ppo_utils": "lean_rl.slime_compat.ppo_utils",
+    "slime.utils.mask_utils": "lean_rl.slime_compat.mask_utils",
     "slime.backends": None,
     "slime.backends.megatron_utils": None,
     "slime.backends.megatron_utils.loss": "lean_rl.slime_compat.megatron_loss",
