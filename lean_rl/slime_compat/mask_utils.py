@@ -78,11 +78,16 @@ class MultiTurnLossMaskGenerator:
                                  "system or user message (the generation prompt before it is unknown)")
             head = self._render(messages[:k], tools, generation_prompt=True)
             upto = self._render(messages[:k + 1], tools, generation_prompt=False)
-            if not (text.startswith(head) and text.startswith(upto) and len(head) <= len(upto)):
+            if not text.startswith(upto):
                 raise ValueError(
                     f"get_loss_mask ({self.tokenizer_type}): the chat template does not render messages[:{k + 1}] "
                     f"as the start of the whole chat (it rewrites earlier turns), so the tokens of assistant "
                     f"message {k} cannot be told apart")
+            if not (text.startswith(head) and len(head) <= len(upto)):
+                raise ValueError(
+                    f"get_loss_mask ({self.tokenizer_type}): assistant message {k} does not follow the template's "
+                    f"generation prompt {head[len(self._render(messages[:k], tools, False)):]!r} (a template "
+                    f"of another family: try another --loss-mask-type)")
             spans.append((len(head), len(upto)))
         return spans
 

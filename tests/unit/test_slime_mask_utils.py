@@ -150,5 +150,9 @@ def test_unknown_type_and_bad_chats_are_refused(chatml):
         MultiTurnLossMaskGenerator(chatml, tokenizer_type="llama")
     with pytest.raises(ValueError, match=r"messages\[0\] is an assistant"):
         MultiTurnLossMaskGenerator(chatml).get_loss_mask([{"role": "assistant", "content": "x"}])
+    distill = with_template(chatml, DISTILL_STYLE)  # its generation prompt adds <think>, its chats do not
+    with pytest.raises(ValueError, match=r"assistant message 1 does not follow .*<think>"):
+        MultiTurnLossMaskGenerator(distill, "qwen3").get_loss_mask([{"role": "user", "content": "a"},
+                                                                   {"role": "assistant", "content": "b"}])
     with pytest.raises(ValueError, match="messages is empty"):
         MultiTurnLossMaskGenerator(chatml).get_loss_mask([])
