@@ -30,11 +30,14 @@ if TYPE_CHECKING:  # not at run time: lean_rl.config imports every flag group
     from lean_rl.config import Config
 
 ATTRIBUTES_KEY = "slime_attributes"
+REWARD_DETAILS_KEY = "slime_reward_details"  # a slime reward dict's entries that are no numbers
 _SLIME_FIELDS = {f.name: f for f in dataclasses.fields(SlimeSample)}
 # slime's fields lean_rl's Sample has under the same name and meaning (set from it, read back from it)
 _SHARED = {"group_index", "index", "prompt", "tokens", "response", "response_length", "label", "reward", "loss_mask",
            "weight_versions", "rollout_log_probs", "teacher_log_probs", "status", "metadata", "remove_sample",
            "rollout_routed_experts"}
+# slime's counter objects: kept in metadata as their to_dict(), made objects again on the way in
+_COUNTERS: dict[str, Any] = {"spec_info": SlimeSample.SpecInfo, "prefix_cache_info": SlimeSample.PrefixCacheInfo}
 
 
 def rendered_prompt(cfg: Config, sample: Sample) -> Any:
@@ -46,9 +49,35 @@ def rendered_prompt(cfg: Config, sample: Sample) -> Any:
     return tokenizer.decode(sample.tokens[:sample.prompt_length], skip_special_tokens=False)
 
 
+def keep_reward_details(cfg: Config, metadata: dict, value: Any) -> Any:
+    """A slime reward dict may hold entries that are no numbers (retool's answer text "pred"): slime
+    trains only the --reward-key entry. lean_rl keeps the numbers (and the trained entry, whatever it
+    holds: the run's check names it) as the reward, the rest in metadata, and to_slime hands the whole
+    dict back to slime's functions."""
+    if not isinstance(value, dict):
+        return value
+    trained = {cfg.reward.reward_key, cfg.eval.reward_key}
+    details = {k: v for k, v in value.items() if k not in trained and not _is_number(v)}
+    if details:
+        metadata[REWARD_DETAILS_KEY] = details
+    return {k: v for k, v in value.items() if k not in details}
+
+
+def _is_number(value: Any) -> bool:
+    if value is None or isinstance(value, (str, bytes)):
+        return False
+    try:
+        float(value)
+    except (TypeError, ValueError, RuntimeError):
+        return False
+    return True
+
+
 def to_slime(cfg: Config, sample: Sample) -> SlimeSample:
     n = sample.response_length
     rewards = sample.metadata.get("rewards")
+    if isinstance(rewards, dict):
+        rewards = {**rewards, **dict(sample.metadata.get(REWARD_DETAILS_KEY) or {})}
     out = SlimeSample(
         group_index=sample.group_index, index=sample.index, prompt=rendered_prompt(cfg, sample),
         tokens=list(sample.tokens), response=sample.response, response_length=n, label=sample.label,
@@ -58,7 +87,7 @@ def to_slime(cfg: Config, sample: Sample) -> SlimeSample:
         teacher_log_probs=list(sample.teacher_log_probs) or None, status=SlimeSample.Status(sample.status.value),
         metadata=sample.metadata)
     for name, value in dict(sample.metadata.get(ATTRIBUTES_KEY) or {}).items():
-        setattr(out, name, value)
+        setattr(out, name, _COUNTERS[name].from_dict(value) if name in _COUNTERS and isinstance(value, dict) else value)
     return out
 
 
@@ -92,7 +121,7 @@ def from_slime(cfg: Config, slime: SlimeSample, original: Sample, answers: list[
     status, error = _status(slime, n, stopping)
     if error:
         metadata["generate_error"] = error
-    attributes = {k: v for k, v in vars(slime).items()
+    attributes = {k: _as_json(v) for k, v in vars(slime).items()
                   if k not in _SHARED and (k not in _SLIME_FIELDS or not _is_default(k, v))}
     if attributes:
         metadata[ATTRIBUTES_KEY] = attributes
@@ -103,7 +132,7 @@ def from_slime(cfg: Config, slime: SlimeSample, original: Sample, answers: list[
     # a dict reward stays a dict until --reward-key picks its value (rollout/rewards.py), as lean_rl's own do
     out = Sample(index=index, group_index=group_index, prompt=prompt, tokens=tokens,
                  response=slime.response or "", response_length=n, label=slime.label,
-                 reward=slime.reward,  # type: ignore[arg-type]
+                 reward=keep_reward_details(cfg, metadata, slime.reward),  # type: ignore[arg-type]
                  loss_mask=loss_mask, rollout_log_probs=[float(x) for x in log_probs], weight_versions=versions,
                  status=status, metadata=metadata, teacher_log_probs=teacher if len(teacher) == n else [])
     out.check()
@@ -118,7 +147,7 @@ def response_versions(response: list[int], loss_mask: list[int], answers: list[G
     position = len(kept)
     for answer in answers:
         ids = answer.output_ids
-        start = _find(response, ids, position) if ids else None
+        start = _find(response, ids, position, loss_mask) if ids else None
         if start is not None:
             versions[start:start + len(ids)] = answer.versions
             position = start + len(ids)
@@ -137,11 +166,13 @@ def response_versions(response: list[int], loss_mask: list[int], answers: list[G
     return versions
 
 
-def _find(haystack: list[int], needle: list[int], start: int) -> int | None:
+def _find(haystack: list[int], needle: list[int], start: int, mask: list[int]) -> int | None:
+    """Where `needle` (an answer's ids) first appears from `start` on trainable tokens only: a tool's
+    text may hold the same ids (a one-token answer "e" inside an observation), and is not the answer."""
     last = len(haystack) - len(needle)
     first = needle[0]
     for i in range(start, last + 1):
-        if haystack[i] == first and haystack[i:i + len(needle)] == needle:
+        if haystack[i] == first and haystack[i:i + len(needle)] == needle and all(mask[i:i + len(needle)]):
             return i
     return None
 
@@ -158,6 +189,13 @@ def _status(slime: SlimeSample, n: int, stopping: bool) -> tuple[Status, str | N
     if value == "pending":
         return (Status.COMPLETED, None) if n else (Status.FAILED, "the generate function returned no response")
     return Status(value), None
+
+
+def _as_json(value: Any) -> Any:
+    """slime's counter objects as their to_dict() (the sample dumps hold metadata as JSON)."""
+    if isinstance(value, (SlimeSample.SpecInfo, SlimeSample.PrefixCacheInfo)):
+        return value.to_dict()
+    return value
 
 
 def _is_default(name: str, value) -> bool:

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 from lean_rl.rollout.base import rollout_stopping
 from lean_rl.sample import Sample
 from lean_rl.slime_compat.args import slime_args
-from lean_rl.slime_compat.convert import from_slime, to_slime
+from lean_rl.slime_compat.convert import from_slime, keep_reward_details, to_slime
 from lean_rl.slime_compat.filter_hub.base_types import DynamicFilterOutput
 from lean_rl.slime_compat.run_state import start_recording
 from lean_rl.slime_compat.types import Sample as SlimeSample
@@ -123,8 +123,11 @@ class SlimeReward(Wrapped):
     async def __call__(self, cfg: Config, sample_or_group):
         args = slime_args(cfg)
         if isinstance(sample_or_group, list):
-            return await self.fn(args, [to_slime(cfg, s) for s in sample_or_group])
-        return await self.fn(args, to_slime(cfg, sample_or_group))
+            values = await self.fn(args, [to_slime(cfg, s) for s in sample_or_group])
+            if isinstance(values, (list, tuple)) and len(values) == len(sample_or_group):
+                return [keep_reward_details(cfg, s.metadata, v) for s, v in zip(sample_or_group, values)]
+            return values  # the run's own check names the flag and what came back
+        return keep_reward_details(cfg, sample_or_group.metadata, await self.fn(args, to_slime(cfg, sample_or_group)))
 
 
 class SlimeDynamicFilter(Wrapped):

@@ -4,6 +4,7 @@ slime's hook contracts, rm_hub and filter_hub. Pure logic: no engine (tests/e2e/
 runs slime-style functions against real engines)."""
 
 import asyncio
+import collections
 import copy
 import json
 import subprocess
@@ -135,6 +136,10 @@ def test_versions_come_from_the_answers_token_by_token():
                                          [GenerateAnswer([1, 2], [3, 3], False), GenerateAnswer([4, 5], [4, 4], False)],
                                          [], "w")
     assert versions == [3, 3, NOT_GENERATED, NOT_GENERATED, 4, 4]
+    # the second answer's ids also occur in the tool's text before it: only trainable tokens are its own
+    versions = convert.response_versions([1, 7, 9, 7], [1, 0, 0, 1],
+                                         [GenerateAnswer([1], [3], False), GenerateAnswer([7], [4], False)], [], "w")
+    assert versions == [3, NOT_GENERATED, NOT_GENERATED, 4]
     # the function re-tokenised the text (ids no answer holds): one version seen is still exact
     assert convert.response_versions([8, 8], [1, 1], [GenerateAnswer([1, 2], [3, 3], False)], [], "w") == [3, 3]
     with pytest.raises(ValueError, match=r"policy versions \[3, 4\]: which one made them is unknown"):
@@ -325,3 +330,46 @@ def test_lora_runs_start_the_engines_with_the_adapter_and_teachers_without(make_
     merged = make_cfg("--lora-rank", "4", "--lora-sync", "merged")
     assert merged.engines.adapter is None and merged.weight_sync.transport != "adapter"
     assert "--enable-lora" not in merged.engines.server_flags(0, 30000)
+
+
+def test_slimes_counters_cross_the_boundary_as_json(make_cfg):
+    cfg = make_cfg()
+    original = prompt_sample(cfg)
+    slime = convert.to_slime(cfg, original)
+    slime.append_response_tokens(None, tokens=[1], log_probs=[-1.0], meta_info={
+        "weight_version": "0", "finish_reason": {"type": "stop"}, "cached_tokens": 2, "prompt_tokens": 3})
+    back = convert.from_slime(cfg, slime, original, [GenerateAnswer([1], [0], False)], False, "--flag")
+    assert back.metadata["slime_attributes"] == {"prefix_cache_info": {"cached_tokens": 2, "total_prompt_tokens": 3}}
+    json.dumps(back.to_dict())  # the sample dumps hold it
+    again = convert.to_slime(cfg, back)
+    assert again.prefix_cache_info == SlimeSample.PrefixCacheInfo(cached_tokens=2, total_prompt_tokens=3)
+
+
+RETOOL_STYLE_REWARD = '''
+from slime.utils.types import Sample
+
+async def reward_func(args, sample, **kwargs):
+    seen = sample.reward  # on a second call: the dict of the first, whole
+    return {"score": -1.0 if seen is None else 0.5, "acc": False, "pred": "42", "seen": seen}
+'''
+
+
+def test_a_slime_reward_dict_may_hold_entries_that_are_no_numbers(make_cfg, monkeypatch):
+    from lean_rl.rollout.rewards import score_group
+
+    module = types.ModuleType("retool_style_reward")
+    exec(RETOOL_STYLE_REWARD, module.__dict__)
+    monkeypatch.setitem(sys.modules, "retool_style_reward", module)
+    cfg = make_cfg("--custom-rm-path", "retool_style_reward.reward_func", "--reward-key", "score")
+    extensions = load_extensions(cfg)
+    sample = prompt_sample(cfg)
+    sample.append_response([1], log_probs=[-1.0], weight_versions=0)
+    sample.status = Status.COMPLETED
+    counters = collections.Counter()
+    asyncio.run(score_group(cfg, [sample], extensions.reward, False, counters))
+    # slime trains the --reward-key entry; the text and the nested value stay for slime's functions
+    assert sample.reward == -1.0 and counters["reward_failed"] == 0
+    assert sample.metadata["rewards"] == {"score": -1.0, "acc": False}
+    assert sample.metadata["slime_reward_details"] == {"pred": "42", "seen": None}
+    json.dumps(sample.to_dict())
+    assert convert.to_slime(cfg, sample).reward == {"score": -1.0, "acc": False, "pred": "42", "seen": None}
