@@ -66,9 +66,3 @@ def _value_of(tokens: list[str], flag: str) -> str | None:
             return token.partition("=")[2]
     return None
 
-
-def old_attributes(argv: Sequence[str]) -> dict[str, str]:
-    """slime's attribute name -> SGLang 0.5.23's, for each respelled flag given (slime code may read
-    the old name: `args` holds both)."""
-    given = {token.partition("=")[0] for token in argv}
-    return {old[2:].replace("-", "_"): new[2:].replace("-", "_") for old, (new, _) in RENAMED.items() if old in given}

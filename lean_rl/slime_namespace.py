@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import copy
 import functools
 import json
 import os
@@ -88,6 +89,11 @@ def _parser(group: str) -> _Parser:
             kwargs["action"] = kind
         parser.add_argument(*flags, **{k: v for k, v in kwargs.items() if v is not None or k == "default"})
     return parser
+
+
+def defined_flags() -> set[str]:
+    """Every option string slime's parser knows."""
+    return {flag for row in ROWS for flag in row[1]}
 
 
 def defined_attributes() -> set[str]:
@@ -284,3 +290,23 @@ def derive(args: argparse.Namespace) -> argparse.Namespace:
     if not args.debug_train_only:
         _sglang_fields(args)
     return args
+
+
+@functools.lru_cache(maxsize=8)
+def _parsed(argv_json: str) -> argparse.Namespace:
+    return slime_namespace(json.loads(argv_json))
+
+
+def slime_view(slime_argv: str | None, lean: argparse.Namespace) -> argparse.Namespace:
+    """The `args` a slime function receives (a new namespace each call). Launched by
+    lean_rl.slime_launch (`slime_argv`: its slime command line, a JSON list): slime's namespace for it,
+    with lean_rl's own attributes (`lean`) where slime has no such name. Otherwise lean_rl's values
+    over slime's defaults (the run's flags are lean_rl's)."""
+    slime = copy.deepcopy(_parsed(slime_argv if slime_argv is not None else "[]"))
+    if slime_argv is None:
+        vars(slime).update(vars(lean))
+        return slime
+    for name, value in vars(lean).items():
+        if not hasattr(slime, name):
+            setattr(slime, name, value)
+    return slime

@@ -37,6 +37,19 @@ DEFINITION = re.compile(r"^\s*[A-Z_][A-Z0-9_]*=\(.*?^\s*\)|^\s*source\s+.*$|^[A-
 TRAIN_CALL = re.compile(r"train(?:_async)?\.py(.*?)(?:\n\s*\n|\Z)", re.S)
 
 
+# command lines of our own (flags slime's scripts rarely pass, the cases issue 38 names)
+OWN = {"issue-38": ["--hf-checkpoint", "/root/Qwen3-4B", "--prompt-data", "/root/d.jsonl", "--num-rollout", "3",
+                    "--rollout-batch-size", "8", "--n-samples-per-prompt", "4", "--rollout-max-context-len", "1024",
+                    "--eval-max-response-len", "64", "--eval-temperature", "0.5", "--rollout-temperature", "0.9",
+                    "--eval-prompt-data", "/root/aime.jsonl", "--eval-interval", "5", "--colocate", "--offload",
+                    "--num-steps-per-rollout", "2", "--dump-details", "/root/dump", "--sglang-cuda-graph-bs", "1",
+                    "2", "4", "--sglang-enable-deepep-moe", "--sglang-router-request-timeout-secs", "60",
+                    "--use-dynamic-batch-size", "--max-tokens-per-gpu", "2048", "--advantage-estimator", "ppo",
+                    "--vocab-size", "1000", "--tensor-model-parallel-size", "2", "--eps-clip", "0.3",
+                    "--moe-token-dispatcher-type", "allgather", "--reward-key", "score", "--router-policy",
+                    "round_robin", "--sglang-pp-size", "1", "--rollout-num-gpus-per-engine", "2"]}
+
+
 def script_argv(slime_dir: pathlib.Path, path: str) -> tuple[str, list[str]]:
     """(launcher, flags) of the script's train.py / train_async.py call, expanded by bash."""
     text = (slime_dir / path).read_text()
@@ -92,8 +105,9 @@ def main(slime_repo: str, commit: str, megatron_repo: str, out_dir: str) -> None
         slime_dir, megatron_dir = build_paths(slime_repo, commit, megatron_repo, pathlib.Path(tmp))
         sys.path[:0] = [str(megatron_dir), str(slime_dir)]
         sys.modules.setdefault("wandb", types.ModuleType("wandb"))
-        for path in SCRIPTS:
-            launcher, argv = script_argv(slime_dir, path)
+        cases = [(path, *script_argv(slime_dir, path)) for path in SCRIPTS]
+        cases += [(name, "train.py", argv) for name, argv in OWN.items()]
+        for path, launcher, argv in cases:
             argv, _ = respell(argv)
             expected = slime_args(argv, pathlib.Path(tmp, "scratch"))
             name = pathlib.Path(path).stem
