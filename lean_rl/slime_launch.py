@@ -15,6 +15,7 @@ slime's --sglang-<flag> spellings that SGLang 0.5.23 renamed are respelled first
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -27,7 +28,7 @@ from lean_rl.config import build_parser
 from lean_rl.options import ConfigError
 from lean_rl.slime_engine_flags import respell
 from lean_rl.slime_flags import LAUNCHERS, PASSED_THROUGH, SLIME_FLAGS, split_flags, translate
-from lean_rl.slime_namespace import defined_flags
+from lean_rl.slime_namespace import defined_flags, slime_namespace
 from lean_rl.utils.metrics import setup_logging
 
 logger = logging.getLogger("lean_rl.slime_launch")
@@ -44,8 +45,7 @@ class LaunchPlan:
 
 def plan(script: str, argv: list[str]) -> LaunchPlan:
     slime_argv, notices = respell(argv)
-    lean_flags = {option for action in build_parser()._actions for option in action.option_strings}
-    known_to_slime = defined_flags()
+    lean_flags, known_to_slime = _lean_flags(), defined_flags()
     kept: list[str] = []
     for flag, values in split_flags(slime_argv):
         if (flag in known_to_slime and flag not in SLIME_FLAGS and flag not in lean_flags
@@ -54,9 +54,15 @@ def plan(script: str, argv: list[str]) -> LaunchPlan:
             continue
         kept += [flag, *values]
     translation = translate(script, kept)
+    slime_namespace(slime_argv)  # slime's parser refuses a value now, not at the first slime function
     return LaunchPlan(argv=[*translation.argv, "--slime-argv", json.dumps(slime_argv)],
                       asynchronous=translation.asynchronous, notices=notices + translation.notices,
                       env=translation.env, slime_argv=slime_argv)
+
+
+@functools.lru_cache(maxsize=1)
+def _lean_flags() -> frozenset[str]:
+    return frozenset(option for action in build_parser()._actions for option in action.option_strings)
 
 
 def main(argv: list[str]) -> None:

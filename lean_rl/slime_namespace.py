@@ -156,8 +156,7 @@ def _megatron_defaults(args: argparse.Namespace) -> None:
 def _eval_prompt_data(args: argparse.Namespace) -> None:
     """slime's _resolve_eval_datasets, as far as args.eval_prompt_data goes (name, path, name, path ...)."""
     if args.eval_config:
-        with open(args.eval_config) as f:
-            raw = yaml.safe_load(f) or {}
+        raw = _yaml(args.eval_config, "--eval-config")
         datasets = raw.get("eval", raw).get("datasets") or []
         if isinstance(datasets, dict):
             datasets = [{"name": name, **(entry or {})} for name, entry in datasets.items()]
@@ -169,6 +168,17 @@ def _eval_prompt_data(args: argparse.Namespace) -> None:
     else:
         pairs = []
     args.eval_prompt_data = [item for pair in pairs for item in pair] or None
+
+
+def _yaml(path: str, flag: str) -> dict:
+    try:
+        with open(path) as f:
+            data = yaml.safe_load(f) or {}
+    except (OSError, yaml.YAMLError) as err:
+        raise ConfigError(f"{flag} {path}: {err}".replace("\n", " ")) from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{flag} {path}: a YAML mapping, got {type(data).__name__}")
+    return data
 
 
 def _checkpoints(args: argparse.Namespace) -> None:
@@ -190,8 +200,8 @@ def _placement(args: argparse.Namespace) -> None:
         args.offload_train = args.offload_rollout = True
     del args.offload
     if args.debug_rollout_only:
-        if args.rollout_external:
-            pass
+        if args.rollout_external or (args.rollout_num_gpus is None and not args.colocate):
+            pass  # the second: slime stops with a TypeError; lean_rl places its engines without the count
         elif args.colocate and args.rollout_num_gpus is None:
             args.rollout_num_gpus = args.actor_num_gpus_per_node * args.actor_num_nodes
         elif args.rollout_num_gpus == 0:
@@ -248,9 +258,8 @@ def _slime_fields(args: argparse.Namespace) -> None:
     if args.use_rollout_routing_replay:
         args.use_routing_replay = True
     if args.custom_config_path:
-        with open(args.custom_config_path) as f:
-            for key, value in (yaml.safe_load(f) or {}).items():
-                setattr(args, key, value)
+        for key, value in _yaml(args.custom_config_path, "--custom-config-path").items():
+            setattr(args, key, value)
     if args.eval_max_context_len is None:
         args.eval_max_context_len = args.rollout_max_context_len
     if args.rollout_max_context_len is not None and args.rollout_max_prompt_len is None:
