@@ -12,7 +12,8 @@ scripts pass has one entry (tests/unit/slime_flag_list.txt holds that list, with
     refused  a one-line error naming the lean_rl way
 An entry with `allowed` is a notice for those values and refused for any other.
 `--sglang-<flag>` and `--router-<flag>` go to SGLang and sglang-router in both. A flag lean_rl has
-and slime lacks passes on unchanged; any other flag is left to lean_rl's parser (an error there).
+and slime lacks passes on unchanged; a flag only slime's parser knows reaches slime's `args` with a
+notice (lean_rl/slime_launch.py); any other flag is left to lean_rl's parser (an error there).
 slime's defaults that differ from lean_rl's (the data keys above all) are `slime_default`: given to
 lean_rl when the script does not set the flag, so a slime script keeps its meaning.
 """

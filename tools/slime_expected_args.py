@@ -14,7 +14,6 @@ back as /root/ paths. Offline only: lean_rl never imports slime."""
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import enum
 import json
@@ -26,7 +25,6 @@ import tempfile
 import types
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-from extract_slime_args import extract  # noqa: E402
 
 SCRIPTS = ("scripts/run-qwen3-4B.sh", "scripts/run-qwen3-30B-A3B.sh", "scripts/run-qwen3-4B-base-sft.sh", "scripts/run-glm4.7-30B-A3B.sh",
            "examples/search-r1/run_qwen2.5_3B.sh", "examples/fully_async/run-qwen2.5-0.5B-fully_async.sh",
