@@ -140,6 +140,8 @@ def test_the_runs_engine_command_lines_are_checked(tiny_qwen2, tmp_path):
     data = tmp_path / "d.jsonl"
     data.write_text('{"input": "x"}\n')
     base = ["--hf-checkpoint", str(tiny_qwen2), "--prompt-data", str(data), "--output-dir", str(tmp_path / "o")]
+    check_engine_flags(parse_config(base).engines)  # lean_rl's own flags (preflight parses only with passthrough)
+    check_engine_flags(parse_config(base + ["--lora-rank", "4"]).engines)  # and the adapter's
     check_engine_flags(parse_config(base + ["--sglang-chunked-prefill-size", "64", "--router-policy",
                                             "round_robin"]).engines)
     with pytest.raises(ConfigError, match=r"^--sglang-enable-warp-drive: SGLang .* unrecognized arguments"):
