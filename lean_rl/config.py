@@ -249,7 +249,7 @@ def parse_config(argv: list[str]) -> Config:
         megatron=megatron,
         train=train,
         algorithm=read_options(AlgorithmConfig, args, max_response_len=rollout.sampling.max_response_len,
-                               custom=custom),
+                               custom=custom, slime_argv=rollout.custom_config.slime_argv),
         weight_sync=weight_sync,
         layout=layout,
         batch_plan=batch_plan,

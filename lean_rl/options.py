@@ -135,8 +135,14 @@ def set_flag_values(namespace: argparse.Namespace, config: Any) -> argparse.Name
     by_name = {f.name: (meta, tp) for f, meta, tp in options_of(type(config))}
     for f in dataclasses.fields(config):
         value = getattr(config, f.name)
-        if f.name not in by_name or by_name[f.name][0]["kind"] == "group":
-            set_flag_values(namespace, value)  # a nested config (Config's groups)
+        if f.name in by_name and by_name[f.name][0]["kind"] == "group":
+            set_flag_values(namespace, value)  # an option group: its flags are this config's
+            continue
+        if f.name not in by_name:  # a nested config (Config's parts, a derived copy such as eval's sampling):
+            inner = set_flag_values(argparse.Namespace(), value)  # a flag's own value wins over a copy's
+            for name, inner_value in vars(inner).items():
+                if not hasattr(namespace, name):
+                    setattr(namespace, name, inner_value)
             continue
         meta, tp = by_name[f.name]
         setattr(namespace, _dest_of(f, meta, tp), list(value) if isinstance(value, tuple) else value)

@@ -15,6 +15,8 @@ opened, keys checked, rendered with the chat template) and calls `check_before_s
 - --save: can be created and written, and its filesystem has room for a checkpoint (weights + Adam;
   with LoRA, about the weights);
 - --ray-address answers;
+- with --sglang-<flag> / --router-<flag> given, the engines' and the router's command lines parse with
+  SGLang's and sglang-router's own parsers (backends/sglang/flag_check.py: a flag they refuse is named);
 - first of all, when the run's hooks use lean_rl.rollout.sandbox: --tool-sandbox bwrap builds its
   boundary here (check_tool_sandbox; it also logs whether a cgroup bounds each call's processes and memory).
 """
@@ -48,6 +50,12 @@ GIB = 1024**3
 def check_before_start(cfg: Config) -> None:
     if cfg.starts_engines:  # train-only and SFT run no rollout, so no tool code
         check_tool_sandbox(cfg)
+        if cfg.engines.server_passthrough or cfg.engines.router_passthrough:
+            # SGLang's and sglang-router's own parsers read the command lines (importing SGLang's costs
+            # seconds: lean_rl's own flags alone are checked by tests/unit/test_slime_launch_plan.py)
+            from lean_rl.backends.sglang.flag_check import check_engine_flags
+
+            check_engine_flags(cfg.engines)
     model = check_model_dir(cfg.engines.model_path, "--hf-checkpoint")
     if cfg.distillation.teacher_hf_checkpoint:  # --use-opd: the teacher's engines serve it
         check_model_dir(cfg.distillation.teacher_hf_checkpoint, "--opd-teacher-hf-checkpoint")

@@ -12,7 +12,8 @@ scripts pass has one entry (tests/unit/slime_flag_list.txt holds that list, with
     refused  a one-line error naming the lean_rl way
 An entry with `allowed` is a notice for those values and refused for any other.
 `--sglang-<flag>` and `--router-<flag>` go to SGLang and sglang-router in both. A flag lean_rl has
-and slime lacks passes on unchanged; any other flag is left to lean_rl's parser (an error there).
+and slime lacks passes on unchanged; a flag only slime's parser knows reaches slime's `args` with a
+notice (lean_rl/slime_launch.py); any other flag is left to lean_rl's parser (an error there).
 slime's defaults that differ from lean_rl's (the data keys above all) are `slime_default`: given to
 lean_rl when the script does not set the flag, so a slime script keeps its meaning.
 """
@@ -280,11 +281,11 @@ def _rollout_max_context_len(values: list[str], given: Given) -> list[str]:
     return tokens
 
 
-def _same_key(train_flag: str, slime_default: str | None) -> Convert:
+def _same_key(eval_flag: str, train_flag: str, slime_default: str | None) -> Convert:
     def convert(values: list[str], given: Given) -> list[str]:
         train = given.get(train_flag, [slime_default] if slime_default is not None else [])
         if values != train:
-            raise ConfigError(f"{' '.join(values)}: lean_rl reads evaluation sets with the training keys "
+            raise ConfigError(f"slime flag {eval_flag} {' '.join(values)}: lean_rl reads evaluation sets with the training keys "
                               f"({train_flag} {' '.join(t for t in train if t) or '(none)'})")
         return []
     return convert
@@ -442,9 +443,9 @@ SLIME_FLAGS: dict[str, SlimeFlag] = {
                                  "named aime, as slime names it)"),
     "--eval-config": same("slime's YAML (eval: defaults, datasets); per-set sampling, reward, data keys"),
     "--skip-eval-before-train": notice("lean_rl does not evaluate before the first step"),
-    "--eval-input-key": mapped(_same_key("--input-key", "input"), "accepted when equal to --input-key"),
-    "--eval-label-key": mapped(_same_key("--label-key", None), "accepted when equal to --label-key"),
-    "--eval-tool-key": mapped(_same_key("--tool-key", "tools"), "accepted when equal to --tool-key"),
+    "--eval-input-key": mapped(_same_key("--eval-input-key", "--input-key", "input"), "accepted when equal to --input-key"),
+    "--eval-label-key": mapped(_same_key("--eval-label-key", "--label-key", None), "accepted when equal to --label-key"),
+    "--eval-tool-key": mapped(_same_key("--eval-tool-key", "--tool-key", "tools"), "accepted when equal to --tool-key"),
     "--n-samples-per-eval-prompt": same(),
     "--eval-temperature": same(),
     "--eval-top-p": same(),

@@ -118,6 +118,8 @@ class AlgorithmConfig:
                    "replacing --advantage-estimator's advantages")
     # --custom-config-path, read once by config.parse_config: what the trainer-side hooks may read
     custom: Mapping[str, Any] = field(default_factory=ReadOnlyMapping)
+    # --slime-argv (set by lean_rl.slime_launch), for the `args` of slime's trainer-side hooks
+    slime_argv: str | None = field(default=None, repr=False)
     # derived (see derive_fields): --loss-agg-mode, else the default of the policy loss, else of the estimator
     aggregation: str = ""
 

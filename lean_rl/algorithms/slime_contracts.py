@@ -19,8 +19,9 @@ slime's hooks see lists of per-sample tensors (one per response) and packed (con
                                      vocab-parallel and at the rollout temperature); sum_of_sample_mean
                                      reduces packed tokens with --loss-agg-mode's weights
 
-`args` here is a namespace of the algorithm's flags under their argparse names (slime's names:
-args.tis_clip, args.kl_coef, args.gamma ...) and the --custom-config-path keys: the trainer ranks hold
+`args` here is slime's namespace (every attribute slime's parser defines: lean_rl/slime_namespace.py;
+launched by lean_rl.slime_launch, the values of its slime command line) with the algorithm's flags
+(args.tis_clip, args.kl_coef, args.gamma ...) and the --custom-config-path keys: the trainer ranks hold
 the algorithm's config, not the whole run's. A hook counts as slime's when its module imports slime
 (lean_rl.utils.plugins.is_slime_function); --custom-tis-function-path has only slime's contract."""
 
@@ -34,6 +35,7 @@ import torch
 import torch.nn.functional as F
 
 from lean_rl.options import set_flag_values
+from lean_rl.slime_namespace import slime_view
 from lean_rl.utils.plugins import hook_return_error, load_function
 
 if TYPE_CHECKING:
@@ -45,8 +47,9 @@ TIS_INPUTS = ("pg_loss", "train_log_probs", "rollout_log_probs", "loss_masks", "
 
 
 def algorithm_args(algo: AlgorithmConfig) -> argparse.Namespace:
-    """The `args` a slime trainer-side hook reads (a fresh namespace per call: the ranks share none)."""
-    args = set_flag_values(argparse.Namespace(), algo)
+    """The `args` a slime trainer-side hook reads (a fresh namespace per call: the ranks share none):
+    slime's namespace (lean_rl/slime_namespace.py) with the algorithm's flags."""
+    args = slime_view(algo.slime_argv, set_flag_values(argparse.Namespace(), algo))
     for key, value in dict(algo.custom).items():  # --custom-config-path: slime sets each key on args
         setattr(args, key, value)
     return args

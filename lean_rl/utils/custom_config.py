@@ -17,6 +17,10 @@ from lean_rl.options import ConfigError, option
 class CustomConfigFlags:
     custom_config_path: str | None = option(
         None, help="YAML file (a mapping) of extra settings for user functions, read into cfg.custom")
+    # secret: a slime command line may hold --wandb-key
+    slime_argv: str | None = option(None, secret=True, help=(
+        "set by python -m lean_rl.slime_launch: slime's command line (a JSON list); the `args` of slime "
+        "functions is slime's namespace for it (lean_rl/slime_namespace.py)"))
 
 
 class ReadOnlyMapping(Mapping):
