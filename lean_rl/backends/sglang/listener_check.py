@@ -69,7 +69,11 @@ def _resolve(host: str) -> str:
         ipaddress.ip_address(host)
         return host
     except ValueError:
-        return socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)[0][4][0]
+        pass
+    try:
+        return str(socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)[0][4][0])
+    except OSError as exc:  # the connection would fail the same way
+        raise ForeignListenerError(f"cannot resolve {host} ({exc}): the key was not sent") from None
 
 
 def require_keyed_listener(host: str, port: int, key: str) -> None:
