@@ -46,13 +46,13 @@ def _ours(url: str) -> bool:
     return _origin(url) in {_origin(u) for u in (cfg.engines.router_url, *cfg.engines.engine_urls) if u}
 
 
-def _run_auth(url: str, headers: dict | None = None) -> httpx.Auth | None:
+def _run_auth(url: str, headers: dict | None = None) -> httpx.Auth:
     """The run's key, for a URL on its router or one of its engines only, and there only once the
-    listener proved to be the run's own, before every try (listener_check.py); None where the
-    caller's headers carry their own Authorization."""
+    listener proved to be the run's own, before every try (listener_check.py); none (httpx.Auth(),
+    which adds nothing) elsewhere or where the caller's headers carry their own Authorization."""
     if not _ours(url) or any(name.lower() == "authorization" for name in headers or {}):
-        return None
-    return bearer_auth(bound_config().engines.api_key)
+        return httpx.Auth()
+    return bearer_auth(bound_config().engines.api_key) or httpx.Auth()
 
 
 def _is_generate(url: str) -> bool:

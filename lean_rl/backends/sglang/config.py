@@ -32,6 +32,7 @@ import re
 import secrets
 import sys
 from dataclasses import dataclass, field
+from collections.abc import MutableMapping
 from typing import Any
 
 from lean_rl.backends.sglang.lora import ServedAdapter
@@ -208,7 +209,8 @@ class EngineConfig:
                                       "`ps` and Ray's job table: prefer the file or the variable")
     api_key_file: str | None = option(None, flag="--sglang-api-key-file", metavar="FILE", help=(
         "read the API key from this file (its first line; the documented way, with "
-        f"${API_KEY_ENV}: neither shows in `ps`)"))
+        f"${API_KEY_ENV}: neither shows in `ps`); mode 0600 or stricter, else refused; on a cluster, a "
+        "path every node can read"))
     base_port: int | None = option(None, flag="--sglang-base-port",
                                    help="engine i listens on this + i (default: free ports)")
     router_port: int | None = option(None, flag="--router-port", help="sglang-router port (default: a free port)")
@@ -499,21 +501,20 @@ def read_api_key_file(path: str) -> str:
     return _api_key_value(first, flag)
 
 
-def resolve_api_key(config: EngineConfig, environ: dict[str, str] | None = None) -> EngineConfig:
+def resolve_api_key(config: EngineConfig, environ: MutableMapping[str, str] | None = None) -> EngineConfig:
     """`config` with its API key chosen: --sglang-api-key when given, else --sglang-api-key-file, else
     $LEAN_RL_API_KEY, else a random key (secrets.token_urlsafe(32)). Call it once (config.parse_config does); a config whose key
     is chosen (or turned off) is returned as is. $LEAN_RL_API_KEY is read once and removed from
     `environ` (os.environ by default), so that no child of this process inherits it; the key is held
     as a FileBackedKey (run_key.py): the user's file, else a private copy, which is what pickles."""
-    environ = os.environ if environ is None else environ
-    from_env = environ.pop(API_KEY_ENV, None)
+    from_env = (os.environ if environ is None else environ).pop(API_KEY_ENV, None)
     if config.api_key_resolved and config.api_key_file is None:
         return config if _travels_by_file(config.api_key) else rebuild(config, api_key=_file_backed(config.api_key))
     if config.api_key_file is not None:
         if config.api_key is not None:
             raise ConfigError("give one of --sglang-api-key and --sglang-api-key-file, not both")
-        key = read_api_key_file(config.api_key_file)
-        backed = FileBackedKey(key, os.path.abspath(config.api_key_file)) if key else key
+        from_file = read_api_key_file(config.api_key_file)
+        backed = FileBackedKey(from_file, os.path.abspath(config.api_key_file)) if from_file else from_file
         return rebuild(config, api_key=backed, api_key_file=None)
     key = _api_key_value(from_env or None, f"${API_KEY_ENV}")
     return rebuild(config, api_key=_file_backed(secrets.token_urlsafe(32) if key is None else key))
@@ -524,8 +525,8 @@ def _travels_by_file(key: str | None) -> bool:
     return not key or isinstance(key, FileBackedKey)
 
 
-def _file_backed(key: str) -> str:
-    return key if _travels_by_file(key) else write_key_file(key)
+def _file_backed(key: str | None) -> str | None:
+    return write_key_file(key) if key and not _travels_by_file(key) else key
 
 
 def resolve_ports(config: EngineConfig) -> EngineConfig:
