@@ -30,7 +30,7 @@ import ray
 
 from lean_rl.options import rebuild
 from lean_rl.backends.sglang.client import EngineClient
-from lean_rl.backends.sglang.config import EngineConfig, flags_to_dict
+from lean_rl.backends.sglang.config import EngineConfig, flags_to_dict, resolve_api_key
 from lean_rl.backends.sglang.engine_actor import EngineActor
 from lean_rl.backends.sglang.engine_placement import EnginePlacement, EngineScheduler
 from lean_rl.backends.sglang.model_check import ModelDirInfo, check_model_dir
@@ -52,6 +52,10 @@ class EngineGroup:
                  placement: EnginePlacement | None = None, name: str = "engines"):
         # `name`: of this group in logs and of its Ray placement group (a run may hold two: the --use-opd teacher's)
         self.name = name
+        # A key given as a plain str (not through resolve_api_key) gets its private file here: the
+        # actors receive the config pickled, and the key travels only as its file's path (run_key.py).
+        if config.api_key_resolved:
+            config = resolve_api_key(config, environ={})
         # Absolute paths: the servers run in their actors' working directory, not necessarily this one.
         self.config = rebuild(config, model_path=str(Path(config.model_path).resolve())) \
             if config.model_path else config
