@@ -322,7 +322,9 @@ class EngineConfig:
         return self.api_key
 
     def auth_headers(self) -> dict[str, str]:
-        """The HTTP headers every call to a server or the router carries ({} with authentication off)."""
+        """The HTTP headers every call to a server or the router carries ({} with authentication off).
+        Unchecked: lean_rl's clients send the key through listener_check.bearer_auth, which first
+        verifies the listener; these are for tests and benchmarks against servers they just started."""
         return auth_headers(self._require_api_key())
 
     def _child_key_env(self) -> dict[str, str]:
