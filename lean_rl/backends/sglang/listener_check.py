@@ -24,6 +24,7 @@ as before (docs/security.md says so). Health and liveness polls carry no key at 
 
 from __future__ import annotations
 
+import functools
 import hmac
 import ipaddress
 import os
@@ -55,6 +56,7 @@ class _Verified:
 _verified: dict[tuple[str, int, str], _Verified] = {}  # (ip, port, key): verified for that key
 
 
+@functools.lru_cache(maxsize=256)  # asked before every request; a node's addresses do not change in a run
 def is_local(ip: str) -> bool:
     """`ip` is an address of this node (loopback included): its listeners can be inspected here."""
     try:
@@ -64,6 +66,7 @@ def is_local(ip: str) -> bool:
     return address.is_loopback or address.is_unspecified or interface_of(str(address)) is not None
 
 
+@functools.lru_cache(maxsize=256)
 def _resolve(host: str) -> str:
     try:
         ipaddress.ip_address(host)
