@@ -32,14 +32,23 @@ def environ_of(pid: int) -> bytes:
         return f.read()
 
 
+SLEEPER = "import time; print('ready', flush=True); time.sleep(30)"
+
+
+def started(cmd: list[str], env: dict[str, str]) -> subprocess.Popen:
+    """A child once it runs its own program: before its exec, /proc/PID/environ is still its parent's."""
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None and proc.stdout.readline() == "ready\n"
+    return proc
+
+
 def test_the_variable_is_read_once_and_no_child_started_afterwards_has_it(monkeypatch):
     monkeypatch.setenv(API_KEY_ENV, KEY)
     engines = resolve_api_key(config())
     assert engines.api_key == KEY and API_KEY_ENV not in os.environ
     # a child as the driver starts the router, Ray and the rest: from this process's environment
-    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"], env=dict(os.environ))
-    router = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"],
-                              env={**os.environ, **engines.router_env()})
+    child = started([sys.executable, "-c", SLEEPER], env=dict(os.environ))
+    router = started([sys.executable, "-c", SLEEPER], env={**os.environ, **engines.router_env()})
     try:
         assert KEY.encode() not in environ_of(child.pid)
         # the router serves: it gets the key, under its own name only, never $LEAN_RL_API_KEY
