@@ -7,9 +7,9 @@ without it) and holds it as a FileBackedKey: a str that knows the path of its fi
 engine actor's argument, a RankSyncPlan sent to the trainer ranks) a FileBackedKey is that path;
 unpickling reads the file again in the process that needs the key. So no Ray argument, object or
 task spec (kept in Ray's GCS) holds the key, and only processes that call or serve an engine read it.
-On a cluster the receiving process reads the path on its own node: give --sglang-api-key-file at a
-path every node can read (a shared filesystem); the file the driver writes lives in this node's
-temporary directory.
+On a cluster the receiving process reads the path on its own node: the file the driver writes is
+placed at the same path on the other nodes first (key_placement.py); --sglang-api-key-file is the
+user's to provide at a path every node can read (a node that cannot read it names itself and the flag).
 
 A key file someone other than its owner may read or write is refused, as ssh refuses such a private
 key: "permissions 0644 for 'F' are too open".
@@ -20,6 +20,7 @@ from __future__ import annotations
 import atexit
 import os
 import shutil
+import socket
 import stat
 import tempfile
 
@@ -32,14 +33,16 @@ class FileBackedKey(str):
     """The run's key together with the path of the private file that holds it; pickles as that path."""
 
     path: str
+    private: bool  # the file this driver wrote (placed on other nodes), not the user's --sglang-api-key-file
 
-    def __new__(cls, key: str, path: str) -> FileBackedKey:
+    def __new__(cls, key: str, path: str, private: bool = False) -> FileBackedKey:
         obj = super().__new__(cls, key)
         obj.path = path
+        obj.private = private
         return obj
 
     def __reduce__(self):
-        return load_key_file, (self.path,)
+        return load_key_file, (self.path, self.private)
 
     def __copy__(self) -> FileBackedKey:
         return self
@@ -64,12 +67,27 @@ def read_private_first_line(path: str, what: str) -> str:
         raise ConfigError(f"{what}: not a text file") from None
 
 
-def load_key_file(path: str) -> FileBackedKey:
-    """The key a FileBackedKey pickled as `path` (what unpickling calls, in the receiving process)."""
-    key = read_private_first_line(path, f"the run's API key file {path}")
+def load_key_file(path: str, private: bool = False) -> FileBackedKey:
+    """The key a FileBackedKey pickled as `path` (what unpickling calls, in the receiving process);
+    an error names this node, and the flag when the file is the user's."""
+    what = f"the run's API key file {path}" if private else f"--sglang-api-key-file {path}"
+    what += f" (on node {_this_node()})"
+    key = read_private_first_line(path, what)
     if not key:
-        raise ConfigError(f"the run's API key file {path}: it is empty")
-    return FileBackedKey(key, path)
+        raise ConfigError(f"{what}: it is empty")
+    return FileBackedKey(key, path, private)
+
+
+def _this_node() -> str:
+    """This process's Ray node address, else its host name (for errors)."""
+    try:
+        import ray
+
+        if ray.is_initialized():
+            return ray.util.get_node_ip_address()
+    except Exception:  # noqa: BLE001 - only for a message
+        pass
+    return socket.gethostname()
 
 
 def write_key_file(key: str) -> FileBackedKey:
@@ -81,7 +99,7 @@ def write_key_file(key: str) -> FileBackedKey:
     with os.fdopen(fd, "w", encoding="utf-8") as f:
         f.write(key + "\n")
     atexit.register(_remove_key_dir, directory, os.getpid())
-    return FileBackedKey(key, path)
+    return FileBackedKey(key, path, private=True)
 
 
 def _remove_key_dir(directory: str, owner_pid: int) -> None:
