@@ -26,11 +26,21 @@ _DRIVER = textwrap.dedent("""
     ran_on, written = ray.get(key_placement._write_key_task.options(
         num_cpus=0, scheduling_strategy=ray.util.scheduling_strategies.NodeAffinitySchedulingStrategy(
             node_id=target, soft=False)).remote(path + "2", key))
+    # the nodes the call sites place on: a placement group's bundles (engines), rank addresses (trainer)
+    from ray.util.placement_group import placement_group, remove_placement_group
+    group = placement_group([{"CPU": 0.01}] * 2, strategy="STRICT_SPREAD")
+    assert group.wait(timeout_seconds=60)
+    bundle_nodes = key_placement.node_ids_of_bundles(group)
+    bundle_ips = ray.get([ray.remote(num_cpus=0)(ray.util.get_node_ip_address).options(
+        scheduling_strategy=ray.util.scheduling_strategies.PlacementGroupSchedulingStrategy(
+            placement_group=group, placement_group_bundle_index=i)).remote() for i in range(2)])
+    remove_placement_group(group)
     info = os.stat(path)
     print(json.dumps({"target": target, "placed": placed, "again": again, "user": user, "ran_on": ran_on,
                       "written": written, "mode": stat.S_IMODE(info.st_mode),
                       "dir_mode": stat.S_IMODE(os.stat(os.path.dirname(path)).st_mode),
-                      "content": open(path).read()}))
+                      "content": open(path).read(), "bundle_nodes": bundle_nodes,
+                      "nodes_at_bundle_ips": key_placement.node_ids_at(bundle_ips)}))
 """)
 
 
@@ -44,6 +54,7 @@ def test_the_key_file_is_written_0600_on_the_pinned_node_and_removed_at_exit(sim
     assert seen["again"] == {} and seen["user"] == {}  # placed once; the user's file is never copied
     assert seen["ran_on"] == seen["target"] and seen["written"] is True
     assert seen["mode"] == 0o600 and seen["dir_mode"] == 0o700 and seen["content"] == "k3y-of-this-run\n"
+    assert len(set(seen["bundle_nodes"])) == 2 and set(seen["bundle_nodes"]) == set(seen["nodes_at_bundle_ips"])
     assert not path.exists()  # the driver's exit ran the pinned removal on that node
     # the direct task's second file was not placed by place_key_file: nothing removes it but us
     (tmp_path / "placed" / "api_key2").unlink()
