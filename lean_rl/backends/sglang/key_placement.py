@@ -4,8 +4,8 @@ A FileBackedKey pickles as its file's path, and the receiving process reads that
 node. The file the driver writes lives in its node's temporary directory, so on a cluster without a
 shared filesystem the driver first places it at the same path on each other node that an engine
 actor or a trainer rank runs on: one Ray task pinned to that node (NodeAffinitySchedulingStrategy,
-soft=False) writes it 0600 in a 0700 directory, and a second pinned task removes it when the driver
-exits (best effort, with a deadline). The user's --sglang-api-key-file is never copied: that path is
+soft=False) writes it 0600 in a 0700 directory, and a second pinned task removes it at the run's
+end or the driver's exit (best effort, with a deadline). The user's --sglang-api-key-file is never copied: that path is
 theirs to provide on every node (a node that cannot read it says so, naming itself and the flag).
 
 Why the key may be a normal task's argument when it may not be an actor's (checked in Ray 2.60's
@@ -61,7 +61,7 @@ def place_key_file(key: str | None, node_ids: Iterable[str], timeout_s: float = 
         done[node] = written
         if written:
             if not _written:
-                atexit.register(_remove_placed, os.getpid())
+                atexit.register(_remove_at_exit, os.getpid())
             _written.setdefault(key.path, set()).add(node)
     return done
 
@@ -91,14 +91,16 @@ def all_node_ids() -> list[str]:
     return [n["NodeID"] for n in ray.nodes() if n["Alive"]]
 
 
-def _remove_placed(owner_pid: int, timeout_s: float = 10.0) -> None:
-    """At the driver's exit (before Ray's own atexit shutdown, registered earlier): remove the files
-    this driver placed, one pinned task per node, waiting at most `timeout_s` in all."""
+def remove_placed_key_files(timeout_s: float = 10.0) -> None:
+    """Remove the files this driver placed, one pinned task per node, waiting at most `timeout_s` in
+    all: at the run's end, before Ray's shutdown (runtime.py), and at exit for whatever is left
+    (atexit runs it before Ray's own shutdown, registered earlier by ray.init). Best effort."""
     import ray
+
+    if not _written or not ray.is_initialized():
+        return
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-    if os.getpid() != owner_pid or not ray.is_initialized():
-        return
     try:
         refs = [_remove_key_task.options(num_cpus=0, max_retries=0, scheduling_strategy=NodeAffinitySchedulingStrategy(
             node_id=node, soft=False)).remote(path) for path, nodes in _written.items() for node in nodes]
@@ -106,9 +108,15 @@ def _remove_placed(owner_pid: int, timeout_s: float = 10.0) -> None:
         if late:
             logger.warning("the run's API key file: %d node(s) did not confirm its removal in %.0f s",
                            len(late), timeout_s)
-    except Exception as error:  # noqa: BLE001 - best effort at exit: a node may be gone
+    except Exception as error:  # noqa: BLE001 - best effort at the end: a node may be gone
         logger.warning("the run's API key file: removal on the other nodes failed: %s", error)
     _written.clear()
+    _placed.clear()
+
+
+def _remove_at_exit(owner_pid: int) -> None:
+    if os.getpid() == owner_pid:  # not from a forked child that runs atexit handlers
+        remove_placed_key_files()
 
 
 def write_key_here(path: str, key: str) -> bool:
