@@ -249,6 +249,9 @@ class Runtime:
             except Exception:  # noqa: BLE001 - close everything, report each failure
                 logger.exception("error while shutting down")
         if self._ray_started:
+            from lean_rl.backends.sglang.key_placement import remove_placed_key_files
+
+            remove_placed_key_files()  # the key's copies on the other nodes, while Ray still runs its tasks
             shutdown_ray()
         for lock in self._locks:  # last: nothing of this run writes into its directories any more
             lock.release()

@@ -13,7 +13,7 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from lean_rl.backends.sglang.config import auth_headers
+from lean_rl.backends.sglang.listener_check import bearer_auth
 from lean_rl.backends.sglang.responses import parse_generate_response
 from lean_rl.rollout.base import rollout_stopping
 from lean_rl.rollout.generate import token_versions
@@ -46,9 +46,13 @@ def _ours(url: str) -> bool:
     return _origin(url) in {_origin(u) for u in (cfg.engines.router_url, *cfg.engines.engine_urls) if u}
 
 
-def _run_headers(url: str) -> dict[str, str]:
-    """The run's key, for a URL on its router or one of its engines only."""
-    return auth_headers(bound_config().engines.api_key) if _ours(url) else {}
+def _run_auth(url: str, headers: dict | None = None) -> httpx.Auth:
+    """The run's key, for a URL on its router or one of its engines only, and there only once the
+    listener proved to be the run's own, before every try (listener_check.py); none (httpx.Auth(),
+    which adds nothing) elsewhere or where the caller's headers carry their own Authorization."""
+    if not _ours(url) or any(name.lower() == "authorization" for name in headers or {}):
+        return httpx.Auth()
+    return bearer_auth(bound_config().engines.api_key) or httpx.Auth()
 
 
 def _is_generate(url: str) -> bool:
@@ -71,11 +75,11 @@ async def post(url: str, payload: dict | None, max_retries: int = 60, headers: d
     if _is_generate(url) and rollout_stopping():
         # the rollout has enough groups and aborted the engines: a new request would only be surplus
         raise RuntimeError("the rollout is stopping (its batch is full): no new /generate request")
-    sent_headers = {**_run_headers(url), **(headers or {})}
+    auth = _run_auth(url, headers)
     payload = _served_by_policy(url, payload)
     for attempt in range(1, max_retries + 1):
         try:
-            response = await _client().post(url, json=payload or {}, headers=sent_headers)
+            response = await _client().post(url, json=payload or {}, headers=headers, auth=auth)
             response.raise_for_status()
             break
         except (httpx.TransportError, httpx.HTTPStatusError) as err:
@@ -110,7 +114,7 @@ def _note_generate_answer(output: dict) -> None:
 
 
 async def get(url: str):
-    response = await _client().get(url, headers=_run_headers(url))
+    response = await _client().get(url, auth=_run_auth(url))
     response.raise_for_status()
     return json.loads(response.content)
 

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from lean_rl.backends.sglang.client import EngineClient
+from lean_rl.backends.sglang.key_placement import node_ids_at, place_key_file
 from lean_rl.weight_sync.config import WeightSyncConfig, probe_statistic
 from lean_rl.weight_sync.engine_calls import call_all
 from lean_rl.weight_sync.errors import WeightSyncError
@@ -134,6 +135,8 @@ class WeightSync:
         # each rank hosts one RankWeightSync (shared by every WeightSync of the group), built from the
         # class given here: the Megatron backend does not import the weight sync
         self.actor_group.attach(RankWeightSync)
+        # the plan carries the key as its file's path: the driver's file to the ranks' nodes first
+        place_key_file(self.api_key, node_ids_at(self.actor_group.rank_nodes()), timeout_s=timeout)
         ranks = self.on_ranks(RankWeightSync.setup, self.plan)
         # tensors travel in the engines' dtype (plan.dtype); the probe compares the trainer's forward in
         # its own dtype with the engines' in theirs, so its default tolerance follows both

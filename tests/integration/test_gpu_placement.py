@@ -21,7 +21,7 @@ _DRIVER = textwrap.dedent("""
     from lean_rl.backends.megatron.group import COLOCATED_RANK_SHARE, place_ranks
     from lean_rl.backends.megatron.rank_actors import RankActors
     from lean_rl.backends.megatron.train_config import TrainerLayout
-    from lean_rl.backends.sglang.config import EngineConfig, flags_to_dict, split_passthrough
+    from lean_rl.backends.sglang.config import EngineConfig, flags_to_dict, resolve_api_key, split_passthrough
     from lean_rl.backends.sglang.engine_actor import EngineActor
     from lean_rl.backends.sglang.engine_placement import EngineScheduler, colocated_placement
     from lean_rl.options import add_options, read_options
@@ -41,8 +41,10 @@ _DRIVER = textwrap.dedent("""
     def engine_config(*argv, colocated):
         parser = add_options(argparse.ArgumentParser(allow_abbrev=False), EngineConfig)
         args, unknown = parser.parse_known_args(["--hf-checkpoint", "/m", "--sglang-api-key", "k", *argv])
-        return read_options(EngineConfig, args, device="cuda", server_passthrough=split_passthrough(unknown).server,
-                            on_cluster=True, colocated=colocated, dtype="bfloat16")
+        # resolve_api_key: the key then travels to the actors as its file's path (run_key.py)
+        return resolve_api_key(read_options(EngineConfig, args, device="cuda",
+                                            server_passthrough=split_passthrough(unknown).server,
+                                            on_cluster=True, colocated=colocated, dtype="bfloat16"), environ={})
 
     def ranks_of(layout, **placement):
         ranks = RankActors()

@@ -13,8 +13,8 @@ import httpx
 import psutil
 import pytest
 
-from lean_rl.backends.sglang.client import EngineClient, EngineHTTPError
-from lean_rl.backends.sglang.config import EngineConfig, resolve_api_key, resolve_ports
+from lean_rl.backends.sglang.client import EngineClient, EngineConnectionError, EngineHTTPError, RetryPolicy
+from lean_rl.backends.sglang.config import API_KEY_ENV, EngineConfig, resolve_api_key, resolve_ports
 from lean_rl.backends.sglang.processes import ChildProcess, wait_until_healthy
 from lean_rl.backends.sglang.router import RouterAdmin, RouterError
 from lean_rl.utils.net import find_free_port
@@ -80,6 +80,17 @@ def test_the_key_is_on_no_command_line_and_in_no_log(engine_group):
             assert key not in " ".join(psutil.Process(pid).cmdline()), pid
         except psutil.NoSuchProcess:
             pass
+    # the engine actors (Ray workers) and every other Ray process have the key in no environment:
+    # the actors read it from its file when their config arrives (run_key.py)
+    actors = {psutil.Process(tree[0]).ppid() for name, tree in engine_group.pids().items() if name != "router"}
+    rays = {p.pid for p in psutil.process_iter(["cmdline"]) if "ray" in " ".join(p.info["cmdline"] or [])}
+    assert actors
+    for pid in actors | rays:
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                assert key.encode() not in f.read(), (pid, psutil.Process(pid).name())
+        except (FileNotFoundError, ProcessLookupError, psutil.NoSuchProcess):
+            pass
     logs = [engine_group.engine_log_path(i) for i in range(len(engine_group.engine_urls))]
     logs.append(engine_group.run_dir / "router.log")
     for log in logs:
@@ -139,3 +150,46 @@ def test_the_router_sends_the_key_to_its_workers(tmp_path):
     finally:
         router.stop()
         worker.shutdown()
+
+
+def test_after_the_router_dies_a_listener_on_its_port_never_gets_the_key(tmp_path, monkeypatch):
+    """$LEAN_RL_API_KEY is read once: the router (which serves) gets the key under its own variable and
+    never $LEAN_RL_API_KEY. The clients send the key to the router, verified as the run's; once it is
+    gone, a listener of another process on its freed port gets retried calls, none with the key."""
+    key = f"integration-{os.getpid()}-{find_free_port('127.0.0.1')}"
+    monkeypatch.setenv(API_KEY_ENV, key)
+    config = resolve_api_key(resolve_ports(build(EngineConfig, model_path="/fake", num_engines=1, device="cpu")))
+    assert config.api_key == key and API_KEY_ENV not in os.environ
+    port, router_url = config.resolved_router_port, config.router_url
+    env = {**os.environ, "NO_COLOR": "1", **config.router_env()}
+    router = ChildProcess("router", config.router_command(port, find_free_port("127.0.0.1")),
+                          tmp_path / "router.log", env=env)
+    admin = RouterAdmin(router_url, timeout_s=10, api_key=config.api_key)
+    try:
+        wait_until_healthy([(router, f"{router_url}/health")], timeout_s=60)
+        with open(f"/proc/{router.pid}/environ", "rb") as f:
+            environ = f.read().split(b"\0")
+        assert not [entry for entry in environ if entry.startswith(f"{API_KEY_ENV}=".encode())]
+        assert admin.workers() == []  # the router proved to be the run's: the key went to it
+    finally:
+        router.stop()
+
+    seen: list[tuple[str, str | None]] = []
+    squatter = ThreadingHTTPServer(("127.0.0.1", port), type("Squatter", (_FakeWorker,), {"seen": seen}))
+    threading.Thread(target=squatter.serve_forever, daemon=True).start()
+
+    async def generate():
+        retry = RetryPolicy(attempts=3, initial_backoff_s=0.1)
+        async with EngineClient(router_url, api_key=config.api_key, retry=retry) as client:
+            await client.generate(GENERATE["input_ids"], GENERATE["sampling_params"])
+
+    try:
+        with pytest.raises(RouterError, match="not by a server of this run"):
+            admin.workers()
+        with pytest.raises(EngineConnectionError, match="not by a server of this run"):
+            asyncio.run(generate())
+        assert httpx.get(f"{router_url}/liveness", timeout=10, trust_env=False).status_code == 200  # it answers
+        assert all(auth is None or key not in auth for _, auth in seen), seen
+    finally:
+        squatter.shutdown()
+        squatter.server_close()

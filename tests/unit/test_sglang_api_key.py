@@ -116,47 +116,12 @@ def test_parse_config_chooses_the_key_once(tiny_qwen2, tmp_path, monkeypatch):
     assert parse_config([*base, "--sglang-api-key", "none"]).engines.api_key == NO_API_KEY
 
 
-def test_clients_send_the_key(monkeypatch):
-    import httpx
-
-    seen = []
-
-    def handler(request: httpx.Request) -> httpx.Response:
-        seen.append(request.headers.get("authorization"))
-        return httpx.Response(200, json={"workers": []})
-
-    transport = httpx.MockTransport(handler)
-    real_client = httpx.Client
-    monkeypatch.setattr(httpx, "Client", lambda **kw: real_client(transport=transport, **kw))
-    RouterAdmin("http://router", api_key=KEY).workers()
-    RouterAdmin("http://router").workers()
-    assert seen == [f"Bearer {KEY}", None]
-
-
-def test_engine_client_sends_the_key(monkeypatch):
-    import asyncio
-
-    import httpx
-
-    seen = []
-
-    def handler(request: httpx.Request) -> httpx.Response:
-        seen.append(request.headers.get("authorization"))
-        return httpx.Response(200, json={"model_path": "/m", "weight_version": "3"})
-
-    real_client = httpx.AsyncClient
-    monkeypatch.setattr(httpx, "AsyncClient", lambda **kw: real_client(transport=httpx.MockTransport(handler), **kw))
-
-    async def versions():
-        async with EngineClient("http://engine", api_key=KEY) as with_key, EngineClient("http://engine") as without:
-            return await with_key.weight_version(), await without.weight_version()
-
-    assert asyncio.run(versions()) == ("3", "3")
-    assert seen == [f"Bearer {KEY}", None]
+# the clients send the key (only to a listener of the run): tests/unit/test_listener_check.py
 
 
 def test_the_key_file_is_the_documented_way(tmp_path):
     (tmp_path / "key").write_text(f"{KEY}\n")
+    (tmp_path / "key").chmod(0o600)
     config = parse(["--sglang-api-key-file", str(tmp_path / "key")], environ={API_KEY_ENV: "other"})[0]
     assert config.api_key == KEY and config.api_key_file is None
     assert KEY not in " ".join(all_argv(config)) and KEY not in repr(config)
@@ -168,6 +133,7 @@ def test_a_bad_key_file_is_one_line_naming_the_flag_and_the_file(tmp_path, conte
     path = tmp_path / "key"
     if content is not None:
         path.write_text(content)
+        path.chmod(0o600)
     with pytest.raises(ConfigError, match=f"--sglang-api-key-file {path}: {error}"):
         parse(["--sglang-api-key-file", str(path)])
 
@@ -189,6 +155,7 @@ def test_a_key_typed_on_the_command_line_warns(tiny_qwen2, tmp_path, caplog):
     assert any("shows in `ps`" in r.getMessage() and KEY not in r.getMessage() for r in caplog.records)
     caplog.clear()
     (tmp_path / "key").write_text(KEY)
+    (tmp_path / "key").chmod(0o600)
     with caplog.at_level("WARNING", logger="lean_rl.config"):
         parse_config([*base, "--sglang-api-key-file", str(tmp_path / "key")])
     assert not [r for r in caplog.records if "shows in `ps`" in r.getMessage()]

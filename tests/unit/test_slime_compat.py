@@ -373,3 +373,29 @@ def test_a_slime_reward_dict_may_hold_entries_that_are_no_numbers(make_cfg, monk
     assert sample.metadata["slime_reward_details"] == {"pred": "42", "seen": None}
     json.dumps(sample.to_dict())
     assert convert.to_slime(cfg, sample).reward == {"score": -1.0, "acc": False, "pred": "42", "seen": None}
+
+
+def test_slime_calls_carry_the_key_only_to_the_runs_own_listeners(make_cfg, tmp_path):
+    """slime's post/get add the run's key on URLs of the run only, and there only when the listener
+    proves to be the run's (listener_check.py): a squatter on an engine's address gets no key."""
+    import asyncio
+
+    from lean_rl.slime_compat import http_utils
+    from tests.unit.test_listener_check import start_server
+
+    cfg = make_cfg()
+    key = cfg.engines.api_key
+    ours, squatter, elsewhere = start_server(tmp_path, key), start_server(tmp_path, None), start_server(tmp_path, None)
+    try:
+        cfg.engines.live.publish([squatter.url], ours.url)
+        asyncio.run(http_utils.get(f"{ours.url}/workers"))
+        asyncio.run(http_utils.post(f"{ours.url}/flush_cache", {}))
+        with pytest.raises(RuntimeError, match="not by a server of this run"):
+            asyncio.run(http_utils.post(f"{squatter.url}/flush_cache", {}, max_retries=2))
+        asyncio.run(http_utils.post(f"{elsewhere.url}/score", {}))  # not the run's: a user's server, no key
+        assert [auth for path, auth in ours.seen() if path != "/health"] == [f"Bearer {key}"] * 2
+        assert all(auth is None for _, auth in squatter.seen() + elsewhere.seen())
+    finally:
+        for server in (ours, squatter, elsewhere):
+            server.proc.kill()
+            server.proc.wait()

@@ -13,7 +13,8 @@ exponential backoff (the request never reached the server, so a retry cannot run
 timeout or a dropped connection mid-request is raised at once; HTTP errors raise with the server's
 own message. Generation goes through the router; weight updates, abort and pause/continue must go to
 each engine directly (sglang-router 0.3.2 does not forward them). With `api_key` (the run's,
-EngineConfig.api_key) every call carries `Authorization: Bearer <key>`.
+EngineConfig.api_key) every call carries `Authorization: Bearer <key>`, added only once the server's
+listener proved to be the run's own (listener_check.py; else the call fails as a connection error).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from typing import Any, Callable
 
 import httpx
 
-from lean_rl.backends.sglang.config import auth_headers
+from lean_rl.backends.sglang.listener_check import bearer_auth
 from lean_rl.backends.sglang.responses import (
     GenerateResult,
     ScoreResult,
@@ -125,8 +126,9 @@ class EngineClient:
         if self._http is None or self._http_loop is not loop:
             limits = httpx.Limits(max_connections=self.max_connections, max_keepalive_connections=256)
             # trust_env=False: a proxy from the environment must never sit between us and 127.0.0.1
+            # the key only to a listener that proves to be the run's, before every request (listener_check.py)
             self._http = httpx.AsyncClient(base_url=self.base_url, limits=limits, trust_env=False,
-                                           headers=auth_headers(self.api_key))
+                                           auth=bearer_auth(self.api_key))
             self._http_loop = loop
         return self._http
 

@@ -17,7 +17,9 @@ sglang-router's own `api_key`), with one key per run: --sglang-api-key, else $LE
 random one chosen by resolve_api_key; `--sglang-api-key none` turns it off. The key never appears on
 a command line (other local users can read /proc/PID/cmdline): the children get it in their
 environment (`server_env()` / `router_env()`, read by launch.py / launch_router.py), and clients take
-it explicitly (`EngineClient(url, api_key=config.api_key)`, `auth_headers(config.api_key)`).
+it explicitly (`EngineClient(url, api_key=config.api_key)`), which send it only to a listener that
+proves to be the run's (listener_check.py). $LEAN_RL_API_KEY is read once and removed from the
+environment; the key travels to Ray actors as the path of its private file (run_key.py).
 
 The device is chosen at run time: CPU flags when torch sees no CUDA device, SGLang's GPU defaults
 otherwise. A user's `--sglang-<flag>` replaces our default for `--<flag>`.
@@ -30,9 +32,11 @@ import re
 import secrets
 import sys
 from dataclasses import dataclass, field
+from collections.abc import MutableMapping
 from typing import Any
 
 from lean_rl.backends.sglang.lora import ServedAdapter
+from lean_rl.backends.sglang.run_key import FileBackedKey, read_private_first_line, write_key_file
 from lean_rl.options import ConfigError, option, rebuild
 from lean_rl.utils.net import find_free_port
 
@@ -226,7 +230,8 @@ class EngineConfig:
                                       "`ps` and Ray's job table: prefer the file or the variable")
     api_key_file: str | None = option(None, flag="--sglang-api-key-file", metavar="FILE", help=(
         "read the API key from this file (its first line; the documented way, with "
-        f"${API_KEY_ENV}: neither shows in `ps`)"))
+        f"${API_KEY_ENV}: neither shows in `ps`); mode 0600 or stricter, else refused; on a cluster, a "
+        "path every node can read"))
     base_port: int | None = option(None, flag="--sglang-base-port",
                                    help="engine i listens on this + i (default: free ports)")
     router_port: int | None = option(None, flag="--router-port", help="sglang-router port (default: a free port)")
@@ -299,6 +304,14 @@ class EngineConfig:
     def __post_init__(self):
         validate_engine_config(self)
 
+    def __getstate__(self) -> dict[str, Any]:
+        # A Ray actor's argument (EngineActor) and anything else pickled carries the key's file, never
+        # the key (run_key.py): a key that has no file yet (not from resolve_api_key) does not travel.
+        if not _travels_by_file(self.api_key):
+            raise ConfigError("EngineConfig: its API key travels only as the path of its file; "
+                              "choose the key with resolve_api_key(config) before sending the config")
+        return dict(self.__dict__)
+
     @property
     def adapter_name(self) -> str | None:
         """What every request names as its lora_path (None: the engines serve plain weights)."""
@@ -336,7 +349,9 @@ class EngineConfig:
         return self.api_key
 
     def auth_headers(self) -> dict[str, str]:
-        """The HTTP headers every call to a server or the router carries ({} with authentication off)."""
+        """The HTTP headers every call to a server or the router carries ({} with authentication off).
+        Unchecked: lean_rl's clients send the key through listener_check.bearer_auth, which first
+        verifies the listener; these are for tests and benchmarks against servers they just started."""
         return auth_headers(self._require_api_key())
 
     def _child_key_env(self) -> dict[str, str]:
@@ -509,33 +524,40 @@ def _api_key_value(value: str | None, source: str) -> str | None:
 
 def read_api_key_file(path: str) -> str:
     """The key in `path` (its first line, stripped), or a ConfigError naming the flag and the file
-    (never the key)."""
+    (never the key); a file its group or others may access is refused (run_key.py)."""
     flag = f"--sglang-api-key-file {path}"
-    try:
-        with open(path, encoding="utf-8") as f:
-            first = f.readline().strip()
-    except OSError as err:
-        raise ConfigError(f"{flag}: cannot read it ({err.strerror})") from None
-    except UnicodeDecodeError:
-        raise ConfigError(f"{flag}: not a text file") from None
+    first = read_private_first_line(path, flag)
     if not first:
         raise ConfigError(f"{flag}: the file is empty (write the key on its first line, or '{API_KEY_OFF}')")
     return _api_key_value(first, flag)
 
 
-def resolve_api_key(config: EngineConfig, environ: dict[str, str] | None = None) -> EngineConfig:
+def resolve_api_key(config: EngineConfig, environ: MutableMapping[str, str] | None = None) -> EngineConfig:
     """`config` with its API key chosen: --sglang-api-key when given, else --sglang-api-key-file, else
     $LEAN_RL_API_KEY, else a random key (secrets.token_urlsafe(32)). Call it once (config.parse_config does); a config whose key
-    is chosen (or turned off) is returned as is."""
+    is chosen (or turned off) is returned as is. $LEAN_RL_API_KEY is read once and removed from
+    `environ` (os.environ by default), so that no child of this process inherits it; the key is held
+    as a FileBackedKey (run_key.py): the user's file, else a private copy, which is what pickles."""
+    from_env = (os.environ if environ is None else environ).pop(API_KEY_ENV, None)
     if config.api_key_resolved and config.api_key_file is None:
-        return config
+        return config if _travels_by_file(config.api_key) else rebuild(config, api_key=_file_backed(config.api_key))
     if config.api_key_file is not None:
         if config.api_key is not None:
             raise ConfigError("give one of --sglang-api-key and --sglang-api-key-file, not both")
-        return rebuild(config, api_key=read_api_key_file(config.api_key_file), api_key_file=None)
-    environ = os.environ if environ is None else environ
-    key = _api_key_value(environ.get(API_KEY_ENV) or None, f"${API_KEY_ENV}")
-    return rebuild(config, api_key=secrets.token_urlsafe(32) if key is None else key)
+        from_file = read_api_key_file(config.api_key_file)
+        backed = FileBackedKey(from_file, os.path.abspath(config.api_key_file)) if from_file else from_file
+        return rebuild(config, api_key=backed, api_key_file=None)
+    key = _api_key_value(from_env or None, f"${API_KEY_ENV}")
+    return rebuild(config, api_key=_file_backed(secrets.token_urlsafe(32) if key is None else key))
+
+
+def _travels_by_file(key: str | None) -> bool:
+    """No key, authentication off, or a key that pickles as its file's path."""
+    return not key or isinstance(key, FileBackedKey)
+
+
+def _file_backed(key: str | None) -> str | None:
+    return write_key_file(key) if key and not _travels_by_file(key) else key
 
 
 def resolve_ports(config: EngineConfig) -> EngineConfig:

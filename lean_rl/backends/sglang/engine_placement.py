@@ -123,6 +123,18 @@ class EngineScheduler:
                 placement_group=self._own_group, placement_group_bundle_index=index)
         return options, visible_devices
 
+    def node_ids(self) -> list[str]:
+        """The Ray node ids the engines run on, once reserved (where it is not known: every alive node)."""
+        from lean_rl.backends.sglang import key_placement
+
+        if self.placement is not None:
+            return key_placement.node_ids_of_bundles(self.placement.placement_group, self.placement.bundle_indices)
+        if self.config.engine_nodes:
+            return key_placement.node_ids_at(self.config.engine_nodes)
+        if self._own_group is not None:
+            return key_placement.node_ids_of_bundles(self._own_group)
+        return key_placement.all_node_ids()
+
     def release(self) -> None:
         group, self._own_group = self._own_group, None
         if group is not None:

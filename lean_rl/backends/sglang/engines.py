@@ -30,9 +30,10 @@ import ray
 
 from lean_rl.options import rebuild
 from lean_rl.backends.sglang.client import EngineClient
-from lean_rl.backends.sglang.config import EngineConfig, flags_to_dict
+from lean_rl.backends.sglang.config import EngineConfig, flags_to_dict, resolve_api_key
 from lean_rl.backends.sglang.engine_actor import EngineActor
 from lean_rl.backends.sglang.engine_placement import EnginePlacement, EngineScheduler
+from lean_rl.backends.sglang.key_placement import place_key_file
 from lean_rl.backends.sglang.model_check import ModelDirInfo, check_model_dir
 from lean_rl.backends.sglang.processes import ChildProcess, ChildStartError, stop_all, wait_until_healthy
 from lean_rl.backends.sglang.router import RouterAdmin
@@ -52,6 +53,10 @@ class EngineGroup:
                  placement: EnginePlacement | None = None, name: str = "engines"):
         # `name`: of this group in logs and of its Ray placement group (a run may hold two: the --use-opd teacher's)
         self.name = name
+        # A key given as a plain str (not through resolve_api_key) gets its private file here: the
+        # actors receive the config pickled, and the key travels only as its file's path (run_key.py).
+        if config.api_key_resolved:
+            config = resolve_api_key(config, environ={})
         # Absolute paths: the servers run in their actors' working directory, not necessarily this one.
         self.config = rebuild(config, model_path=str(Path(config.model_path).resolve())) \
             if config.model_path else config
@@ -147,6 +152,8 @@ class EngineGroup:
         try:
             self._router = self._spawn_router()
             self._scheduler.reserve()
+            # the driver's key file to the engines' nodes before their actors unpickle its path there
+            place_key_file(self.config.api_key, self._scheduler.node_ids(), timeout_s=self.config.start_timeout_s)
             self._actors = [self._new_actor(i) for i in range(self.config.num_engines)]
             try:
                 self._urls = list(self._get([a.start.remote() for a in self._actors], self.config.start_timeout_s))

@@ -25,7 +25,6 @@ from typing import Callable, Iterator
 
 import httpx
 
-from lean_rl.backends.sglang.config import auth_headers
 from lean_rl.backends.sglang.engines import EngineGroup
 
 logger = logging.getLogger(__name__)
@@ -62,9 +61,9 @@ class EngineMonitor:
         self.router_events: list[str] = []
         self._router_failures = 0
         self._thread: threading.Thread | None = None
-        # SGLang 0.5.23 leaves /health open even with an API key; sent anyway, should that change
-        self._http = httpx.Client(timeout=health_timeout_s, trust_env=False,
-                                  headers=auth_headers(group.config.api_key))
+        # /health (SGLang) and /liveness (sglang-router) need no key, so these polls send none: after
+        # a server dies, whatever binds its port next must not learn the key from them
+        self._http = httpx.Client(timeout=health_timeout_s, trust_env=False)
 
     def start(self) -> EngineMonitor:
         self._thread = threading.Thread(target=self._run, name="lean_rl-engine-monitor", daemon=True)

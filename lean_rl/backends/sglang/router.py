@@ -17,7 +17,7 @@ import time
 
 import httpx
 
-from lean_rl.backends.sglang.config import auth_headers
+from lean_rl.backends.sglang.listener_check import bearer_auth
 
 
 class RouterError(RuntimeError):
@@ -35,8 +35,8 @@ class RouterAdmin:
 
     def _call(self, method: str, path: str, **kwargs) -> httpx.Response:
         try:
-            headers = auth_headers(self._api_key)
-            with httpx.Client(timeout=self.timeout_s, trust_env=False, headers=headers) as http:
+            # the key only to a router that proves to be the run's (listener_check.py)
+            with httpx.Client(timeout=self.timeout_s, trust_env=False, auth=bearer_auth(self._api_key)) as http:
                 response = http.request(method, self.url + path, **kwargs)
         except httpx.TransportError as exc:
             raise RouterError(f"router {self.url}{path}: {type(exc).__name__}: {exc}") from exc
