@@ -1,6 +1,6 @@
 """Build small random-weight HF checkpoints (and a locally trained tokenizer) with no hub access.
 
-    python -m lean_rl.testing.tiny_model --out DIR [--arch qwen2|llama|qwen3|qwen3_moe] [--seed N] [--preset tiny]
+    python -m lean_rl.testing.tiny_model --out DIR [--arch qwen2|llama|qwen3|qwen3_moe|mistral|glm4] [--seed N] [--preset tiny]
 
 Tests, the demo and the benchmarks all start from these. The tokenizer is the same for every arch and
 seed (trained on a fixed synthetic corpus), so checkpoints of different archs are interchangeable on the
@@ -15,7 +15,7 @@ import random
 from dataclasses import dataclass
 from pathlib import Path
 
-SUPPORTED_ARCHS = ("qwen2", "llama", "qwen3", "qwen3_moe")
+SUPPORTED_ARCHS = ("qwen2", "llama", "qwen3", "qwen3_moe", "mistral", "glm4")
 
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|pad|>"]
 
@@ -121,6 +121,11 @@ def build_config(arch: str, preset: Preset, tokenizer):
     if arch == "llama":
         return transformers.LlamaConfig(**common, attention_bias=False, mlp_bias=False)
     head_dim = preset.hidden_size // preset.num_heads
+    if arch == "mistral":
+        return transformers.MistralConfig(**common, head_dim=head_dim, sliding_window=None)
+    if arch == "glm4":  # q/k/v biases, half-rotary interleaved RoPE, sandwich norms, fused gate_up
+        rope = {**common.pop("rope_parameters"), "partial_rotary_factor": 0.5}
+        return transformers.Glm4Config(**common, rope_parameters=rope, head_dim=head_dim, attention_bias=True)
     if arch == "qwen3":
         return transformers.Qwen3Config(**common, head_dim=head_dim, attention_bias=False, use_sliding_window=False)
     return transformers.Qwen3MoeConfig(

@@ -1,0 +1,61 @@
+"""Sandwich norms (GLM-4, Megatron's --post-self-attn-layernorm / --post-mlp-layernorm): an RMSNorm on
+the attention output and on the MLP output before each residual add, as transformers' Glm4DecoderLayer
+computes them. megatron-core 0.16.1's TransformerLayer has no slot for them
+(transformer_layer.py:197 TransformerLayerSubmodules), so the attention and the MLP modules of the layer
+spec are swapped for subclasses that own the norm: the parameters are
+`self_attention.post_self_attn_layernorm.weight` and `mlp.post_mlp_layernorm.weight`, the names
+slime's Megatron fork gives them. Both norms act on whole tokens after the row-parallel projection has
+reduced (or reduce-scattered) its output, so they are the same under any TP / SP layout."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from megatron.core.transformer.attention import SelfAttention
+from megatron.core.transformer.mlp import MLP
+from megatron.core.transformer.spec_utils import ModuleSpec, build_module
+
+
+def _normed(norm: Any, output: Any, bias: Any) -> tuple[Any, None]:
+    if bias is not None:  # a linear bias belongs inside the norm (HF adds it in o_proj / down_proj)
+        output = output + bias
+    return norm(output), None
+
+
+class PostNormSelfAttention(SelfAttention):
+    def __init__(self, *args: Any, post_norm: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.post_self_attn_layernorm = build_module(post_norm, config=self.config,
+                                                     hidden_size=self.config.hidden_size,
+                                                     eps=self.config.layernorm_epsilon)
+
+    def forward(self, *args: Any, **kwargs: Any) -> tuple[Any, None]:
+        output, bias = super().forward(*args, **kwargs)
+        return _normed(self.post_self_attn_layernorm, output, bias)
+
+
+class PostNormMLP(MLP):
+    def __init__(self, *args: Any, post_norm: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.post_mlp_layernorm = build_module(post_norm, config=self.config, hidden_size=self.config.hidden_size,
+                                               eps=self.config.layernorm_epsilon)
+
+    def forward(self, *args: Any, **kwargs: Any) -> tuple[Any, None]:
+        output, bias = super().forward(*args, **kwargs)
+        return _normed(self.post_mlp_layernorm, output, bias)
+
+
+def with_post_norms(layer_spec: ModuleSpec, norm: Any, attention: bool, mlp: bool) -> ModuleSpec:
+    """`layer_spec` (a dense GPT layer) with the post-attention and / or post-MLP norm of class / spec
+    `norm` added."""
+    layer = layer_spec.submodules
+    replaced: dict[str, ModuleSpec] = {}
+    for wanted, name, cls in ((attention, "self_attention", PostNormSelfAttention), (mlp, "mlp", PostNormMLP)):
+        spec = getattr(layer, name)
+        if not wanted:
+            continue
+        if spec.module not in (SelfAttention, MLP):
+            raise ValueError(f"post norms need a dense layer spec; its {name} is {spec.module.__name__}")
+        replaced[name] = dataclasses.replace(spec, module=cls, params={**spec.params, "post_norm": norm})
+    return dataclasses.replace(layer_spec, submodules=dataclasses.replace(layer, **replaced))
