@@ -15,6 +15,7 @@ from typing import Any
 from megatron.core.transformer.attention import SelfAttention
 from megatron.core.transformer.mlp import MLP
 from megatron.core.transformer.spec_utils import ModuleSpec, build_module
+from megatron.core.transformer.utils import sharded_state_dict_default
 
 
 def _normed(norm: Any, output: Any, bias: Any) -> tuple[Any, None]:
@@ -44,6 +45,17 @@ class PostNormMLP(MLP):
     def forward(self, *args: Any, **kwargs: Any) -> tuple[Any, None]:
         output, bias = super().forward(*args, **kwargs)
         return _normed(self.post_mlp_layernorm, output, bias)
+
+    def sharded_state_dict(self, prefix: str = "", sharded_offsets: tuple = (), metadata: dict | None = None) -> Any:
+        # MLP.sharded_state_dict (mlp.py:253) asks every child for its own sharded_state_dict, which a
+        # plain norm module lacks: the norm is stored as a replicated tensor, as the attention's is.
+        norm = self._modules.pop("post_mlp_layernorm")
+        try:
+            state = super().sharded_state_dict(prefix, sharded_offsets, metadata)
+        finally:
+            self._modules["post_mlp_layernorm"] = norm
+        state.update(sharded_state_dict_default(norm, f"{prefix}post_mlp_layernorm.", sharded_offsets, metadata))
+        return state
 
 
 def with_post_norms(layer_spec: ModuleSpec, norm: Any, attention: bool, mlp: bool) -> ModuleSpec:
