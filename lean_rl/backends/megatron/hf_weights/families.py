@@ -118,6 +118,18 @@ def weight_rules(family: str, arch: ModelArch) -> tuple[WeightRule, ...]:
     return (_EMBEDDING, *LAYER_RULES[family], _FINAL_NORM, output)
 
 
+def lora_hf_modules_differ(family: str, targets: dict[str, tuple[str, ...]]) -> str | None:
+    """Why engines cannot serve a LoRA adapter of `family` apart from its base under the HF module
+    names `targets` (Megatron target -> HF modules) announce, or None: e.g. GLM-4 stores its MLP's
+    gate and up as one gate_up_proj."""
+    for target, modules in targets.items():
+        dense = [r for r in LAYER_RULES[family] if r.megatron.endswith(f".{target}.weight") and not r.per_expert]
+        theirs = tuple(name.split(".")[-2] for name in dense[0].hf) if dense else modules
+        if theirs != modules:
+            return f"a {family} model ({target} is HF {', '.join(theirs)}, not {', '.join(modules)})"
+    return None
+
+
 def geometry(config: MegatronConfig) -> Geometry:
     arch = config.arch
     return Geometry(num_query_groups=arch.num_query_groups,
