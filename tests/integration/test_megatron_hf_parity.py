@@ -46,6 +46,10 @@ SLOW_CASES = {
     "qwen3_moe-tp2-ep2": ("qwen3_moe", ParallelConfig(tensor_model_parallel_size=2, expert_model_parallel_size=2,
                                                       sequence_parallel=True, moe_token_dispatcher_type="alltoall"),
                           96),
+    # the families after the first four (TP 1: test_model_families.py, default)
+    "mistral-tp2": ("mistral", ParallelConfig(tensor_model_parallel_size=2), 96),
+    "glm4-tp2": ("glm4", ParallelConfig(tensor_model_parallel_size=2), 96),
+    "glm4-pp2": ("glm4", ParallelConfig(pipeline_model_parallel_size=2), 96),
 }
 
 

@@ -99,3 +99,33 @@ def test_new_families_convert_load_and_match_transformers(tiny_model_factory, tm
         assert set(theirs.metadata.state_dict_metadata) == set(ours.metadata.state_dict_metadata) - {TE_ALIAS}
         convert_megatron_to_hf(got["saved"], tmp_path / family / "hf-from-saved")
         assert_same_hf_checkpoint(original, tmp_path / family / "hf-from-saved")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", NEW_FAMILIES)
+def test_sglang_serves_the_family_and_the_probe_passes_after_weight_sync(family, tiny_model_factory, ray_cluster,
+                                                                         tmp_path):
+    """One SGLang CPU engine on the family's tiny checkpoint (seed 0); a TP 2 trainer holding the seed-1
+    weights syncs them; the start-up probe (engine vs trainer log-probs) fails before and passes after."""
+    from lean_rl.backends.megatron.config import ParallelConfig
+    from lean_rl.backends.megatron.group import MegatronGroup
+    from lean_rl.backends.sglang.engines import EngineGroup
+    from lean_rl.options import build
+    from lean_rl.testing.sglang_engines import engine_config_for_tests
+    from lean_rl.weight_sync.config import WeightSyncConfig
+    from lean_rl.weight_sync.errors import WeightSyncProbeError
+    from lean_rl.weight_sync.sync import WeightSync
+
+    config = engine_config_for_tests(tiny_model_factory(family), "--rollout-num-engines", "1")
+    with EngineGroup(config, tmp_path / "engines") as engines, \
+            MegatronGroup.from_hf_checkpoint(tiny_model_factory(family, seed=1),
+                                             ParallelConfig(tensor_model_parallel_size=2),
+                                             make_vocab_size_divisible_by=96) as trainer, \
+            WeightSync.create(build(WeightSyncConfig, transport="distributed", probe_tol=1e-4), trainer,
+                              engines.engine_urls, api_key=config.api_key) as sync:
+        print(f"\n{family}: engine ready {engines.timings}")
+        with pytest.raises(WeightSyncProbeError):
+            sync.probe(0)  # the engine still holds the seed-0 weights
+        report = sync.update(1)
+        print(f"{family}: probe after sync max |d log p| = {report.probe.max_abs_diff:.2e}")
+        assert report.probe.max_abs_diff <= 1e-4
