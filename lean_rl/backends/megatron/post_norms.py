@@ -54,7 +54,9 @@ class PostNormMLP(MLP):
             state = super().sharded_state_dict(prefix, sharded_offsets, metadata)
         finally:
             self._modules["post_mlp_layernorm"] = norm
-        state.update(sharded_state_dict_default(norm, f"{prefix}post_mlp_layernorm.", sharded_offsets, metadata))
+        # tp_group: else every TP rank claims the main replica (replica_id needs the TP rank)
+        state.update(sharded_state_dict_default(norm, f"{prefix}post_mlp_layernorm.", sharded_offsets, metadata,
+                                                tp_group=self.tp_group))
         return state
 
 
