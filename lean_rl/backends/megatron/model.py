@@ -67,8 +67,8 @@ def transformer_config(config: MegatronConfig, device: torch.device) -> Transfor
         persist_layer_norm=False,
         gradient_accumulation_fusion=False,
         apply_rope_fusion=False,
-        rotary_interleaved=arch.rotary_interleaved,
         **moe,
+        rotary_interleaved=arch.rotary_interleaved,
     )
 
 
