@@ -14,7 +14,7 @@ from megatron.core.transformer.transformer_config import TransformerConfig
 
 from lean_rl.backends.megatron.compat import uses_te_layer_spec
 from lean_rl.backends.megatron.config import MegatronConfig
-from lean_rl.backends.megatron.post_norms import with_post_norms
+from lean_rl.backends.megatron.post_norms import layer_submodules, with_post_norms
 
 
 def transformer_config(config: MegatronConfig, device: torch.device) -> TransformerConfig:
@@ -89,7 +89,7 @@ def build_gpt_model(config: MegatronConfig, device: torch.device) -> GPTModel:
     else:
         spec = get_gpt_layer_local_spec(num_experts=arch.num_experts, moe_grouped_gemm=False,
                                         qk_layernorm=arch.qk_layernorm, normalization=arch.normalization)
-        norm = spec.submodules.input_layernorm
+        norm = layer_submodules(spec).input_layernorm  # the local spec's norm class
     if arch.post_self_attn_layernorm or arch.post_mlp_layernorm:
         spec = with_post_norms(spec, norm, arch.post_self_attn_layernorm, arch.post_mlp_layernorm)
     model = GPTModel(

@@ -10,11 +10,12 @@ reduced (or reduce-scattered) its output, so they are the same under any TP / SP
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, cast
 
 from megatron.core.transformer.attention import SelfAttention
 from megatron.core.transformer.mlp import MLP
 from megatron.core.transformer.spec_utils import ModuleSpec, build_module
+from megatron.core.transformer.transformer_layer import TransformerLayerSubmodules
 from megatron.core.transformer.utils import sharded_state_dict_default
 
 
@@ -31,7 +32,8 @@ class PostNormSelfAttention(SelfAttention):
                                                      hidden_size=self.config.hidden_size,
                                                      eps=self.config.layernorm_epsilon)
 
-    def forward(self, *args: Any, **kwargs: Any) -> tuple[Any, None]:
+    # every argument passes through to SelfAttention.forward, whatever its signature
+    def forward(self, *args: Any, **kwargs: Any) -> tuple[Any, None]:  # type: ignore[override]
         output, bias = super().forward(*args, **kwargs)
         return _normed(self.post_self_attn_layernorm, output, bias)
 
@@ -50,6 +52,7 @@ class PostNormMLP(MLP):
         # MLP.sharded_state_dict (mlp.py:253) asks every child for its own sharded_state_dict, which a
         # plain norm module lacks: the norm is stored as a replicated tensor, as the attention's is.
         norm = self._modules.pop("post_mlp_layernorm")
+        assert norm is not None
         try:
             state = super().sharded_state_dict(prefix, sharded_offsets, metadata)
         finally:
@@ -60,16 +63,23 @@ class PostNormMLP(MLP):
         return state
 
 
+def layer_submodules(layer_spec: ModuleSpec) -> TransformerLayerSubmodules:
+    """The submodules of a GPT layer spec (ModuleSpec types them as object)."""
+    return cast(TransformerLayerSubmodules, layer_spec.submodules)
+
+
 def with_post_norms(layer_spec: ModuleSpec, norm: Any, attention: bool, mlp: bool) -> ModuleSpec:
     """`layer_spec` (a dense GPT layer) with the post-attention and / or post-MLP norm of class / spec
     `norm` added."""
-    layer = layer_spec.submodules
-    replaced: dict[str, ModuleSpec] = {}
-    for wanted, name, cls in ((attention, "self_attention", PostNormSelfAttention), (mlp, "mlp", PostNormMLP)):
-        spec = getattr(layer, name)
+    layer = layer_submodules(layer_spec)
+
+    def swapped(spec: Any, wanted: bool, base: type, cls: type) -> Any:
         if not wanted:
-            continue
-        if spec.module not in (SelfAttention, MLP):
-            raise ValueError(f"post norms need a dense layer spec; its {name} is {spec.module.__name__}")
-        replaced[name] = dataclasses.replace(spec, module=cls, params={**spec.params, "post_norm": norm})
-    return dataclasses.replace(layer_spec, submodules=dataclasses.replace(layer, **replaced))
+            return spec
+        if not isinstance(spec, ModuleSpec) or spec.module is not base:
+            raise ValueError(f"post norms need a dense layer spec; it has {spec!r} where {base.__name__} goes")
+        return dataclasses.replace(spec, module=cls, params={**spec.params, "post_norm": norm})
+
+    return dataclasses.replace(layer_spec, submodules=dataclasses.replace(
+        layer, self_attention=swapped(layer.self_attention, attention, SelfAttention, PostNormSelfAttention),
+        mlp=swapped(layer.mlp, mlp, MLP, PostNormMLP)))
