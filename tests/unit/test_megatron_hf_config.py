@@ -70,6 +70,21 @@ def test_features_without_an_exact_megatron_equivalent_are_errors(family, change
         arch_from_hf_config(config)
 
 
+def test_a_sliding_window_that_covers_every_position_is_full_attention(tiny_model_factory):
+    """Ministral-8B-Instruct-2410 is model_type mistral with sliding_window == max_position_embeddings."""
+    mistral = hf_config(tiny_model_factory("mistral"))
+    assert arch_from_hf_config({**mistral, "sliding_window": 4096}) == arch_from_hf_config(mistral)
+    with pytest.raises(ConfigError, match="layer_types other than full_attention"):
+        arch_from_hf_config({**mistral, "layer_types": ["sliding_attention", "full_attention"]})
+
+
+def test_glm4_old_style_config_keeps_its_half_rotary(tiny_model_factory):
+    glm4 = {k: v for k, v in hf_config(tiny_model_factory("glm4")).items() if k not in ("rope_parameters",
+                                                                                     "partial_rotary_factor")}
+    arch = arch_from_hf_config({**glm4, "rope_theta": 10000.0})  # transformers' Glm4 default: 0.5
+    assert (arch.rotary_percent, arch.rotary_interleaved, arch.add_qkv_bias) == (0.5, True, True)
+
+
 def test_router_tied_embeddings_and_old_rope_keys(tiny_model_factory):
     moe = hf_config(tiny_model_factory("qwen3_moe"))
     assert arch_from_hf_config({**moe, "norm_topk_prob": False}).moe_router_pre_softmax is True
