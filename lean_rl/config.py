@@ -225,7 +225,8 @@ def parse_config(argv: list[str]) -> Config:
         engines = rebuild(engines, return_routed_experts=True)
     # the adapter is loaded by the first sync: a run without a trainer or engines has none to serve
     syncs = not (run.debug_rollout_only or no_engines)
-    adapter = resolve_lora_sync(args.lora_sync, train.lora, megatron.arch.is_moe, run.async_mode) if syncs else None
+    adapter = resolve_lora_sync(args.lora_sync, train.lora, megatron.arch.is_moe, run.async_mode,
+                                _lora_unserved_family(args.hf_checkpoint, train.lora)) if syncs else None
     if adapter is not None:  # the policy's engines only: a teacher serves its own weights
         engines = rebuild(engines, adapter=adapter)
     ipc_unserved = None
@@ -256,3 +257,15 @@ def parse_config(argv: list[str]) -> Config:
         custom=custom,
         distillation=distillation,
     )
+
+
+def _lora_unserved_family(hf_checkpoint: str | None, lora: Any) -> str | None:
+    """Why this checkpoint's family cannot take the LoRA adapter apart from its base (None: it can)."""
+    if not hf_checkpoint or not lora.enabled:
+        return None
+    from lean_rl.backends.megatron.hf_config import hf_family
+    from lean_rl.backends.megatron.hf_weights.families import lora_hf_modules_differ
+    from lean_rl.backends.megatron.train_config import LORA_HF_MODULES, LORA_TARGETS
+
+    targets = lora.lora_target_modules or LORA_TARGETS
+    return lora_hf_modules_differ(hf_family(hf_checkpoint), {t: LORA_HF_MODULES[t] for t in targets})

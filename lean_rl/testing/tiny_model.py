@@ -1,6 +1,6 @@
 """Build small random-weight HF checkpoints (and a locally trained tokenizer) with no hub access.
 
-    python -m lean_rl.testing.tiny_model --out DIR [--arch qwen2|llama|qwen3|qwen3_moe] [--seed N] [--preset tiny]
+    python -m lean_rl.testing.tiny_model --out DIR [--arch qwen2|llama|qwen3|qwen3_moe|mistral|glm4] [--seed N] [--preset tiny]
 
 Tests, the demo and the benchmarks all start from these. The tokenizer is the same for every arch and
 seed (trained on a fixed synthetic corpus), so checkpoints of different archs are interchangeable on the
@@ -14,8 +14,9 @@ import json
 import random
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-SUPPORTED_ARCHS = ("qwen2", "llama", "qwen3", "qwen3_moe")
+SUPPORTED_ARCHS = ("qwen2", "llama", "qwen3", "qwen3_moe", "mistral", "glm4")
 
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|pad|>"]
 
@@ -100,7 +101,8 @@ def build_config(arch: str, preset: Preset, tokenizer):
 
     if arch not in SUPPORTED_ARCHS:
         raise ValueError(f"--arch {arch!r} is not supported; choose one of {', '.join(SUPPORTED_ARCHS)}")
-    common = dict(
+    rope = {"rope_type": "default", "rope_theta": 10000.0}
+    common: dict[str, Any] = dict(
         vocab_size=len(tokenizer),
         hidden_size=preset.hidden_size,
         intermediate_size=preset.intermediate_size,
@@ -109,32 +111,31 @@ def build_config(arch: str, preset: Preset, tokenizer):
         num_key_value_heads=preset.num_kv_heads,
         max_position_embeddings=4096,
         rms_norm_eps=1e-6,
-        rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+        rope_parameters=rope,
         tie_word_embeddings=False,
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
         dtype="float32",
     )
-    if arch == "qwen2":
-        return transformers.Qwen2Config(**common, use_sliding_window=False)
-    if arch == "llama":
-        return transformers.LlamaConfig(**common, attention_bias=False, mlp_bias=False)
     head_dim = preset.hidden_size // preset.num_heads
-    if arch == "qwen3":
-        return transformers.Qwen3Config(**common, head_dim=head_dim, attention_bias=False, use_sliding_window=False)
-    return transformers.Qwen3MoeConfig(
-        **common,
-        head_dim=head_dim,
-        attention_bias=False,
-        num_experts=preset.num_experts,
-        num_experts_per_tok=preset.experts_per_token,
-        moe_intermediate_size=preset.moe_intermediate_size,
-        decoder_sparse_step=1,
-        mlp_only_layers=[],
-        norm_topk_prob=True,
-        output_router_logits=False,
-    )
+    # One entry per family: its own transformers config class and what it sets beyond `common`.
+    families: dict[str, tuple[Any, dict[str, Any]]] = {
+        "qwen2": (transformers.Qwen2Config, dict(use_sliding_window=False)),
+        "llama": (transformers.LlamaConfig, dict(attention_bias=False, mlp_bias=False)),
+        "qwen3": (transformers.Qwen3Config, dict(head_dim=head_dim, attention_bias=False, use_sliding_window=False)),
+        "qwen3_moe": (transformers.Qwen3MoeConfig, dict(
+            head_dim=head_dim, attention_bias=False, num_experts=preset.num_experts,
+            num_experts_per_tok=preset.experts_per_token, moe_intermediate_size=preset.moe_intermediate_size,
+            decoder_sparse_step=1, mlp_only_layers=[], norm_topk_prob=True, output_router_logits=False)),
+        "mistral": (transformers.MistralConfig, dict(head_dim=head_dim, sliding_window=None)),
+        # q/k/v biases, half-rotary interleaved RoPE, sandwich norms, fused gate_up
+        "glm4": (transformers.Glm4Config, dict(
+            head_dim=head_dim, attention_bias=True,
+            rope_parameters={**rope, "partial_rotary_factor": 0.5})),
+    }
+    config_class, own = families[arch]
+    return config_class(**{**common, **own})
 
 
 def _randomize_(model, seed: int) -> None:

@@ -158,14 +158,16 @@ def resolve_transport(requested: str, colocate: bool, device: str = "cpu", ipc_u
     return resolved
 
 
-def resolve_lora_sync(lora_sync: str, lora: LoraConfig, is_moe: bool, async_mode: str) -> ServedAdapter | None:
+def resolve_lora_sync(lora_sync: str, lora: LoraConfig, is_moe: bool, async_mode: str,
+                      unserved_family: str | None = None) -> ServedAdapter | None:
     """--lora-sync resolved: the LoRA adapter the engines serve apart from their base, or None (they get
-    merged weights); one log line says which, and why when it is merged."""
+    merged weights); one log line says which, and why when it is merged. `unserved_family`: why the
+    model's HF modules are not the adapter's (hf_weights.families.lora_hf_modules_differ), if so."""
     if not lora.enabled:
         if lora_sync == "adapter":
             raise ConfigError("--lora-sync adapter needs --lora-rank > 0: there is no adapter to sync")
         return None
-    why_merged = None
+    why_merged = unserved_family
     if is_moe:
         why_merged = "a MoE model (SGLang's LoRA beside MoE layers is not checked here)"
     elif async_mode == "full":

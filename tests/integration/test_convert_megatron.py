@@ -50,6 +50,10 @@ SLOW_CASES = {
     "qwen3_moe-tp1": ("qwen3_moe", ParallelConfig(), 96),
     "qwen3_moe-tp2": ("qwen3_moe", ParallelConfig(tensor_model_parallel_size=2, sequence_parallel=True), 96),
     "qwen3_moe-pp2": ("qwen3_moe", ParallelConfig(pipeline_model_parallel_size=2), 96),
+    # the families after the first four; TP 1 is test_model_families.py (default)
+    "mistral-tp2": ("mistral", ParallelConfig(tensor_model_parallel_size=2), 96),
+    "glm4-tp2": ("glm4", ParallelConfig(tensor_model_parallel_size=2), 96),
+    "glm4-tp2-sp": ("glm4", ParallelConfig(tensor_model_parallel_size=2, sequence_parallel=True), 96),
 }
 
 

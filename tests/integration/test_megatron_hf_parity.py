@@ -21,6 +21,9 @@ pytestmark = pytest.mark.integration
 
 MAX_LOG_PROB_DIFF = 1e-5
 MAX_ENTROPY_DIFF = 1e-5
+# issue 40's bound for the families added later (mistral-tp2 measured 1.05e-5: float32 rounding at
+# logits of +-17, as for the others; the mapping errors these tests catch move log-probs by > 1e-2)
+NEW_FAMILY_MAX_DIFF = 1e-4
 
 # (arch, parallel layout, --make-vocab-size-divisible-by). 96 pads the 512-token vocab to 576, so
 # the padded output rows (and at TP 2 a rank holding real and padded rows) are exercised; 128 does
@@ -46,6 +49,10 @@ SLOW_CASES = {
     "qwen3_moe-tp2-ep2": ("qwen3_moe", ParallelConfig(tensor_model_parallel_size=2, expert_model_parallel_size=2,
                                                       sequence_parallel=True, moe_token_dispatcher_type="alltoall"),
                           96),
+    # the families after the first four (TP 1: test_model_families.py, default)
+    "mistral-tp2": ("mistral", ParallelConfig(tensor_model_parallel_size=2), 96),
+    "glm4-tp2": ("glm4", ParallelConfig(tensor_model_parallel_size=2), 96),
+    "glm4-pp2": ("glm4", ParallelConfig(pipeline_model_parallel_size=2), 96),
 }
 
 
@@ -97,10 +104,11 @@ def test_megatron_matches_transformers(case, ray_cluster, checkpoints):
           f"start+load={start_s:.1f}s forward={forward_s:.2f}s")
     for lp, ref, tokens, start in zip(out.log_probs, expected, sequences, starts):
         assert lp.dtype == torch.float32 and lp.shape == (len(tokens) - start,)
-    assert lp_diff <= MAX_LOG_PROB_DIFF
+    bound = NEW_FAMILY_MAX_DIFF if arch in ("mistral", "glm4") else MAX_LOG_PROB_DIFF
+    assert lp_diff <= bound
     assert plain.entropy is None
     assert all(torch.equal(a, b) for a, b in zip(plain.log_probs, out.log_probs))
-    assert ent_diff <= MAX_ENTROPY_DIFF
+    assert ent_diff <= max(bound, MAX_ENTROPY_DIFF)
 
     original = load_file(str(checkpoint / "model.safetensors"))
     assert sorted(state) == sorted(original)

@@ -27,4 +27,14 @@ PUBLISHED = {
         intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,
         max_position_embeddings=8192, rms_norm_eps=1e-05, rope_theta=500000.0, rope_scaling=None,
         vocab_size=128256, tie_word_embeddings=False, attention_bias=False, mlp_bias=False),
+    "mistral-7B-v0.3": dict(  # mistralai/Mistral-7B-v0.3
+        model_type="mistral", architectures=["MistralForCausalLM"], hidden_act="silu", hidden_size=4096,
+        intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,
+        max_position_embeddings=32768, rms_norm_eps=1e-05, rope_theta=1000000.0, sliding_window=None,
+        vocab_size=32768, tie_word_embeddings=False),
+    "glm4-9B-0414": dict(  # THUDM/GLM-4-9B-0414
+        model_type="glm4", architectures=["Glm4ForCausalLM"], attention_bias=True, head_dim=128, hidden_act="silu",
+        hidden_size=4096, intermediate_size=13696, num_hidden_layers=40, num_attention_heads=32,
+        num_key_value_heads=2, max_position_embeddings=32768, partial_rotary_factor=0.5, rms_norm_eps=1e-05,
+        rope_theta=10000.0, vocab_size=151552, tie_word_embeddings=False),
 }

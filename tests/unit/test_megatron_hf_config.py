@@ -25,8 +25,11 @@ def test_tiny_checkpoints_derive_the_megatron_arch(family, tiny_model_factory):
     assert (arch.vocab_size, arch.max_position_embeddings, arch.seq_length) == (512, 4096, 4096)
     assert arch.normalization == "RMSNorm" and arch.norm_epsilon == 1e-6 and arch.rotary_base == 10000.0
     assert arch.swiglu and not arch.add_bias_linear and arch.untie_embeddings_and_output_weights
-    assert arch.add_qkv_bias == (family == "qwen2")
+    assert arch.add_qkv_bias == (family in ("qwen2", "glm4"))
     assert arch.qk_layernorm == family.startswith("qwen3")
+    glm4 = family == "glm4"  # half-rotary interleaved RoPE, sandwich norms
+    assert (arch.rotary_percent, arch.rotary_interleaved) == ((0.5, True) if glm4 else (1.0, False))
+    assert arch.post_self_attn_layernorm == arch.post_mlp_layernorm == glm4
     assert arch.ffn_hidden_size == 256
     if family == "qwen3_moe":
         assert (arch.num_experts, arch.moe_router_topk, arch.moe_ffn_hidden_size) == (4, 2, 128)
@@ -43,8 +46,9 @@ def test_the_same_config_as_dict_path_or_file(tiny_qwen2):
 
 
 def test_unsupported_model_type_names_the_supported_ones(tiny_qwen2):
-    config = {**hf_config(tiny_qwen2), "model_type": "mistral"}
-    with pytest.raises(ConfigError, match="'mistral' is not supported; supported: llama, qwen2, qwen3, qwen3_moe"):
+    config = {**hf_config(tiny_qwen2), "model_type": "gemma3_text"}
+    with pytest.raises(ConfigError, match="'gemma3_text' is not supported; supported: llama, qwen2, qwen3, qwen3_moe, "
+                                          "mistral, glm4$"):
         arch_from_hf_config(config)
 
 
@@ -56,11 +60,29 @@ def test_unsupported_model_type_names_the_supported_ones(tiny_qwen2):
     ("qwen2", {"hidden_act": "gelu"}, "hidden_act='gelu'"),
     ("qwen3_moe", {"mlp_only_layers": [1]}, "mlp_only_layers"),
     ("qwen3_moe", {"decoder_sparse_step": 2}, "decoder_sparse_step"),
+    ("mistral", {"sliding_window": 1024}, "sliding_window=1024"),
+    ("llama", {"rope_parameters": {"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 0.5}},
+     "partial_rotary_factor=0.5"),
 ])
 def test_features_without_an_exact_megatron_equivalent_are_errors(family, change, message, tiny_model_factory):
     config = {**hf_config(tiny_model_factory(family)), **change}
     with pytest.raises(ConfigError, match=f"{family} config: .*{message}.* is not supported"):
         arch_from_hf_config(config)
+
+
+def test_a_sliding_window_that_covers_every_position_is_full_attention(tiny_model_factory):
+    """Ministral-8B-Instruct-2410 is model_type mistral with sliding_window == max_position_embeddings."""
+    mistral = hf_config(tiny_model_factory("mistral"))
+    assert arch_from_hf_config({**mistral, "sliding_window": 4096}) == arch_from_hf_config(mistral)
+    with pytest.raises(ConfigError, match="layer_types other than full_attention"):
+        arch_from_hf_config({**mistral, "layer_types": ["sliding_attention", "full_attention"]})
+
+
+def test_glm4_old_style_config_keeps_its_half_rotary(tiny_model_factory):
+    glm4 = {k: v for k, v in hf_config(tiny_model_factory("glm4")).items() if k not in ("rope_parameters",
+                                                                                     "partial_rotary_factor")}
+    arch = arch_from_hf_config({**glm4, "rope_theta": 10000.0})  # transformers' Glm4 default: 0.5
+    assert (arch.rotary_percent, arch.rotary_interleaved, arch.add_qkv_bias) == (0.5, True, True)
 
 
 def test_router_tied_embeddings_and_old_rope_keys(tiny_model_factory):

@@ -14,7 +14,7 @@ from lean_rl.backends.megatron.hf_weights.families import (
     rule_instances,
     weight_rules,
 )
-from lean_rl.backends.megatron.hf_weights.layouts import Geometry, Layout, to_hf_tensors, to_megatron_shard
+from lean_rl.backends.megatron.hf_weights.layouts import Geometry, Layout, hf_shapes, to_hf_tensors, to_megatron_shard
 
 
 def _parallel(family: str, tp: int) -> ParallelConfig:
@@ -88,6 +88,12 @@ def test_gate_up_is_per_rank_gate_then_up():
     # not a contiguous half of the TP 1 tensor: each rank gets its slice of gate, then of up
     assert to_megatron_shard(Layout.GATE_UP, [gate, up], 0, 2, geo).tolist() == [100, 101, 200, 201]
     assert to_megatron_shard(Layout.GATE_UP, [gate, up], 1, 2, geo).tolist() == [102, 103, 202, 203]
+    # GLM-4 stores [gate; up] as one tensor: the same shards, and back to the one tensor
+    fused = torch.cat([gate, up])
+    shards = [to_megatron_shard(Layout.GATE_UP_FUSED, [fused], rank, 2, geo) for rank in (0, 1)]
+    assert [t.tolist() for t in shards] == [[100, 101, 200, 201], [102, 103, 202, 203]]
+    assert [t.tolist() for t in to_hf_tensors(Layout.GATE_UP_FUSED, shards, geo)] == [fused.tolist()]
+    assert hf_shapes(Layout.GATE_UP_FUSED, (8, 3), geo) == [(8, 3)]
 
 
 def test_vocab_rows_are_padded_with_zeros_and_split_over_tp():

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 import lean_rl
-from lean_rl.backends.megatron.hf_weights.families import LAYER_RULES
+from lean_rl.backends.megatron.hf_weights.families import LAYER_RULES, lora_hf_modules_differ
 from lean_rl.backends.megatron.train_config import LORA_HF_MODULES, LoraConfig
 from lean_rl.backends.sglang.lora import ServedAdapter
 from lean_rl.options import ConfigError, build
@@ -162,8 +162,15 @@ def test_the_hf_modules_of_each_lora_target_are_those_of_every_family_table():
     for family, rules in LAYER_RULES.items():
         for target, modules in LORA_HF_MODULES.items():
             dense = [r for r in rules if r.megatron.endswith(f".{target}.weight") and not r.per_expert]
-            if dense:  # a MoE family's MLP targets are experts (merged sync)
+            if dense and family != "glm4":  # a MoE family's MLP targets are experts (merged sync)
                 assert tuple(hf.split(".")[-2] for hf in dense[0].hf) == modules, (family, target)
+    # GLM-4's fused gate_up_proj: its adapter is synced merged (auto), refused as an adapter
+    assert lora_hf_modules_differ("glm4", LORA_HF_MODULES) == (
+        "a glm4 model (linear_fc1 is HF gate_up_proj, not gate_proj, up_proj)")
+    assert lora_hf_modules_differ("glm4", {"linear_qkv": LORA_HF_MODULES["linear_qkv"]}) is None
+    assert resolve_lora_sync("auto", _lora(), False, "off", lora_hf_modules_differ("glm4", LORA_HF_MODULES)) is None
+    with pytest.raises(ConfigError, match="--lora-sync adapter cannot serve a glm4 model"):
+        resolve_lora_sync("adapter", _lora(), False, "off", lora_hf_modules_differ("glm4", LORA_HF_MODULES))
 
 
 def test_the_resolver_refuses_disk_on_a_cluster_without_a_shared_directory():

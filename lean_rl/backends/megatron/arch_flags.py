@@ -27,6 +27,7 @@ _HF_SOURCE = {
     "untie_embeddings_and_output_weights": "not tie_word_embeddings", "num_experts": "num_experts",
     "moe_router_topk": "num_experts_per_tok", "moe_ffn_hidden_size": "moe_intermediate_size",
     "moe_router_pre_softmax": "not norm_topk_prob",
+    "rotary_percent": "partial_rotary_factor",
 }
 
 
@@ -44,6 +45,8 @@ _PRINTED = ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads
             "normalization", "norm_epsilon", "swiglu", "add_qkv_bias", "qk_layernorm",
             "untie_embeddings_and_output_weights", "add_bias_linear", "position_embedding_type", "rotary_base",
             "vocab_size", "max_position_embeddings")
+# Printed only where they differ from Megatron's default (the families that need them).
+_PRINTED_IF_SET = ("rotary_percent", "rotary_interleaved", "post_self_attn_layernorm", "post_mlp_layernorm")
 _PRINTED_MOE = ("num_experts", "moe_router_topk", "moe_ffn_hidden_size", "moe_router_pre_softmax")
 
 
@@ -52,7 +55,8 @@ def arch_flags(arch: ModelArch) -> list[list[str]]:
     ModelFlags.arch(); architecture only (no --seq-length, padding or dropout). A switch is
     printed when it changes its default."""
     defaults, flags = ModelFlags(), []
-    for name in _PRINTED + (_PRINTED_MOE if arch.is_moe else ()):
+    optional = tuple(name for name in _PRINTED_IF_SET if getattr(arch, name) != getattr(defaults, name))
+    for name in _PRINTED + optional + (_PRINTED_MOE if arch.is_moe else ()):
         value, flag = getattr(arch, name), flag_of(ModelFlags, name)
         if isinstance(value, bool):
             if value != getattr(defaults, name):

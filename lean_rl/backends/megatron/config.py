@@ -52,6 +52,11 @@ class ModelArch:
     untie_embeddings_and_output_weights: bool = False
     position_embedding_type: str = "rope"
     rotary_base: float = 10000.0
+    rotary_percent: float = 1.0  # the fraction of each head's dims that RoPE rotates (GLM-4: 0.5)
+    rotary_interleaved: bool = False  # RoPE on (even, odd) dim pairs, not on the two halves (GLM-4)
+    # Sandwich norms (GLM-4): an RMSNorm on the attention / MLP output before the residual add.
+    post_self_attn_layernorm: bool = False
+    post_mlp_layernorm: bool = False
     make_vocab_size_divisible_by: int = 128
     num_experts: int | None = None
     moe_router_topk: int = 2
@@ -80,6 +85,7 @@ class ModelArch:
                  f"{', '.join(POSITION_EMBEDDINGS)} is supported")
         _require(self.norm_epsilon > 0, f"--norm-epsilon must be > 0, got {self.norm_epsilon}")
         _require(self.rotary_base > 0, f"--rotary-base must be > 0, got {self.rotary_base}")
+        _require(0 < self.rotary_percent <= 1, f"--rotary-percent must be in (0, 1], got {self.rotary_percent}")
         _require(self.moe_router_load_balancing_type in LOAD_BALANCING,
                  f"--moe-router-load-balancing-type {self.moe_router_load_balancing_type!r}: "
                  f"choose one of {', '.join(LOAD_BALANCING)}")
@@ -121,6 +127,13 @@ class ModelFlags:
     untie_embeddings_and_output_weights: bool = option(_ARCH_DEFAULT["untie_embeddings_and_output_weights"])
     position_embedding_type: str = option(_ARCH_DEFAULT["position_embedding_type"], choices=POSITION_EMBEDDINGS)
     rotary_base: float = option(_ARCH_DEFAULT["rotary_base"])
+    rotary_percent: float = option(_ARCH_DEFAULT["rotary_percent"], help="fraction of the head dim RoPE rotates")
+    rotary_interleaved: bool = option(_ARCH_DEFAULT["rotary_interleaved"],
+                                      help="RoPE rotates (even, odd) dim pairs instead of the two halves")
+    post_self_attn_layernorm: bool = option(_ARCH_DEFAULT["post_self_attn_layernorm"],
+                                            help="an RMSNorm on the attention output before the residual add")
+    post_mlp_layernorm: bool = option(_ARCH_DEFAULT["post_mlp_layernorm"],
+                                      help="an RMSNorm on the MLP output before the residual add")
     vocab_size: int | None = option(None, help="the real (tokenizer) vocab size; padding is derived")
     make_vocab_size_divisible_by: int = option(_ARCH_DEFAULT["make_vocab_size_divisible_by"])
     seq_length: int | None = option(None)

@@ -1,4 +1,4 @@
-"""HF config.json -> ModelArch for the supported families. Anything the Megatron model or the weight
+"""HF config.json -> ModelArch for the supported families, one entry per family (`_FAMILIES`). Anything the Megatron model or the weight
 tables cannot reproduce exactly (sliding window, rope scaling, extra biases, dense layers inside a
 MoE model...) is an error here, not a silent approximation."""
 
@@ -11,8 +11,6 @@ from typing import Any, Mapping
 
 from lean_rl.backends.megatron.config import ModelArch, arch_differences
 from lean_rl.options import ConfigError
-
-SUPPORTED_HF_FAMILIES = ("llama", "qwen2", "qwen3", "qwen3_moe")
 
 
 def load_hf_config(path_or_dict: str | Path | Mapping[str, Any]) -> dict[str, Any]:
@@ -49,51 +47,98 @@ def _check(condition: bool, family: str, message: str) -> None:
         raise ConfigError(f"{family} config: {message} is not supported")
 
 
-def _rope_theta(config: Mapping[str, Any], family: str) -> float:
-    # transformers >= 5 writes rope_parameters; older configs have rope_theta (+ rope_scaling).
+def _rope(config: Mapping[str, Any], family: str, default_partial: float = 1.0) -> tuple[float, float]:
+    """(rope theta, partial rotary factor). transformers >= 5 writes rope_parameters; older configs
+    have rope_theta (+ rope_scaling) and partial_rotary_factor at the top level."""
     params = config.get("rope_parameters")
     if params is None:
         _check(config.get("rope_scaling") is None, family, f"rope_scaling={config.get('rope_scaling')!r}")
-        return float(config.get("rope_theta", 10000.0))
+        params = {}
     _check(params.get("rope_type", "default") == "default", family, f"rope_type={params.get('rope_type')!r}")
-    _check(float(params.get("partial_rotary_factor", 1.0)) == 1.0, family, "partial_rotary_factor != 1")
-    return float(params.get("rope_theta", 10000.0))
+    theta = params.get("rope_theta", config.get("rope_theta", 10000.0))
+    partial = params.get("partial_rotary_factor", config.get("partial_rotary_factor", default_partial))
+    return float(theta), float(partial)
+
+
+def _no_attention_bias(config: Mapping[str, Any], family: str) -> None:
+    _check(not config.get("attention_bias", False), family, "attention_bias=true")
+
+
+# One entry per family: its own checks and the ModelArch fields its config sets beyond the common
+# ones (arch_from_hf_config). Rotary: (theta, partial factor) from _rope.
+def _llama(config: Mapping[str, Any], family: str) -> dict[str, Any]:
+    _no_attention_bias(config, family)
+    _check(not config.get("mlp_bias", False), family, "mlp_bias=true")
+    return {}
+
+
+def _mistral(config: Mapping[str, Any], family: str) -> dict[str, Any]:
+    # HF Mistral masks keys more than sliding_window positions back; a window that covers every
+    # position the model takes (Ministral-8B: 32768 of 32768) is full causal attention.
+    window = config.get("sliding_window")
+    _check(window is None or int(window) >= int(config["max_position_embeddings"]), family,
+           f"sliding_window={window} (shorter than max_position_embeddings)")
+    _check(not config.get("layer_types") or set(config["layer_types"]) == {"full_attention"}, family,
+           "layer_types other than full_attention")
+    return _llama(config, family)
+
+
+def _qwen2(config: Mapping[str, Any], family: str) -> dict[str, Any]:
+    return dict(add_qkv_bias=True)
+
+
+def _qwen3(config: Mapping[str, Any], family: str) -> dict[str, Any]:
+    _no_attention_bias(config, family)
+    return dict(qk_layernorm=True)
+
+
+def _qwen3_moe(config: Mapping[str, Any], family: str) -> dict[str, Any]:
+    _check(int(config.get("decoder_sparse_step", 1)) == 1, family, "decoder_sparse_step != 1")
+    _check(not config.get("mlp_only_layers"), family, "mlp_only_layers (dense layers in a MoE model)")
+    _check(not config.get("shared_expert_intermediate_size"), family, "shared experts")
+    num_experts = config.get("num_experts", config.get("num_local_experts"))
+    return dict(
+        _qwen3(config, family),
+        num_experts=int(num_experts),
+        moe_router_topk=int(config["num_experts_per_tok"]),
+        moe_ffn_hidden_size=int(config["moe_intermediate_size"]),
+        # HF: softmax over all experts, top-k, renormalise iff norm_topk_prob. Megatron without
+        # pre-softmax takes softmax over the top-k logits, which is that renormalised top-k.
+        moe_router_pre_softmax=not bool(config.get("norm_topk_prob", False)),
+    )
+
+
+def _glm4(config: Mapping[str, Any], family: str) -> dict[str, Any]:
+    # transformers' Glm4: q/k/v biases, RoPE on the interleaved pairs of the first half of each head
+    # (partial_rotary_factor defaults to 0.5, configuration_glm4.py), and an RMSNorm on the attention
+    # and on the MLP output before each residual add (modeling_glm4.py Glm4DecoderLayer).
+    return dict(add_qkv_bias=bool(config.get("attention_bias", True)), rotary_interleaved=True,
+                post_self_attn_layernorm=True, post_mlp_layernorm=True)
+
+
+_FAMILIES = {"llama": _llama, "qwen2": _qwen2, "qwen3": _qwen3, "qwen3_moe": _qwen3_moe, "mistral": _mistral,
+             "glm4": _glm4}
+_DEFAULT_PARTIAL_ROTARY = {"glm4": 0.5}
+SUPPORTED_HF_FAMILIES = tuple(_FAMILIES)
 
 
 def arch_from_hf_config(path_or_dict: str | Path | Mapping[str, Any], make_vocab_size_divisible_by: int = 128,
                         seq_length: int | None = None) -> ModelArch:
-    """ModelArch equal to the HF model (llama, qwen2, qwen3, qwen3_moe). seq_length defaults to
+    """ModelArch equal to the HF model (SUPPORTED_HF_FAMILIES). seq_length defaults to
     max_position_embeddings."""
     config = load_hf_config(path_or_dict)
     family = hf_family(config)
     _check(config.get("hidden_act", "silu") == "silu", family, f"hidden_act={config.get('hidden_act')!r}")
     _check(not config.get("use_sliding_window", False), family, "use_sliding_window=true")
-    _check(float(config.get("partial_rotary_factor", 1.0)) == 1.0, family, "partial_rotary_factor != 1")
-    if family == "llama":
-        _check(not config.get("attention_bias", False), family, "attention_bias=true")
-        _check(not config.get("mlp_bias", False), family, "mlp_bias=true")
-    if family in ("qwen3", "qwen3_moe"):
-        _check(not config.get("attention_bias", False), family, "attention_bias=true")
+    theta, partial = _rope(config, family, _DEFAULT_PARTIAL_ROTARY.get(family, 1.0))
+    own = _FAMILIES[family](config, family)
+    _check(partial == 1.0 or family in _DEFAULT_PARTIAL_ROTARY, family, f"partial_rotary_factor={partial}")
 
     heads = int(config["num_attention_heads"])
     hidden = int(config["hidden_size"])
     head_dim = config.get("head_dim") or hidden // heads
     max_positions = int(config["max_position_embeddings"])
-    moe: dict[str, Any] = {}
-    if family == "qwen3_moe":
-        _check(int(config.get("decoder_sparse_step", 1)) == 1, family, "decoder_sparse_step != 1")
-        _check(not config.get("mlp_only_layers"), family, "mlp_only_layers (dense layers in a MoE model)")
-        _check(not config.get("shared_expert_intermediate_size"), family, "shared experts")
-        num_experts = config.get("num_experts", config.get("num_local_experts"))
-        moe = dict(
-            num_experts=int(num_experts),
-            moe_router_topk=int(config["num_experts_per_tok"]),
-            moe_ffn_hidden_size=int(config["moe_intermediate_size"]),
-            # HF: softmax over all experts, top-k, renormalise iff norm_topk_prob. Megatron without
-            # pre-softmax takes softmax over the top-k logits, which is that renormalised top-k.
-            moe_router_pre_softmax=not bool(config.get("norm_topk_prob", False)),
-        )
-    return ModelArch(
+    return ModelArch(**{**dict(
         num_layers=int(config["num_hidden_layers"]),
         hidden_size=hidden,
         ffn_hidden_size=int(config["intermediate_size"]),
@@ -107,14 +152,12 @@ def arch_from_hf_config(path_or_dict: str | Path | Mapping[str, Any], make_vocab
         norm_epsilon=float(config.get("rms_norm_eps", 1e-6)),
         swiglu=True,
         add_bias_linear=False,
-        add_qkv_bias=family == "qwen2",
-        qk_layernorm=family in ("qwen3", "qwen3_moe"),
         untie_embeddings_and_output_weights=not bool(config.get("tie_word_embeddings", False)),
         position_embedding_type="rope",
-        rotary_base=_rope_theta(config, family),
+        rotary_base=theta,
+        rotary_percent=partial,
         make_vocab_size_divisible_by=make_vocab_size_divisible_by,
-        **moe,
-    )
+    ), **own})
 
 
 # Ours to choose: they do not change what the checkpoint's weights compute.

@@ -14,6 +14,7 @@ from megatron.core.transformer.transformer_config import TransformerConfig
 
 from lean_rl.backends.megatron.compat import uses_te_layer_spec
 from lean_rl.backends.megatron.config import MegatronConfig
+from lean_rl.backends.megatron.post_norms import layer_submodules, with_post_norms
 
 
 def transformer_config(config: MegatronConfig, device: torch.device) -> TransformerConfig:
@@ -67,6 +68,7 @@ def transformer_config(config: MegatronConfig, device: torch.device) -> Transfor
         gradient_accumulation_fusion=False,
         apply_rope_fusion=False,
         **moe,
+        rotary_interleaved=arch.rotary_interleaved,
     )
 
 
@@ -77,12 +79,19 @@ def build_gpt_model(config: MegatronConfig, device: torch.device) -> GPTModel:
     logits.py, the value head). Weights are Megatron's random init until an HF checkpoint is loaded."""
     arch = config.arch
     tconfig = transformer_config(config, device)
+    norm: object
     if uses_te_layer_spec(device, config.transformer_impl):
+        from megatron.core.extensions.transformer_engine import TENorm
+
         spec = get_gpt_layer_with_transformer_engine_spec(num_experts=arch.num_experts, moe_grouped_gemm=False,
                                                           qk_layernorm=arch.qk_layernorm)
+        norm = TENorm
     else:
         spec = get_gpt_layer_local_spec(num_experts=arch.num_experts, moe_grouped_gemm=False,
                                         qk_layernorm=arch.qk_layernorm, normalization=arch.normalization)
+        norm = layer_submodules(spec).input_layernorm  # the local spec's norm class
+    if arch.post_self_attn_layernorm or arch.post_mlp_layernorm:
+        spec = with_post_norms(spec, norm, arch.post_self_attn_layernorm, arch.post_mlp_layernorm)
     model = GPTModel(
         config=tconfig,
         transformer_layer_spec=spec,
@@ -94,6 +103,7 @@ def build_gpt_model(config: MegatronConfig, device: torch.device) -> GPTModel:
         share_embeddings_and_output_weights=not arch.untie_embeddings_and_output_weights,
         position_embedding_type=arch.position_embedding_type,
         rotary_base=arch.rotary_base,
+        rotary_percent=arch.rotary_percent,
     )
     # 16-bit: every weight in that dtype, norms included (the local spec makes its norms in float32),
     # as Megatron's Float16Module and SGLang keep them; the optimizer holds the float32 masters

@@ -78,33 +78,56 @@ _MOE_MLP = (
     WeightRule(_E + "linear_fc2.weight", (_H + "mlp.experts.{expert}.down_proj.weight",), Layout.ROW),
 )
 
-LAYER_RULES: dict[str, tuple[WeightRule, ...]] = {
-    "llama": _ATTENTION + _DENSE_MLP,
-    "qwen2": _ATTENTION + _QKV_BIAS + _DENSE_MLP,
-    "qwen3": _ATTENTION + _QK_NORM + _DENSE_MLP,
-    "qwen3_moe": _ATTENTION + _QK_NORM + _MOE_MLP,
-}
+# GLM-4 (transformers' Glm4): sandwich norms (post_attention_layernorm is the pre-MLP norm, as in
+# llama) and one fused [gate; up] tensor; the post norms are modules of post_norms.py.
+_GLM4_LAYER = (
+    WeightRule(_M + "self_attention.post_self_attn_layernorm.weight", (_H + "post_self_attn_layernorm.weight",),
+               Layout.REPLICATED),
+    WeightRule(_M + "mlp.linear_fc1.weight", (_H + "mlp.gate_up_proj.weight",), Layout.GATE_UP_FUSED),
+    WeightRule(_M + "mlp.linear_fc2.weight", (_H + "mlp.down_proj.weight",), Layout.ROW),
+    WeightRule(_M + "mlp.post_mlp_layernorm.weight", (_H + "post_mlp_layernorm.weight",), Layout.REPLICATED),
+)
 
-# What each family's table assumes about the architecture (field -> required value).
-_FAMILY_ARCH = {
-    "llama": dict(add_qkv_bias=False, qk_layernorm=False, is_moe=False),
-    "qwen2": dict(add_qkv_bias=True, qk_layernorm=False, is_moe=False),
-    "qwen3": dict(add_qkv_bias=False, qk_layernorm=True, is_moe=False),
-    "qwen3_moe": dict(add_qkv_bias=False, qk_layernorm=True, is_moe=True),
+# One entry per family: its layer rules, and what they assume about the architecture (field ->
+# required value, on top of _COMMON_ARCH).
+_DENSE = dict(is_moe=False)
+FAMILY_TABLES: dict[str, tuple[tuple[WeightRule, ...], dict[str, object]]] = {
+    "llama": (_ATTENTION + _DENSE_MLP, dict(_DENSE, add_qkv_bias=False, qk_layernorm=False)),
+    "mistral": (_ATTENTION + _DENSE_MLP, dict(_DENSE, add_qkv_bias=False, qk_layernorm=False)),
+    "qwen2": (_ATTENTION + _QKV_BIAS + _DENSE_MLP, dict(_DENSE, add_qkv_bias=True, qk_layernorm=False)),
+    "qwen3": (_ATTENTION + _QK_NORM + _DENSE_MLP, dict(_DENSE, add_qkv_bias=False, qk_layernorm=True)),
+    "qwen3_moe": (_ATTENTION + _QK_NORM + _MOE_MLP, dict(add_qkv_bias=False, qk_layernorm=True, is_moe=True)),
+    "glm4": (_ATTENTION + _QKV_BIAS + _GLM4_LAYER,
+             dict(_DENSE, add_qkv_bias=True, qk_layernorm=False, post_self_attn_layernorm=True,
+                  post_mlp_layernorm=True)),
 }
-_COMMON_ARCH = dict(normalization="RMSNorm", swiglu=True, add_bias_linear=False, position_embedding_type="rope")
+LAYER_RULES = {family: rules for family, (rules, _) in FAMILY_TABLES.items()}
+_COMMON_ARCH = dict(normalization="RMSNorm", swiglu=True, add_bias_linear=False, position_embedding_type="rope",
+                    post_self_attn_layernorm=False, post_mlp_layernorm=False)
 
 
 def weight_rules(family: str, arch: ModelArch) -> tuple[WeightRule, ...]:
     """The full table for `family`, after checking that `arch` is what the table maps."""
-    if family not in LAYER_RULES:
+    if family not in FAMILY_TABLES:
         raise ValueError(f"HF family {family!r} has no weight table; supported: {', '.join(SUPPORTED_HF_FAMILIES)}")
     wrong = [f"{name}={getattr(arch, name)!r} (needs {value!r})"
-             for name, value in {**_COMMON_ARCH, **_FAMILY_ARCH[family]}.items() if getattr(arch, name) != value]
+             for name, value in {**_COMMON_ARCH, **FAMILY_TABLES[family][1]}.items() if getattr(arch, name) != value]
     if wrong:
         raise ValueError(f"the {family} weight table cannot map this architecture: {', '.join(wrong)}")
     output = _OUTPUT if arch.untie_embeddings_and_output_weights else _TIED_OUTPUT
     return (_EMBEDDING, *LAYER_RULES[family], _FINAL_NORM, output)
+
+
+def lora_hf_modules_differ(family: str, targets: dict[str, tuple[str, ...]]) -> str | None:
+    """Why engines cannot serve a LoRA adapter of `family` apart from its base under the HF module
+    names `targets` (Megatron target -> HF modules) announce, or None: e.g. GLM-4 stores its MLP's
+    gate and up as one gate_up_proj."""
+    for target, modules in targets.items():
+        dense = [r for r in LAYER_RULES[family] if r.megatron.endswith(f".{target}.weight") and not r.per_expert]
+        theirs = tuple(name.split(".")[-2] for name in dense[0].hf) if dense else modules
+        if theirs != modules:
+            return f"a {family} model ({target} is HF {', '.join(theirs)}, not {', '.join(modules)})"
+    return None
 
 
 def geometry(config: MegatronConfig) -> Geometry:

@@ -22,6 +22,7 @@ class Layout(enum.Enum):
     VOCAB = "vocab"  # dim 0 padded to the padded vocab, then split over TP (embedding, output layer)
     QKV = "qkv"  # [q_g; k_g; v_g] per query group g, groups split over TP (linear_qkv)
     GATE_UP = "gate_up"  # [gate_r; up_r] on TP rank r (linear_fc1 of a SwiGLU MLP)
+    GATE_UP_FUSED = "gate_up_fused"  # GATE_UP from one HF tensor [gate; up] (GLM-4's gate_up_proj)
 
 
 @dataclass(frozen=True)
@@ -68,6 +69,10 @@ def to_megatron_shard(layout: Layout, sources: Sequence[Sliceable], rank: int, s
         gate, up = sources
         start, stop = _even_split(shape_of(gate)[0], rank, size, "gate/up rows")
         return torch.cat([gate[start:stop], up[start:stop]], dim=0).contiguous()
+    if layout is Layout.GATE_UP_FUSED:
+        half = shape_of(sources[0])[0] // 2
+        start, stop = _even_split(half, rank, size, "gate/up rows")
+        return torch.cat([sources[0][start:stop], sources[0][half + start:half + stop]], dim=0).contiguous()
     raise ValueError(f"unknown layout {layout}")
 
 
@@ -86,6 +91,9 @@ def to_hf_tensors(layout: Layout, shards: Sequence[torch.Tensor], geometry: Geom
     if layout is Layout.GATE_UP:
         halves = [shard.chunk(2, dim=0) for shard in shards]
         return torch.cat([h[0] for h in halves], dim=0), torch.cat([h[1] for h in halves], dim=0)
+    if layout is Layout.GATE_UP_FUSED:
+        halves = [shard.chunk(2, dim=0) for shard in shards]
+        return (torch.cat([h[0] for h in halves] + [h[1] for h in halves], dim=0),)
     raise ValueError(f"unknown layout {layout}")
 
 
@@ -93,7 +101,7 @@ def hf_shapes(layout: Layout, megatron_shape: Sequence[int], geometry: Geometry)
     """Shapes of the HF tensors that to_hf_tensors makes from a TP=1 parameter of `megatron_shape`
     (shape arithmetic only: planning a conversion allocates nothing)."""
     rows, *rest = megatron_shape
-    if layout in (Layout.REPLICATED, Layout.COLUMN, Layout.ROW):
+    if layout in (Layout.REPLICATED, Layout.COLUMN, Layout.ROW, Layout.GATE_UP_FUSED):
         return [tuple(megatron_shape)]
     if layout is Layout.VOCAB:
         return [(geometry.vocab_size, *rest)]
