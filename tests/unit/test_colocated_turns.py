@@ -38,6 +38,9 @@ class Trainer:
     def attach(self, cls):
         pass
 
+    def rank_nodes(self) -> list[str]:  # one node, the driver's: no key file to place elsewhere
+        return []
+
     def call_all(self, fn, *args, timeout_s=None):
         if fn is RankWeightSync.setup:
             return [{"rank": 0, "stage": 0, "lead": True, "dtypes": ["bfloat16"]}]
