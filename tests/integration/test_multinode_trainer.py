@@ -73,6 +73,7 @@ def test_tp2_over_two_nodes_places_meets_and_trains_as_one_node(simulated_cluste
     result, out = run_driver(_DRIVER, simulated_cluster.address, str(tiny_qwen2), timeout_s=240,
                              env={"OMP_NUM_THREADS": "1"})
     assert result.returncode == 0 and out, result.stderr[-5000:]
+    assert "SYSTEM_ERROR" not in result.stdout + result.stderr, result.stdout[-3000:] + result.stderr[-3000:]
     print(f"\nlog-prob diff two nodes TP2 vs one node TP1: before {out['before_diff']:.2e}, after a step "
           f"{out['after_diff']:.2e} (the step moved them {out['moved']:.2e}); ranks on {out['spread']['rank_nodes']}")
     spread, single = out["spread"], out["single"]

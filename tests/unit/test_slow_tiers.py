@@ -10,8 +10,9 @@ import slow_tiers
 
 @pytest.fixture(scope="module")
 def slow_nodeids() -> list[str]:
-    done = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-m", "slow", "-q", "-p", "no:cacheprovider",
-                           "tests"], cwd=slow_tiers.REPO, capture_output=True, text=True, timeout=600)
+    done = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-m", "slow", "-q",
+                           "-p", "no:cacheprovider", "tests"], cwd=slow_tiers.REPO, capture_output=True, text=True,
+                          timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     nodeids = [line for line in done.stdout.splitlines() if "::" in line]
     assert len(nodeids) > 50, done.stdout[-3000:]  # 83 when the groups were made
@@ -44,6 +45,7 @@ def test_counts_come_from_the_junit_file(tmp_path):
                    'tests="9" time="60.0"></testsuite></testsuites>')
     counts = slow_tiers.junit_counts(xml)
     assert counts == {"passed": 5, "failed": 2, "errors": 1, "skipped": 1}
-    assert slow_tiers.summary("e2e", counts, 12.34) == "slow tier e2e: 5 passed, 2 failed, 1 errors, 1 skipped in 12.3 min"
+    assert slow_tiers.summary("e2e", counts, 12.34) == \
+        "slow tier e2e: 5 passed, 2 failed, 1 errors, 1 skipped in 12.3 min"
     assert slow_tiers.summary("e2e", {"passed": 3, "failed": 0, "errors": 0, "skipped": 0}, 1.0) == \
         "slow tier e2e: 3 passed in 1.0 min"
