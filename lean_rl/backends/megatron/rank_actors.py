@@ -36,9 +36,6 @@ _PEER_LOST = ("Connection closed by peer", "Connection reset by peer", "Broken p
 
 # how often a waiting call checks that the ranks on this node are still alive
 _LIVENESS_S = 5.0
-# how long shutdown lets ray.kill end a rank on this node before SIGKILL of its process group (a stopped or
-# hung rank does not answer Ray's kill)
-_KILL_GRACE_S = 5.0
 
 
 class MegatronGroupError(RuntimeError):
@@ -244,7 +241,7 @@ class RankActors:
             ray.kill(actor, no_restart=True)
         # the process groups only after Ray's kill ended the ranks: a rank SIGKILLed first is a crash to Ray,
         # which then prints "A worker died or was killed ... SYSTEM_ERROR" on the driver after a good run
-        self._wait_local_ranks_exited(min(wait_s, _KILL_GRACE_S), len(actors))
+        self._wait_local_ranks_exited(wait_s, len(actors))
         self._kill_local_process_groups(len(actors))
         try:
             self._wait_ranks_gone(len(actors), wait_s)
@@ -255,8 +252,19 @@ class RankActors:
                 remove_placement_group(placement)
 
     def _wait_local_ranks_exited(self, wait_s: float, num_actors: int) -> None:
+        """Until each rank on this node has exited (a zombie counts) or is stopped (SIGSTOP: it cannot act on
+        Ray's kill, its group's SIGKILL ends it), at most `wait_s`."""
         deadline = time.monotonic() + wait_s
-        while num_actors and len(self._gone_local_ranks()) < len(self._local_ranks()) and time.monotonic() < deadline:
+        while num_actors and time.monotonic() < deadline:
+            running = []
+            for _, pid in self._local_ranks():
+                try:
+                    if psutil.Process(pid).status() not in (psutil.STATUS_ZOMBIE, psutil.STATUS_STOPPED):
+                        running.append(pid)
+                except psutil.NoSuchProcess:
+                    pass
+            if not running:
+                return
             time.sleep(0.05)
 
     def _kill_local_process_groups(self, num_actors: int) -> None:
