@@ -60,10 +60,10 @@ _DRIVER = textwrap.dedent("""
     single, single_before, single_after, single_metrics = run(tensor_parallel=1, num_nodes=1)
     diff = lambda xs, ys: max(float((x - y).abs().max()) for x, y in zip(xs, ys))
     write_result({"spread": spread, "single": single,
-                      "before_diff": diff(spread_before, single_before), "after_diff": diff(spread_after, single_after),
-                      "moved": diff(single_before, single_after),
-                      "pg_loss": [spread_metrics["train/pg_loss"], single_metrics["train/pg_loss"]],
-                      "steps": [spread_metrics["train/optimizer_steps"], single_metrics["train/optimizer_steps"]]}))
+                  "before_diff": diff(spread_before, single_before), "after_diff": diff(spread_after, single_after),
+                  "moved": diff(single_before, single_after),
+                  "pg_loss": [spread_metrics["train/pg_loss"], single_metrics["train/pg_loss"]],
+                  "steps": [spread_metrics["train/optimizer_steps"], single_metrics["train/optimizer_steps"]]})
 """)
 
 
