@@ -6,7 +6,8 @@ touches. Every slow test is in exactly one group (tests/unit/test_slow_tiers.py 
 
 Each group prints its pass count and minutes when it ends, and the table of all groups at the end; the
 counts come from the JUnit XML file the group's pytest writes (.cache/slow_tiers/GROUP.xml), not its output.
-Minutes on a clean clone, 2 cores: integration ~11, e2e ~25, examples ~60."""
+Minutes on 2 unshared cores (issue 46, clean clone): integration ~11, e2e ~25; examples ~60 (its tests'
+own estimates). On 2 cores shared with other jobs (load 15-35) integration took 65 min."""
 
 from __future__ import annotations
 
