@@ -2,12 +2,11 @@
 pinned to 127.0.0.4 binds that address, is reached by the router (a child of the driver) at the URL
 its actor reported, is restarted through its actor after a kill -9, and leaves nothing behind."""
 
-import json
-import subprocess
-import sys
 import textwrap
 
 import pytest
+
+from lean_rl.testing.driver_result import run_driver
 
 pytestmark = pytest.mark.integration
 
@@ -15,6 +14,7 @@ _DRIVER = textwrap.dedent("""
     import dataclasses, json, os, signal, sys, time
     import httpx, psutil, ray
     from lean_rl.utils.ray_utils import init_ray
+    from lean_rl.testing.driver_result import write_result
     from lean_rl.backends.sglang.engines import EngineGroup
     from lean_rl.backends.sglang.health import EngineMonitor
     from lean_rl.testing.sglang_engines import engine_config_for_tests
@@ -88,7 +88,7 @@ _DRIVER = textwrap.dedent("""
     while not gone(tree) and time.monotonic() < deadline:
         time.sleep(0.2)
     out["left_after_stop"] = [p for p in tree if not gone([p])]
-    print("RESULT " + json.dumps(out))
+    write_result(out)
 """)
 
 
@@ -96,11 +96,9 @@ _DRIVER = textwrap.dedent("""
 @pytest.mark.slow
 def test_engine_actor_on_a_cluster_node_serves_restarts_and_stops(simulated_cluster, tiny_qwen2, tmp_path):
     node = simulated_cluster.node_ips[2]  # 127.0.0.4
-    result = subprocess.run([sys.executable, "-c", _DRIVER, simulated_cluster.address, str(tiny_qwen2),
-                             str(tmp_path / "engines"), node], capture_output=True, text=True, timeout=170)
-    lines = [line for line in result.stdout.splitlines() if line.startswith("RESULT ")]
-    assert result.returncode == 0 and lines, f"stdout:\n{result.stdout[-3000:]}\nstderr:\n{result.stderr[-5000:]}"
-    out = json.loads(lines[-1][len("RESULT "):])
+    result, out = run_driver(_DRIVER, simulated_cluster.address, str(tiny_qwen2), str(tmp_path / "engines"), node,
+                             timeout_s=170)
+    assert result.returncode == 0 and out, f"stdout:\n{result.stdout[-3000:]}\nstderr:\n{result.stderr[-5000:]}"
     url = out["engine_urls"][0]
     assert url.startswith(f"http://{node}:"), out
     assert out["config_urls"] == out["engine_urls"], out

@@ -4,20 +4,17 @@ at rank 0's node address, and computes and trains exactly as a one-node TP1 grou
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
 
 from lean_rl.options import build
+from lean_rl.testing.driver_result import run_driver
 
 pytestmark = pytest.mark.integration
 
 _DRIVER = textwrap.dedent("""
-    import json, sys
+    import sys
     import ray
     from ray._private import state
     from lean_rl.algorithms.config import AlgorithmConfig
@@ -28,6 +25,7 @@ _DRIVER = textwrap.dedent("""
                                                         TrainConfig, TrainerLayout)
     from lean_rl.backends.megatron.train_driver import initialize_for_training, train_on_rollout
     from lean_rl.options import build
+    from lean_rl.testing.driver_result import write_result
     from lean_rl.testing.sample_groups import make_groups, set_rollout_log_probs
     from lean_rl.utils.ray_utils import init_ray
 
@@ -61,21 +59,21 @@ _DRIVER = textwrap.dedent("""
     spread, spread_before, spread_after, spread_metrics = run(tensor_parallel=2, num_nodes=2)
     single, single_before, single_after, single_metrics = run(tensor_parallel=1, num_nodes=1)
     diff = lambda xs, ys: max(float((x - y).abs().max()) for x, y in zip(xs, ys))
-    print(json.dumps({"spread": spread, "single": single,
-                      "before_diff": diff(spread_before, single_before), "after_diff": diff(spread_after, single_after),
-                      "moved": diff(single_before, single_after),
-                      "pg_loss": [spread_metrics["train/pg_loss"], single_metrics["train/pg_loss"]],
-                      "steps": [spread_metrics["train/optimizer_steps"], single_metrics["train/optimizer_steps"]]}))
+    write_result({"spread": spread, "single": single,
+                  "before_diff": diff(spread_before, single_before), "after_diff": diff(spread_after, single_after),
+                  "moved": diff(single_before, single_after),
+                  "pg_loss": [spread_metrics["train/pg_loss"], single_metrics["train/pg_loss"]],
+                  "steps": [spread_metrics["train/optimizer_steps"], single_metrics["train/optimizer_steps"]]})
 """)
 
 
 # slow (suite time): tests/e2e/test_multinode.py runs TP=2 over two nodes in the real loop by default
 @pytest.mark.slow
 def test_tp2_over_two_nodes_places_meets_and_trains_as_one_node(simulated_cluster, tiny_qwen2):
-    result = subprocess.run([sys.executable, "-c", _DRIVER, simulated_cluster.address, str(tiny_qwen2)],
-                            capture_output=True, text=True, timeout=240, env={**os.environ, "OMP_NUM_THREADS": "1"})
-    assert result.returncode == 0, result.stderr[-5000:]
-    out = json.loads(result.stdout.strip().splitlines()[-1])
+    result, out = run_driver(_DRIVER, simulated_cluster.address, str(tiny_qwen2), timeout_s=240,
+                             env={"OMP_NUM_THREADS": "1"})
+    assert result.returncode == 0 and out, result.stderr[-5000:]
+    assert "SYSTEM_ERROR" not in result.stdout + result.stderr, result.stdout[-3000:] + result.stderr[-3000:]
     print(f"\nlog-prob diff two nodes TP2 vs one node TP1: before {out['before_diff']:.2e}, after a step "
           f"{out['after_diff']:.2e} (the step moved them {out['moved']:.2e}); ranks on {out['spread']['rank_nodes']}")
     spread, single = out["spread"], out["single"]

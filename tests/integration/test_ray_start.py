@@ -1,6 +1,5 @@
 """Starting Ray: a run without --ray-address starts a Ray of its own and never joins another cluster."""
 
-import json
 import os
 import shutil
 import socket
@@ -13,13 +12,16 @@ from pathlib import Path
 
 import pytest
 
+from lean_rl.testing.driver_result import run_driver
+
 pytestmark = pytest.mark.integration
 
 START_LOCAL = textwrap.dedent("""
-    import json, ray
+    import ray
+    from lean_rl.testing.driver_result import write_result
     from lean_rl.utils.ray_utils import init_ray
     started = init_ray(num_cpus=1)
-    print(json.dumps({"started": started, "gcs": ray.get_runtime_context().gcs_address}), flush=True)
+    write_result({"started": started, "gcs": ray.get_runtime_context().gcs_address})
     ray.shutdown()
 """)
 
@@ -44,9 +46,8 @@ def test_a_stale_cluster_address_is_never_joined(short_tmp):
     (ray_tmp / "ray_current_cluster").write_text(dead)
     env = {**os.environ, "RAY_TMPDIR": str(tmp_path), "RAY_ADDRESS": dead}
     start = time.monotonic()
-    out = subprocess.run([sys.executable, "-c", START_LOCAL], env=env, capture_output=True, text=True, timeout=180)
-    assert out.returncode == 0, out.stderr[-3000:]
-    facts = json.loads(out.stdout.strip().splitlines()[-1])
+    out, facts = run_driver(START_LOCAL, env=env, timeout_s=180)
+    assert out.returncode == 0 and facts, out.stderr[-3000:]
     assert facts["started"] is True and facts["gcs"] != dead, facts
     print(f"local Ray started beside a stale address in {time.monotonic() - start:.1f} s")
 

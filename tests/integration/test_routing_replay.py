@@ -8,10 +8,7 @@ log-probs of the tokens after it. Replay removes that part of the train-inferenc
 from __future__ import annotations
 
 import dataclasses
-import json
 import random
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -29,6 +26,7 @@ from lean_rl.backends.sglang.client import BlockingEngineClient
 from lean_rl.backends.sglang.engines import EngineGroup
 from lean_rl.rollout.generate import token_versions
 from lean_rl.sample import Sample, Status
+from lean_rl.testing.driver_result import run_driver
 from lean_rl.testing.sglang_engines import engine_config_for_tests
 from lean_rl.options import build
 
@@ -39,7 +37,6 @@ PROMPTS, RESPONSE_TOKENS = 16, 48
 
 
 HOST_BUFFER = """
-import json
 from lean_rl.backends.sglang import compat
 compat.enable_sglang_cpu_engine(); compat.put_cpu_kernels_first(); compat.load_torchvision_fix()
 from sglang.srt.state_capturer.base import BaseHostCache
@@ -50,7 +47,8 @@ except Exception as err:
     out["unpatched"] = f"{type(err).__name__}: {err}"
 compat.allocate_host_buffers_unpinned()
 out["patched"] = list(BaseHostCache(16, 2, 2, name="routed_experts", device="cpu").buffer.shape)
-print(json.dumps(out))
+from lean_rl.testing.driver_result import write_result
+write_result(out)
 """
 
 
@@ -58,9 +56,8 @@ def test_cpu_engine_needs_the_unpinned_route_buffer():
     """Why backends/sglang/compat.py allocate_host_buffers_unpinned exists: SGLang's routed-experts host
     buffer (state_capturer/base.py:67) is pinned with cudaHostRegister, which a CPU-only torch refuses,
     and the server dies at start-up with this error; with the patch the buffer is plain CPU memory."""
-    done = subprocess.run([sys.executable, "-c", HOST_BUFFER], capture_output=True, text=True, timeout=300)
+    done, out = run_driver(HOST_BUFFER, timeout_s=300)
     assert done.returncode == 0, done.stderr[-3000:]
-    out = json.loads(done.stdout.strip().splitlines()[-1])
     assert out == {"unpatched": "AssertionError: Torch not compiled with CUDA enabled", "patched": [16, 2, 2]}
 
 

@@ -1,19 +1,18 @@
 """The simulated cluster multi-node tests run on: one Ray node per loopback address, each a process
 group of its own that teardown ends (and nothing else)."""
 
-import json
-import subprocess
-import sys
 import textwrap
 
 import pytest
 
+from lean_rl.testing.driver_result import run_driver
 from lean_rl.testing.ray_cluster import SimulatedCluster, _group_alive
 
 pytestmark = pytest.mark.integration
 
 _DRIVER = textwrap.dedent("""
-    import json, sys, ray
+    import sys, ray
+    from lean_rl.testing.driver_result import write_result
     from lean_rl.utils.ray_utils import init_ray
     init_ray(sys.argv[1])
 
@@ -23,15 +22,13 @@ _DRIVER = textwrap.dedent("""
         return [ray.util.get_node_ip_address(), service_host(on_cluster=True), service_host(on_cluster=False)]
 
     ips = sys.argv[2].split(",")
-    print(json.dumps(ray.get([where.options(resources={f"node:{ip}": 0.01}).remote() for ip in ips])))
+    write_result(ray.get([where.options(resources={f"node:{ip}": 0.01}).remote() for ip in ips]))
 """)
 
 
 def test_tasks_run_on_the_node_they_are_placed_on_and_see_its_address(simulated_cluster):
-    result = subprocess.run([sys.executable, "-c", _DRIVER, simulated_cluster.address,
-                             ",".join(simulated_cluster.node_ips)], capture_output=True, text=True, timeout=120)
+    result, seen = run_driver(_DRIVER, simulated_cluster.address, ",".join(simulated_cluster.node_ips), timeout_s=120)
     assert result.returncode == 0, result.stderr[-3000:]
-    seen = json.loads(result.stdout.strip().splitlines()[-1])
     assert seen == [[ip, ip, "127.0.0.1"] for ip in simulated_cluster.node_ips]
 
 

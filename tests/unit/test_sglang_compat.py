@@ -2,14 +2,11 @@
 Patches change process-wide state, so everything but the pure kernel runs in a fresh interpreter."""
 
 import importlib.util
-import json
-import subprocess
-import sys
-
 import pytest
 import torch
 
 from lean_rl.backends.sglang.compat import CPU_KERNELS_DIR
+from lean_rl.testing.driver_result import run_driver
 from lean_rl.utils.net import find_free_port
 
 
@@ -44,13 +41,13 @@ def test_any_other_kernel_imports_but_raises_naming_the_op(cpu_kernels):
 
 
 def run_python(code: str, *args: str) -> dict:
-    done = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    done, out = run_driver(code, *args, timeout_s=120)
+    assert done.returncode == 0 and isinstance(out, dict), done.stderr[-3000:]
+    return out
 
 
 PATCH_AND_PROBE = """
-import json, os, socket, sys
+import os, socket, sys
 if sys.argv[2] == "patch":
     from lean_rl.backends.sglang.compat import apply_cpu_patches
     apply_cpu_patches()
@@ -68,7 +65,8 @@ out = {"listener": listener_on_all_interfaces, "env": os.environ.get("SGLANG_USE
 if sys.argv[2] == "patch":
     import sgl_kernel
     out["sgl_kernel"] = sgl_kernel.__file__
-print(json.dumps(out))
+from lean_rl.testing.driver_result import write_result
+write_result(out)
 """
 
 
@@ -83,10 +81,11 @@ def test_cpu_patches_keep_the_store_local_and_put_the_stand_in_first():
 
 
 LAUNCHER_IMPORT = """
-import json, os, sys
+import os, sys
 sys.argv = ["launch", *sys.argv[1:]]
 import lean_rl.backends.sglang.launch
-print(json.dumps({"env": os.environ.get("SGLANG_USE_CPU_ENGINE"), "kernels_first": sys.path[0]}))
+from lean_rl.testing.driver_result import write_result
+write_result({"env": os.environ.get("SGLANG_USE_CPU_ENGINE"), "kernels_first": sys.path[0]})
 """
 
 
@@ -114,13 +113,14 @@ def test_weight_update_group_maps_global_src_and_can_be_destroyed():
 
 
 START_METHOD = """
-import json, multiprocessing, sys
+import multiprocessing, sys
 if sys.argv[1] == "patch":
     from lean_rl.backends.sglang.compat import apply_cpu_patches
     apply_cpu_patches()
     apply_cpu_patches()  # applied twice (a re-import): still one wrapper
 multiprocessing.set_start_method("spawn", force=True)  # what SGLang's engine.py does
-print(json.dumps({"method": multiprocessing.get_start_method()}))
+from lean_rl.testing.driver_result import write_result
+write_result({"method": multiprocessing.get_start_method()})
 """
 
 

@@ -239,6 +239,9 @@ class RankActors:
                 pass
         for actor in actors:
             ray.kill(actor, no_restart=True)
+        # the process groups only after Ray's kill ended the ranks: a rank SIGKILLed first is a crash to Ray,
+        # which then prints "A worker died or was killed ... SYSTEM_ERROR" on the driver after a good run
+        self._wait_local_ranks_exited(wait_s, len(actors))
         self._kill_local_process_groups(len(actors))
         try:
             self._wait_ranks_gone(len(actors), wait_s)
@@ -247,6 +250,22 @@ class RankActors:
                 from ray.util.placement_group import remove_placement_group
 
                 remove_placement_group(placement)
+
+    def _wait_local_ranks_exited(self, wait_s: float, num_actors: int) -> None:
+        """Until each rank on this node has exited (a zombie counts) or is stopped (SIGSTOP: it cannot act on
+        Ray's kill, its group's SIGKILL ends it), at most `wait_s`."""
+        deadline = time.monotonic() + wait_s
+        while num_actors and time.monotonic() < deadline:
+            running = []
+            for _, pid in self._local_ranks():
+                try:
+                    if psutil.Process(pid).status() not in (psutil.STATUS_ZOMBIE, psutil.STATUS_STOPPED):
+                        running.append(pid)
+                except psutil.NoSuchProcess:
+                    pass
+            if not running:
+                return
+            time.sleep(0.05)
 
     def _kill_local_process_groups(self, num_actors: int) -> None:
         """What a rank on this node forked (Megatron's checkpoint writers) goes with it: a Ray worker leads
