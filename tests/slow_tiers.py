@@ -25,17 +25,19 @@ TIERS: dict[str, tuple[str, tuple[str, ...]]] = {
     "integration": ("the parallel layouts (TP2xPP2, MoE EP2), checkpoint conversion, engines and weight sync",
                     ("tests/integration/",)),
     "e2e": ("the fault and resume paths (trainer heal, node loss, engine kill, kill -9 / SIGTERM rerun) and the "
-            "loop variants (async, multi-node, PPO, bf16, routing replay, slime)",
+            "loop variants (async, multi-node, PPO, bf16, routing replay, slime, the new model families)",
             ("tests/e2e/test_debug_modes.py", "tests/e2e/test_engine_faults.py", "tests/e2e/test_mixed_precision.py",
              "tests/e2e/test_multinode.py", "tests/e2e/test_multinode_failure.py", "tests/e2e/test_ppo.py",
              "tests/e2e/test_resume.py", "tests/e2e/test_routing_replay_run.py",
              "tests/e2e/test_save_on_a_full_disk.py", "tests/e2e/test_slime_compat_run.py",
-             "tests/e2e/test_slime_launch.py", "tests/e2e/test_train_loops.py", "tests/e2e/test_trainer_heal.py")),
-    "examples": ("the examples that learn (tool calling, search, agents, math on a real model, distillation)",
+             "tests/e2e/test_slime_launch.py", "tests/e2e/test_train_loops.py", "tests/e2e/test_trainer_heal.py",
+             "tests/e2e/test_model_families_run.py", "tests/unit/test_slime_launch_plan.py")),
+    "examples": ("the examples that learn (tool calling, search, agents, math on a real model, distillation) and "
+                 "slime's own examples run unchanged",
                  ("tests/e2e/test_agent_examples_learn.py", "tests/e2e/test_distillation_example.py",
                   "tests/e2e/test_example_fully_async.py", "tests/e2e/test_example_math_real_model.py",
                   "tests/e2e/test_example_openai_agent.py", "tests/e2e/test_examples.py",
-                  "tests/e2e/test_verifiers_env.py")),
+                  "tests/e2e/test_verifiers_env.py", "tests/e2e/test_slime_examples.py")),
 }
 
 

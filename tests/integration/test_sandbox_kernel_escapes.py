@@ -184,7 +184,8 @@ def test_per_user_quotas_stay_with_the_run_while_a_call_hoards():
     assert counts["sigpending"][0] <= SandboxLimits().max_pending_signals, counts  # RLIMIT_SIGPENDING
     if bwrap.switches_user():  # the call's kernel identity is not the run's: bwrap and the interpreter
         assert uids.get("bwrap") == {bwrap.SANDBOX_HOST_UID}, uids
-        assert any(name.startswith("python") and found == {bwrap.SANDBOX_HOST_UID}
+        # (other "python" descendants of this test process, a session's servers, run as the run's user)
+        assert any(name.startswith("python") and bwrap.SANDBOX_HOST_UID in found
                    for name, found in uids.items()), uids
 
 
