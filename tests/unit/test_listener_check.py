@@ -175,3 +175,9 @@ def test_after_a_server_dies_a_listener_on_its_freed_port_never_receives_the_key
 def test_a_name_that_does_not_resolve_is_a_connection_error_not_a_key_sent():
     with pytest.raises(ForeignListenerError, match="cannot resolve"):
         require_keyed_listener("no-such-host.invalid", 80, KEY)
+
+
+def test_an_address_of_no_node_of_the_run_is_not_sent_the_key():
+    # neither this node's (no /proc to look into) nor a Ray node's (no agent to ask): nobody can verify it
+    with pytest.raises(ForeignListenerError, match="neither this node nor a node of the run's Ray cluster"):
+        require_keyed_listener("192.0.2.1", 80, KEY)  # TEST-NET-1 (RFC 5737)

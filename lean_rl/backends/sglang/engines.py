@@ -34,6 +34,7 @@ from lean_rl.backends.sglang.config import EngineConfig, flags_to_dict, resolve_
 from lean_rl.backends.sglang.engine_actor import EngineActor
 from lean_rl.backends.sglang.engine_placement import EnginePlacement, EngineScheduler
 from lean_rl.backends.sglang.key_placement import place_key_file
+from lean_rl.backends.sglang.listener_agent import start_agents
 from lean_rl.backends.sglang.model_check import ModelDirInfo, check_model_dir
 from lean_rl.backends.sglang.processes import ChildProcess, ChildStartError, stop_all, wait_until_healthy
 from lean_rl.backends.sglang.router import RouterAdmin
@@ -154,6 +155,7 @@ class EngineGroup:
             self._scheduler.reserve()
             # the driver's key file to the engines' nodes before their actors unpickle its path there
             place_key_file(self.config.api_key, self._scheduler.node_ids(), timeout_s=self.config.start_timeout_s)
+            start_agents(self.config.api_key, self._scheduler.node_ids())  # they check the servers' listeners there
             self._actors = [self._new_actor(i) for i in range(self.config.num_engines)]
             try:
                 self._urls = list(self._get([a.start.remote() for a in self._actors], self.config.start_timeout_s))

@@ -19,10 +19,10 @@ A listener once verified is remembered as (pid, fd, socket inode): while that de
 process still holds that socket nobody else can bind the port, and the next request checks it with one
 readlink; a restarted server has a new socket and is verified in full again.
 
-Scope: listeners on this node (loopback, or one of this node's addresses; the simulated cluster's
-127.0.0.x nodes too). A listener on another node cannot be inspected from here: the engine actor on
-that node verifies it at start and restart (processes.require_own_listener), and the key goes to it
-as before (docs/security.md says so). Health and liveness polls carry no key at all (health.py).
+Where: a listener at the address of another node of the run's Ray cluster is checked the same way on
+that node, by the run's ListenerAgent there (listener_agent.py), before every request; one on this node
+(loopback, or one of its addresses) here. An address that is neither is not sent the key. Health and
+liveness polls carry no key at all (health.py).
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ import ipaddress
 import os
 import socket
 import sys
-from collections.abc import Generator
+from collections.abc import AsyncGenerator, Generator
 from dataclasses import dataclass
 
 import httpx
@@ -82,12 +82,44 @@ def _resolve(host: str) -> str:
         raise ForeignListenerError(f"cannot resolve {host} ({exc}): the key was not sent") from None
 
 
-def require_keyed_listener(host: str, port: int, key: str) -> None:
-    """Return when what listens on (host, port) was started with `key`, or when the address is on
-    another node (see the module docstring); ForeignListenerError otherwise, naming what was found."""
+def _where(host: str) -> tuple[str, str | None]:
+    """(ip of `host`, the Ray node id to ask when the ip is another Ray node's); ForeignListenerError
+    when the ip is neither on this node nor on one of the run's Ray nodes (nobody can check it)."""
+    from lean_rl.backends.sglang import listener_agent
+
     ip = _resolve(host)
-    if not is_local(ip):
-        return
+    node = listener_agent.remote_node_of(ip)
+    if node is None and not is_local(ip):
+        raise ForeignListenerError(f"{ip} is an address of neither this node nor a node of the run's Ray cluster: "
+                                   f"what listens there cannot be verified, the key was not sent")
+    return ip, node
+
+
+def require_keyed_listener(host: str, port: int, key: str) -> None:
+    """Return when what listens on (host, port) was started with `key`, checked on its node (see the
+    module docstring); ForeignListenerError otherwise, naming what was found."""
+    ip, node = _where(host)
+    if node is not None:
+        from lean_rl.backends.sglang import listener_agent
+
+        listener_agent.require_remote(node, ip, port, key)
+    else:
+        require_local_keyed_listener(ip, port, key)
+
+
+async def require_keyed_listener_async(host: str, port: int, key: str) -> None:
+    """require_keyed_listener for an event loop (an agent's answer is awaited, not waited for)."""
+    ip, node = _where(host)
+    if node is not None:
+        from lean_rl.backends.sglang import listener_agent
+
+        await listener_agent.require_remote_async(node, ip, port, key)
+    else:
+        require_local_keyed_listener(ip, port, key)
+
+
+def require_local_keyed_listener(ip: str, port: int, key: str) -> None:
+    """require_keyed_listener for an address of this node: the /proc check."""
     known = _verified.get((ip, port, key))
     if known is not None:
         try:
@@ -120,6 +152,15 @@ class VerifiedBearer(httpx.Auth):
         port = request.url.port or (443 if request.url.scheme == "https" else 80)
         try:
             require_keyed_listener(request.url.host, port, self._key)
+        except ForeignListenerError as exc:
+            raise ForeignListenerError(str(exc), request=request) from None
+        request.headers["Authorization"] = f"Bearer {self._key}"
+        yield request
+
+    async def async_auth_flow(self, request: httpx.Request) -> AsyncGenerator[httpx.Request, httpx.Response]:
+        port = request.url.port or (443 if request.url.scheme == "https" else 80)
+        try:
+            await require_keyed_listener_async(request.url.host, port, self._key)
         except ForeignListenerError as exc:
             raise ForeignListenerError(str(exc), request=request) from None
         request.headers["Authorization"] = f"Bearer {self._key}"
