@@ -1,4 +1,4 @@
-"""The listener check of listener_check.py for a server on another node of the run's Ray cluster, done
+"""The listener check of listener_proc.py for a server on another node of the run's Ray cluster, done
 on that node by an actor of the run, before every request that would carry the key.
 
 The /proc check proves what holds a listening socket, and /proc exists only on the socket's node. For
@@ -30,7 +30,7 @@ import threading
 import time
 from typing import Any
 
-from lean_rl.backends.sglang.listener_check import ForeignListenerError
+from lean_rl.backends.sglang.listener_proc import ForeignListenerError
 
 _NAME = "lean_rl_listener_agent"
 _ANSWER_S = 30.0  # an agent's start (first use on a node) included; no wait without a deadline
@@ -53,12 +53,12 @@ class ListenerAgent:
 
     def verify(self, ip: str, port: int) -> str | None:
         """None when (ip, port) on this node is held by a process started with the key; else why not."""
-        from lean_rl.backends.sglang import listener_check
+        from lean_rl.backends.sglang import listener_proc
 
-        if not listener_check.is_local(ip):
+        if not listener_proc.is_local(ip):
             return f"{ip} is not an address of node {self._node_ip}: the key was not sent"
         try:
-            listener_check.require_local_keyed_listener(ip, port, self._key)
+            listener_proc.require_local_keyed_listener(ip, port, self._key)
         except ForeignListenerError as exc:
             return f"{exc} (checked on node {self._node_ip})"
         return None
@@ -116,6 +116,8 @@ def start_agents(key: str | None, node_ids: list[str]) -> None:
         return
     here = ray.get_runtime_context().get_node_id()
     others = sorted(set(node_ids) - {here})
+    if not others:  # one node: its listeners are checked in /proc here
+        return
     refs = [_agent(node, key).verify.remote("", 0) for node in others]  # any answer: the agent is up
     ready, _ = ray.wait(refs, num_returns=len(refs), timeout=_ANSWER_S)
     late = [node for node, ref in zip(others, refs) if ref not in ready]
