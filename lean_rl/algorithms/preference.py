@@ -122,7 +122,7 @@ def pairwise_loss(cfg, *, log_probs: torch.Tensor, advantages: torch.Tensor, mas
 def pairwise_advantages(algo, current: torch.Tensor | None, reference: torch.Tensor | None, mask: torch.Tensor,
                         group_ids: torch.Tensor, rewards: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
     """([B, T] what pairwise_loss takes as `advantages`: -c_i on row i's trained tokens, the step's metrics
-    named train/dpo_* or train/rm_*) for --loss-type dpo_loss (`current` [B, T] the policy's log-probs at
+    named train/dpo_* or train/rm_*, and train/loss the pair loss) for --loss-type dpo_loss (`current` [B, T] the policy's log-probs at
     the step's weights, `reference` the frozen model's) or rm_loss (`current` [B, T] the value head's
     output, the score on each row's one trained token)."""
     if current is None:
@@ -138,4 +138,4 @@ def pairwise_advantages(algo, current: torch.Tensor | None, reference: torch.Ten
         coefficients, metrics = bradley_terry_coefficients(scores, group_ids, rewards)
         prefix = "train/rm_"
     advantages = -coefficients.reshape(-1, 1) * mask.float()
-    return advantages, {prefix + name: value for name, value in metrics.items()}
+    return advantages, {"train/loss": metrics["loss"], **{prefix + name: value for name, value in metrics.items()}}

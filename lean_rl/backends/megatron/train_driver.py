@@ -240,6 +240,7 @@ def train_on_rollout(actor: "MegatronGroup", groups: list[list[Sample]], policy_
         fields["rollout_log_probs"] = batch.rollout_log_probs  # corrections, and the mismatch metrics every step
         actor_metrics.append(_optimizer_step(actor, batch, indices, fields))
     metrics.update(_mean_metrics(actor_metrics, "train"))
+    metrics.update(pair_metrics)  # train/loss: the pair loss itself, not the ranks' per-row surrogate of it
     if critic_metrics:
         metrics.update(_mean_metrics(critic_metrics, "critic"))
     metrics["perf/forward_passes_s"] = forward_s  # old / reference log-probs, critic values
