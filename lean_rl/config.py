@@ -180,8 +180,6 @@ def parse_config(argv: list[str]) -> Config:
     if args.verifiers_env and not data.prompt_data and not data.data_source_path:
         data = rebuild(data, data_source_path=VERIFIERS_PROMPTS)  # the environment's own dataset
     no_engines = run.debug_train_only or args.loss_type in ENGINELESS_LOSS_TYPES  # Config.starts_engines, before it exists
-    if args.loss_type in PAIRWISE_LOSS_TYPES:
-        data = preference_data(args.loss_type, data)
     rollout = _sft_rollout(args, data, read_options(RolloutConfig, args))
     reward = read_options(RewardConfig, args)
     evaluation = read_options(EvalConfig, args).with_rollout_sampling(rollout.sampling)
@@ -198,6 +196,8 @@ def parse_config(argv: list[str]) -> Config:
                 raise ConfigError(f"{flag}: {err}") from None
     if not data.prompt_data and not data.data_source_path and not run.debug_train_only:
         raise ConfigError("--prompt-data is required (or --data-source-path)")
+    if args.loss_type in PAIRWISE_LOSS_TYPES:  # every pair checked now; no --label-key
+        data = preference_data(args.loss_type, data)
     # --prompt-data with --data-source-path: the file is the source's to read (slime's sources read
     # args.prompt_data); the buffer takes its prompts from the source
     custom = load_custom_config(rollout.custom_config.custom_config_path)

@@ -16,7 +16,17 @@ DEFAULT_ROLLOUT = "lean_rl.rollout.default.generate_rollout"
 
 
 def preference_data(loss_type: str, data: DataConfig) -> DataConfig:
-    """The pairs carry no reference answer: --label-key is not read."""
+    """The pairs carry no reference answer: --label-key is not read. Every row of --prompt-data is
+    checked now (rollout/preference.read_pairs), so a row without its responses fails the start-up
+    with one line naming the file, the row and the field."""
+    from lean_rl.rollout.preference import read_pairs
+
+    if data.prompt_data is None:
+        raise ConfigError(f"--loss-type {loss_type} reads its pairs from --prompt-data (a jsonl or parquet file)")
+    try:
+        read_pairs(data.prompt_data, data.chosen_key, data.rejected_key)
+    except (OSError, ValueError) as err:
+        raise ConfigError(str(err)) from None
     return rebuild(data, label_key=None) if data.label_key else data
 
 
