@@ -37,6 +37,7 @@ from lean_rl.buffer.config import DataConfig
 from lean_rl.buffer.prompt_source import check_prompt_file_type
 from lean_rl.cli import DEBUG_HELP, ArgumentParser
 from lean_rl.options import ConfigError, add_options, read_options, rebuild
+from lean_rl.overlong_shaping import check_overlong_flags
 from lean_rl.rollout.config import VERIFIERS_PROMPTS, EvalConfig, RewardConfig, RolloutConfig
 from lean_rl.rollout.distillation_config import DistillationConfig
 from lean_rl.rollout.preference_config import (PREFERENCE_ROLLOUT, check_one_step_per_rollout, preference_data,
@@ -182,6 +183,7 @@ def parse_config(argv: list[str]) -> Config:
     no_engines = run.debug_train_only or args.loss_type in ENGINELESS_LOSS_TYPES  # Config.starts_engines, before it exists
     rollout = _sft_rollout(args, data, read_options(RolloutConfig, args))
     reward = read_options(RewardConfig, args)
+    check_overlong_flags(reward, rollout.sampling.max_response_len)
     evaluation = read_options(EvalConfig, args).with_rollout_sampling(rollout.sampling)
     evaluation = evaluation.with_sets(load_yaml_mapping(evaluation.config_path, "--eval-config"))
     _check_run_against_rollout(run, rollout)
