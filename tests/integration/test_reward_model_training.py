@@ -1,4 +1,4 @@
-"""A reward model trained with real Megatron at TP=2 (two Ray rank actors over gloo, --loss-type rm_loss):
+"""A reward model trained with real Megatron at TP=2 and at PP=2 (two Ray rank actors over gloo, --loss-type rm_loss):
 the Bradley-Terry loss falls and the chosen-rejected margin rises on preference pairs; its checkpoint
 converts (python -m lean_rl.convert megatron-to-hf) to Qwen2ForSequenceClassification, which transformers
 loads and whose score of each text equals the trainer's to 1e-4 in float32."""
@@ -44,13 +44,14 @@ def pair_groups(tokenizer, count: int) -> list[list[Sample]]:
     return groups
 
 
-@pytest.mark.slow  # ~1.5 min: two rank actors, six optimizer steps, a conversion
-def test_reward_model_trains_at_tp2_and_converts_to_hf_sequence_classification(ray_cluster, tiny_qwen2, tmp_path):
+@pytest.mark.slow  # ~1.5 min each: two rank actors, six optimizer steps, a conversion
+@pytest.mark.parametrize("parallel", [ParallelConfig(tensor_model_parallel_size=2),
+                                      ParallelConfig(pipeline_model_parallel_size=2)], ids=["tp2", "pp2"])
+def test_reward_model_trains_and_converts_to_hf_sequence_classification(parallel, ray_cluster, tiny_qwen2, tmp_path):
     tokenizer = transformers.AutoTokenizer.from_pretrained(tiny_qwen2)
     groups = pair_groups(tokenizer, 8)
     algo = build(AlgorithmConfig, loss_type="rm_loss")
-    with MegatronGroup.from_hf_checkpoint(tiny_qwen2, ParallelConfig(tensor_model_parallel_size=2),
-                                          world_size=2) as group:
+    with MegatronGroup.from_hf_checkpoint(tiny_qwen2, parallel, world_size=2) as group:
         initialize_for_training(group, train_config(tiny_qwen2, lr=1e-3, micro_batch_size=4), algo)
         metrics = [train_on_rollout(group, groups, policy_version=step) for step in range(6)]
         batch = rollout_batch(groups)
@@ -58,7 +59,7 @@ def test_reward_model_trains_at_tp2_and_converts_to_hf_sequence_classification(r
         group.save_checkpoint(tmp_path / "ckpt", 6)
     losses = [m["train/rm_loss"] for m in metrics]
     margins = [m["train/rm_margin"] for m in metrics]
-    print(f"\nrm_loss {[round(x, 4) for x in losses]}; margin {[round(x, 4) for x in margins]}")
+    print(f"\n{parallel}: rm_loss {[round(x, 4) for x in losses]}; margin {[round(x, 4) for x in margins]}")
     assert losses[0] == pytest.approx(0.6931, abs=1e-3)  # the head starts at zero: every score is 0
     assert losses[-1] < losses[0] - 0.05 and margins[-1] > margins[1] > 0, (losses, margins)
     assert metrics[-1]["train/rm_accuracy"] == 1.0
@@ -73,5 +74,6 @@ def test_reward_model_trains_at_tp2_and_converts_to_hf_sequence_classification(r
     with torch.no_grad():
         hf_scores = torch.tensor([model(torch.tensor([s.tokens[:-1]])).logits[0, 0].item()
                                   for g in groups for s in g])  # the text, without the trainer's placeholder
+    print(f"max |HF score - trainer score| {float((hf_scores - trainer_scores).abs().max()):.2e}")
     assert torch.allclose(hf_scores, trainer_scores, atol=1e-4), (hf_scores, trainer_scores)
     assert (hf_scores[0::2] > hf_scores[1::2]).all()  # the converted model prefers every chosen response
