@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from lean_rl.algorithms.config import AlgorithmConfig
+from lean_rl.algorithms.names import ENGINELESS_LOSS_TYPES, PAIRWISE_LOSS_TYPES
 from lean_rl.backends.megatron.config import MegatronConfig, ModelFlags, ParallelConfig, PrecisionFlags
 from lean_rl.backends.megatron.hf_config import checkpoint_dtype
 from lean_rl.backends.megatron.train_config import (BatchPlan, CheckpointConfig, TrainConfig, TrainerLayout,
@@ -36,8 +37,11 @@ from lean_rl.buffer.config import DataConfig
 from lean_rl.buffer.prompt_source import check_prompt_file_type
 from lean_rl.cli import DEBUG_HELP, ArgumentParser
 from lean_rl.options import ConfigError, add_options, read_options, rebuild
+from lean_rl.overlong_shaping import check_overlong_flags
 from lean_rl.rollout.config import VERIFIERS_PROMPTS, EvalConfig, RewardConfig, RolloutConfig
 from lean_rl.rollout.distillation_config import DistillationConfig
+from lean_rl.rollout.preference_config import (PREFERENCE_ROLLOUT, check_one_step_per_rollout, preference_data,
+                                               preference_rollout)
 from lean_rl.run_config import RunConfig
 from lean_rl.slime_flags import slime_hint
 from lean_rl.utils.custom_config import ReadOnlyMapping, load_custom_config, load_yaml_mapping
@@ -74,8 +78,8 @@ class Config:
     @property
     def starts_engines(self) -> bool:
         """Whether the run serves the policy on SGLang engines: not when it trains on saved rollouts
-        (--debug-train-only) or on given conversations (--loss-type sft_loss)."""
-        return not (self.run.debug_train_only or self.algorithm.loss_type == "sft_loss")
+        (--debug-train-only) or on given conversations or pairs (--loss-type sft_loss / dpo_loss / rm_loss)."""
+        return not (self.run.debug_train_only or self.algorithm.loss_type in ENGINELESS_LOSS_TYPES)
 
 
 def _check_run_against_rollout(run: RunConfig, rollout: RolloutConfig) -> None:
@@ -83,9 +87,9 @@ def _check_run_against_rollout(run: RunConfig, rollout: RolloutConfig) -> None:
         raise ConfigError("--async-mode full needs --max-staleness (how many policy versions old a sample may be)")
     if run.async_mode == "one-step" and rollout.max_staleness is not None and rollout.max_staleness < 1:
         raise ConfigError("--async-mode one-step trains on samples one version old: --max-staleness must be >= 1")
-    if run.async_mode != "off" and rollout.rollout_function_path == SFT_ROLLOUT:
-        raise ConfigError(f"--async-mode {run.async_mode}: supervised fine-tuning (--loss-type sft_loss) generates "
-                          "nothing to overlap; run python -m lean_rl.train")
+    if run.async_mode != "off" and rollout.rollout_function_path in (SFT_ROLLOUT, PREFERENCE_ROLLOUT):
+        raise ConfigError(f"--async-mode {run.async_mode}: training on given data (--loss-type sft_loss / dpo_loss / "
+                          "rm_loss) generates nothing to overlap; run python -m lean_rl.train")
     if run.async_mode == "full" and rollout.rollout_all_samples_process_path:
         raise ConfigError("--rollout-all-samples-process-path is called at the end of each rollout of the default "
                           "rollout function; --async-mode full generates continuously, with no rollout to end")
@@ -93,6 +97,8 @@ def _check_run_against_rollout(run: RunConfig, rollout: RolloutConfig) -> None:
 
 def _sft_rollout(args: argparse.Namespace, data: DataConfig, rollout: RolloutConfig) -> RolloutConfig:
     """--loss-type sft_loss: the conversations of --prompt-data become the samples (rollout/sft.py)."""
+    if args.loss_type in PAIRWISE_LOSS_TYPES:
+        return preference_rollout(args.loss_type, rollout)
     if args.loss_type != "sft_loss":
         if rollout.rollout_function_path == SFT_ROLLOUT:
             raise ConfigError(f"--rollout-function-path {SFT_ROLLOUT} builds SFT samples: it needs --loss-type sft_loss")
@@ -174,9 +180,10 @@ def parse_config(argv: list[str]) -> Config:
     data = read_options(DataConfig, args)
     if args.verifiers_env and not data.prompt_data and not data.data_source_path:
         data = rebuild(data, data_source_path=VERIFIERS_PROMPTS)  # the environment's own dataset
-    no_engines = run.debug_train_only or args.loss_type == "sft_loss"  # Config.starts_engines, before it exists
+    no_engines = run.debug_train_only or args.loss_type in ENGINELESS_LOSS_TYPES  # Config.starts_engines, before it exists
     rollout = _sft_rollout(args, data, read_options(RolloutConfig, args))
     reward = read_options(RewardConfig, args)
+    check_overlong_flags(reward, rollout.sampling.max_response_len)
     evaluation = read_options(EvalConfig, args).with_rollout_sampling(rollout.sampling)
     evaluation = evaluation.with_sets(load_yaml_mapping(evaluation.config_path, "--eval-config"))
     _check_run_against_rollout(run, rollout)
@@ -191,6 +198,8 @@ def parse_config(argv: list[str]) -> Config:
                 raise ConfigError(f"{flag}: {err}") from None
     if not data.prompt_data and not data.data_source_path and not run.debug_train_only:
         raise ConfigError("--prompt-data is required (or --data-source-path)")
+    if args.loss_type in PAIRWISE_LOSS_TYPES:  # every pair checked now; no --label-key
+        data = preference_data(args.loss_type, data)
     # --prompt-data with --data-source-path: the file is the source's to read (slime's sources read
     # args.prompt_data); the buffer takes its prompts from the source
     custom = load_custom_config(rollout.custom_config.custom_config_path)
@@ -235,6 +244,10 @@ def parse_config(argv: list[str]) -> Config:
         ipc_unserved = _ipc_unserved(layout, megatron.parallel, engines, engine_nodes)
     batch_plan = BatchPlan(train.batch, layout.data_parallel_size,
                            samples_per_rollout=rollout.rollout_batch_size * rollout.n_samples_per_prompt)
+    if args.loss_type in PAIRWISE_LOSS_TYPES:
+        check_one_step_per_rollout(args.loss_type, batch_plan.steps_for(rollout.rollout_batch_size * 2))
+        if args.loss_type == "rm_loss" and train.lora.enabled:
+            raise ConfigError("--loss-type rm_loss trains a new value head, which LoRA (--lora-rank) would leave frozen")
     weight_sync = read_options(WeightSyncConfig, args, colocate=run.colocate, device=layout.device,
                                on_cluster=layout.on_cluster, ipc_unserved=ipc_unserved, adapter=adapter)
     if run.async_mode == "full" and rollout.rollout_function_path != DEFAULT_ROLLOUT:

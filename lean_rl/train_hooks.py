@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
+from lean_rl.overlong_shaping import shape_overlong
 from lean_rl.sample import Sample, Status
 from lean_rl.slime_compat.hooks import WholeRolloutHook
 from lean_rl.utils.plugins import hook_return_error
@@ -28,8 +29,9 @@ if TYPE_CHECKING:  # not at run time: lean_rl.config imports every flag group (M
 
 
 def before_training(cfg: Config, extensions: Extensions, groups: list[list[Sample]]) -> dict[str, float]:
-    """Apply the sample filter, then the reward post-process, to `groups` in place; their metrics."""
-    metrics: dict[str, float] = {}
+    """Apply DAPO's over-long shaping, the sample filter, then the reward post-process, to `groups` in
+    place; their metrics."""
+    metrics = shape_overlong(cfg.reward, cfg.rollout.sampling.max_response_len, groups)
     if extensions.sample_filter is not None:
         metrics["train/samples_rejected"] = float(apply_sample_filter(cfg, extensions.sample_filter, groups))
     if extensions.reward_post_process is not None:

@@ -10,8 +10,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from lean_rl.algorithms.names import (AGGREGATION_MODES, ESTIMATORS, IS_LEVELS, KL_IN_REWARD_ESTIMATORS, KL_TYPES,
-                                     LOSS_TYPES, POLICY_LOSSES)
+from lean_rl.algorithms.names import (AGGREGATION_MODES, DPO_LOSS_TYPES, ESTIMATORS, IS_LEVELS, KL_IN_REWARD_ESTIMATORS,
+                                     KL_TYPES, LOSS_TYPES, POLICY_LOSSES)
 from lean_rl.options import ConfigError, option
 from lean_rl.utils.custom_config import ReadOnlyMapping
 
@@ -112,10 +112,19 @@ class AlgorithmConfig:
         None, choices=LOSS_TYPES, help=(
             "policy_loss: --policy-loss with its KL / entropy terms; sft_loss: supervised fine-tuning, the negative "
             "log-likelihood of the trained tokens (loss mask) of conversations from --prompt-data, no engines "
-            "(lean_rl.rollout.sft builds the samples); custom_loss: --custom-loss-function-path (default with it)"))
+            "(lean_rl.rollout.sft builds the samples); custom_loss: --custom-loss-function-path (default with it); "
+            "dpo_loss: DPO on --prompt-data's preference pairs against the frozen reference (--dpo-loss-type, "
+            "--dpo-beta); rm_loss: a reward model (value head) trained on the pairs with the Bradley-Terry loss; "
+            "both with no engines (lean_rl.rollout.preference builds the pairs)"))
     custom_advantage_function_path: str | None = option(
         None, help="dotted path of `advantages(algo, inputs: AdvantageInputs) -> advantages | (advantages, returns)` "
                    "replacing --advantage-estimator's advantages")
+    # --loss-type dpo_loss (lean_rl/algorithms/preference.py)
+    dpo_beta: float = option(0.1, positive=True, help="DPO's beta: the strength of the implicit KL to the reference")
+    dpo_loss_type: str = option("sigmoid", choices=DPO_LOSS_TYPES, help=(
+        "sigmoid: DPO; hinge: SLiC's max(0, 1 - beta h); ipo: IPO's (h - 1/(2 beta))^2 on length-averaged "
+        "log-probs; sigmoid_norm: DPO on length-averaged log-probs"))
+    dpo_label_smoothing: float = option(0.0, help="cDPO's label noise eps in [0, 0.5) (--dpo-loss-type sigmoid)")
     # --custom-config-path, read once by config.parse_config: what the trainer-side hooks may read
     custom: Mapping[str, Any] = field(default_factory=ReadOnlyMapping)
     # --slime-argv (set by lean_rl.slime_launch), for the `args` of slime's trainer-side hooks
@@ -200,6 +209,13 @@ class AlgorithmConfig:
         _require(self.value_clip is None or self.value_clip > 0, f"--value-clip must be > 0, got {self.value_clip}")
         _require(0 <= self.max_failed_fraction <= 1,
                  f"--max-failed-fraction must be in [0, 1], got {self.max_failed_fraction}")
+        _require(self.loss_type not in ("dpo_loss", "rm_loss") or not (self.use_rollout_logprobs or self.needs_critic),
+                 f"--loss-type {self.loss_type} trains on given pairs: it has no rollout log-probs "
+                 "(--use-rollout-logprobs) and no critic (--advantage-estimator ppo)")
+        _require(0 <= self.dpo_label_smoothing < 0.5,
+                 f"--dpo-label-smoothing must be in [0, 0.5), got {self.dpo_label_smoothing}")
+        _require(self.dpo_label_smoothing == 0 or self.dpo_loss_type in ("sigmoid", "sigmoid_norm"),
+                 f"--dpo-label-smoothing applies to --dpo-loss-type sigmoid / sigmoid_norm, not {self.dpo_loss_type}")
         aggregation = self.aggregation
         _require(aggregation in AGGREGATION_MODES,
                  f"--loss-agg-mode {aggregation!r}: choose one of {', '.join(AGGREGATION_MODES)}")
@@ -209,7 +225,12 @@ class AlgorithmConfig:
 
     @property
     def needs_reference(self) -> bool:
-        return self.kl_loss_coef != 0 or self.kl_coef != 0
+        return self.kl_loss_coef != 0 or self.kl_coef != 0 or self.loss_type == "dpo_loss"
+
+    @property
+    def scores_sequences(self) -> bool:
+        """The trained model is a reward model: a value head (hidden -> 1) in place of the vocabulary."""
+        return self.loss_type == "rm_loss"
 
     @property
     def needs_critic(self) -> bool:

@@ -15,6 +15,8 @@ import torch
 
 from lean_rl.algorithms.advantages import broadcast, compute_advantages
 from lean_rl.algorithms.losses import policy_loss, sft_loss
+from lean_rl.algorithms.names import PAIRWISE_LOSS_TYPES
+from lean_rl.algorithms.preference import pairwise_loss
 from lean_rl.algorithms.slime_contracts import slime_advantages, slime_loss
 from lean_rl.utils.plugins import hook_return_error, import_object, is_slime_function, load_function
 
@@ -126,10 +128,12 @@ def load_loss_function(path: str) -> Callable:
 
 def loss_function(algo: AlgorithmConfig) -> Callable:
     """The hook named by the flag (imported on the rank that calls this), the SFT loss (--loss-type
-    sft_loss), or the built-in policy loss."""
+    sft_loss), the pair losses' (dpo_loss, rm_loss: algorithms/preference.py), or the built-in policy loss."""
     path = algo.custom_loss_function_path
     if path:
         return _checked_loss(path)
+    if algo.loss_type in PAIRWISE_LOSS_TYPES:
+        return pairwise_loss
     return sft_loss if algo.loss_type == "sft_loss" else policy_loss
 
 

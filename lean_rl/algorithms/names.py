@@ -10,5 +10,11 @@ KL_TYPES = ("k1", "k2", "k3", "low_var_kl")
 AGGREGATION_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
 IS_LEVELS = ("token", "sequence", "geometric")
 POLICY_LOSSES = ("ppo", "gspo", "cispo", "gmpo", "kl_cov", "clip_cov", "sapo")
-# --loss-type (slime's names): the PPO-family policy loss, supervised fine-tuning, or --custom-loss-function-path
-LOSS_TYPES = ("policy_loss", "sft_loss", "custom_loss")
+# --loss-type (slime's names): the PPO-family policy loss, supervised fine-tuning, or --custom-loss-function-path;
+# and lean_rl's losses on preference pairs: DPO on the policy, Bradley-Terry on a reward model's value head
+LOSS_TYPES = ("policy_loss", "sft_loss", "custom_loss", "dpo_loss", "rm_loss")
+PAIRWISE_LOSS_TYPES = ("dpo_loss", "rm_loss")
+# the loss types that train on given data with no engines (rollout/sft.py, rollout/preference.py)
+ENGINELESS_LOSS_TYPES = ("sft_loss", *PAIRWISE_LOSS_TYPES)
+# --loss-type dpo_loss: --dpo-loss-type (algorithms/preference.py)
+DPO_LOSS_TYPES = ("sigmoid", "hinge", "ipo", "sigmoid_norm")

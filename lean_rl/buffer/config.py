@@ -28,6 +28,10 @@ class DataConfig:
     num_epochs: int | None = option(None, positive=True)  # None: as many as the run needs
     rollout_max_prompt_len: int | None = option(None, positive=True, help="skip (and count) longer prompts")
     skip_bad_rows: bool = option(False, help="skip and count malformed rows instead of failing")
+    # preference pairs (--loss-type dpo_loss / rm_loss; lean_rl/rollout/preference.py): the prompt is --input-key's
+    chosen_key: str = option("chosen", help="column with the preferred response (--loss-type dpo_loss / rm_loss)")
+    rejected_key: str = option("rejected", help="column with the dispreferred response (--loss-type dpo_loss / "
+                                                "rm_loss)")
 
     @property
     def has_prompts(self) -> bool:

@@ -6,7 +6,8 @@ trainer at any TP / PP / EP layout (with or without optimizer state, which is ig
 Each HF tensor is read (one layer / expert of one stored tensor at a time), converted through the
 weight tables, and streamed into safetensors shards of at most --max-shard-size, with an index. A
 checkpoint of a LoRA run (--lora-rank) converts to the merged model: W + alpha / rank * B A per
-adapted layer."""
+adapted layer. A reward model's checkpoint (--loss-type rm_loss) converts to its family's
+*ForSequenceClassification (score_head.py)."""
 
 from __future__ import annotations
 
@@ -25,6 +26,8 @@ from lean_rl.backends.megatron.hf_weights.layouts import Layout, hf_shapes, to_h
 from lean_rl.convert.dcp_io import DistCheckpointReader
 from lean_rl.convert.hf_to_megatron import TORCH_DTYPES, config_dtype, ordered_instances
 from lean_rl.convert.output_dir import atomic_output_dir
+from lean_rl.convert.score_head import (HF_SCORE, SCORE_KEY, classification_config, is_reward_model,
+                                        without_output_layer)
 from lean_rl.convert.safetensors_io import (
     PlannedTensor,
     StreamingSafetensorsWriter,
@@ -48,7 +51,7 @@ def _find_hf_config(checkpoint: Path, hf_config: str | Path | None) -> Path:
 
 
 def _check_stored(reader: DistCheckpointReader, entries: list[DistEntry], arch: ModelArch,
-                  family: str) -> tuple[dict[DistEntry, str], torch.dtype, dict[DistEntry, tuple[str, ...]]]:
+                  family: str, extra_keys: tuple[str, ...] = ()) -> tuple[dict[DistEntry, str], torch.dtype, dict[DistEntry, tuple[str, ...]]]:
     """Which stored key holds each entry; every model tensor of the checkpoint must be mapped and
     every entry present with the right shape. Returns (entry -> key, the checkpoint dtype, entry -> the
     keys of its LoRA adapter, for the entries of a LoRA-trained checkpoint that have one)."""
@@ -69,7 +72,8 @@ def _check_stored(reader: DistCheckpointReader, entries: list[DistEntry], arch: 
                                   f"{list(expected)}")
         chosen[entry] = key
     adapters = {entry: lora_keys(key) for entry, key in chosen.items() if lora_keys(key)[0] in stored}
-    known = {key for entry in entries for key in entry.keys} | {key for keys in adapters.values() for key in keys}
+    known = ({key for entry in entries for key in entry.keys} | {key for keys in adapters.values() for key in keys}
+             | set(extra_keys))
     unmapped = [k for k in stored if is_model_key(k) and k not in known]
     unmapped += [k for k in reader.objects() if is_model_key(k) and f".{EXTRA_STATE}/" not in k]
     if unmapped:
@@ -104,12 +108,16 @@ def convert_megatron_to_hf(load: str | Path, save: str | Path, *, hf_config: str
     arch = arch_from_hf_config(config_json)
     reader = DistCheckpointReader(checkpoint)
     rules = weight_rules(family, arch)
+    reward_model = is_reward_model(DistCheckpointReader(checkpoint).tensors())
+    if reward_model:  # a value head in place of the vocabulary projection
+        rules, config_json = without_output_layer(rules), classification_config(config_json)
     # The stored vocab rows are padded for whatever TP the checkpoint was made at; take them as found.
     vocab_keys = [e.keys[0] for e in dist_entries(rules, arch, arch.vocab_size) if e.rule.layout is Layout.VOCAB]
     stored = reader.tensors()
     padded_rows = max([stored[k].size[0] for k in vocab_keys if k in stored], default=arch.vocab_size)
     entries = dist_entries(rules, arch, padded_rows)
-    keys, stored_dtype, adapters = _check_stored(reader, entries, arch, family)
+    keys, stored_dtype, adapters = _check_stored(reader, entries, arch, family,
+                                                 (SCORE_KEY,) if reward_model else ())
     out_dtype = dtype or config_dtype(config_json) or stored_dtype
     geo = geometry(MegatronConfig(arch, ParallelConfig()))
 
@@ -118,6 +126,8 @@ def convert_megatron_to_hf(load: str | Path, save: str | Path, *, hf_config: str
     for inst in instances:
         shapes = hf_shapes(inst.entry.rule.layout, _read_shape(inst.entry, arch), geo)
         planned.append([PlannedTensor(name, out_dtype, shape) for name, shape in zip(inst.hf_names, shapes)])
+    if reward_model:  # the last group: the score head
+        planned.append([PlannedTensor(HF_SCORE, out_dtype, (1, arch.hidden_size))])
     shards = plan_shards([sum(t.nbytes for t in group) for group in planned], max_shard_bytes)
     shard_tensors = [[t for g in shard for t in planned[g]] for shard in shards]
 
@@ -127,6 +137,9 @@ def convert_megatron_to_hf(load: str | Path, save: str | Path, *, hf_config: str
                                                 shard_tensors[shard_index])
             try:
                 for g in shard:
+                    if g == len(instances):  # the reward model's score head
+                        writer.write(HF_SCORE, reader.read(SCORE_KEY, (0, 0), (1, arch.hidden_size)).to(out_dtype))
+                        continue
                     inst = instances[g]
                     region = _read_shape(inst.entry, arch)
                     sizes = (1,) * len(inst.entry.stacked) + region
@@ -142,7 +155,7 @@ def convert_megatron_to_hf(load: str | Path, save: str | Path, *, hf_config: str
                 raise
         write_index(out, shard_tensors)
         copy_side_files(hf_dir, out, skip=("config.json",))
-        _write_config(config_json, out / "config.json", out_dtype, hf_dir / "config.json")
+        _write_config(config_json, out / "config.json", out_dtype, None if reward_model else hf_dir / "config.json")
     return Path(save)
 
 
@@ -153,11 +166,12 @@ def _read_shape(entry: DistEntry, arch: ModelArch) -> tuple[int, ...]:
     return entry.param_shape
 
 
-def _write_config(config: dict, path: Path, dtype: torch.dtype, original: Path) -> None:
-    """The HF config, byte for byte when the dtype is unchanged, else with its dtype field updated."""
+def _write_config(config: dict, path: Path, dtype: torch.dtype, original: Path | None) -> None:
+    """The HF config, byte for byte when the dtype is unchanged (and `original` given), else with its
+    dtype field updated."""
     name = next(n for n, d in TORCH_DTYPES.items() if d == dtype)
     field = "dtype" if "dtype" in config or "torch_dtype" not in config else "torch_dtype"
-    if config.get(field) == name:
+    if config.get(field) == name and original is not None:
         path.write_bytes(original.read_bytes())
         return
     path.write_text(json.dumps({**config, field: name}, indent=2, sort_keys=True) + "\n")

@@ -172,12 +172,22 @@ class RewardConfig:
     rm_url: str | None = option(None, help="reward server for --rm-type remote")
     rm_timeout: float = option(30.0, help="seconds per reward call")
     rm_retries: int = option(3)
+    # DAPO's over-long shaping of the trained rewards (lean_rl/overlong_shaping.py, algorithms/overlong.py)
+    overlong_buffer_len: int | None = option(None, positive=True, help=(
+        "DAPO's soft over-long punishment: a response longer than --rollout-max-response-len minus this many tokens "
+        "gets a penalty falling linearly to -(--overlong-penalty-factor) at the budget (off unless given)"))
+    overlong_penalty_factor: float = option(1.0, help="the largest over-long penalty (with --overlong-buffer-len)")
+    overlong_filtering: bool = option(False, help=(
+        "DAPO's over-long filtering: samples cut off by the response budget (TRUNCATED) are not trained on; "
+        "their rewards still count in their group's statistics"))
 
     def __post_init__(self) -> None:
         if self.rm_type == "remote" and not self.rm_url:
             raise ConfigError("--rm-type remote needs --rm-url")
         if self.rm_type and self.custom_rm_path:
             raise ConfigError("give either --rm-type or --custom-rm-path, not both")
+        if self.overlong_penalty_factor < 0:
+            raise ConfigError(f"--overlong-penalty-factor must be >= 0, got {self.overlong_penalty_factor}")
         if self.group_rm and not self.custom_rm_path:
             raise ConfigError("--group-rm needs --custom-rm-path (the built-in rewards score one sample at a time)")
 

@@ -66,8 +66,10 @@ def hooks(tmp_path, monkeypatch):
 
 def _cfg(**paths):
     return types.SimpleNamespace(
-        rollout=types.SimpleNamespace(rollout_sample_filter_path=paths.get("filter")),
-        reward=types.SimpleNamespace(custom_reward_post_process_path=paths.get("post")))
+        rollout=types.SimpleNamespace(rollout_sample_filter_path=paths.get("filter"),
+                                      sampling=types.SimpleNamespace(max_response_len=16)),
+        reward=types.SimpleNamespace(custom_reward_post_process_path=paths.get("post"), overlong_buffer_len=None,
+                                     overlong_filtering=False))
 
 
 def _group(rewards, lengths, group=0, start=0):

@@ -39,8 +39,13 @@ class StepContext:
     logits_chunk_size: int = 0
 
     @property
+    def scores(self) -> bool:
+        """The model ends in a value head (hidden -> 1): PPO's critic, or a reward model (--loss-type rm_loss)."""
+        return self.role == "critic" or self.algorithm.scores_sequences
+
+    @property
     def chunked(self) -> bool:
-        return self.role == "actor" and self.logits_chunk_size > 0
+        return not self.scores and self.logits_chunk_size > 0
 
 
 def inputs_of(micro_batch: dict[str, torch.Tensor], device: torch.device):
@@ -99,7 +104,7 @@ def field_of(micro_batch, name, device):
 
 
 def _collect_forward(ctx: StepContext, targets, weight, top_k: int, output: torch.Tensor, non_loss_data: bool = True):
-    if ctx.role == "critic":
+    if ctx.scores:
         return {"values": output.float().squeeze(-1).detach().cpu()}
     if top_k:  # --opd-type megatron: the teacher's top-k at every position
         if ctx.chunked:
@@ -150,5 +155,5 @@ def forward_only(model: torch.nn.Module, micro_batches: list[dict[str, torch.Ten
         model.train(was_training)
     if not parallel_state.is_pipeline_last_stage() or parallel_state.get_tensor_model_parallel_rank() != 0:
         return None
-    key = "values" if ctx.role == "critic" else "top_k" if top_k else "log_probs"
+    key = "values" if ctx.scores else "top_k" if top_k else "log_probs"
     return [result[key] for result in results]

@@ -76,6 +76,16 @@ def _actor_loss(ctx: StepContext, micro_batch, targets, scale: float, weight, ou
     return loss * scale, metrics
 
 
+def _reward_model_loss(ctx: StepContext, micro_batch, targets, scale: float, weight, output: torch.Tensor):
+    """--loss-type rm_loss: the value head's output on each row's one trained position is its score; the
+    pair loss's coefficients come in `advantages` (algorithms/preference.pairwise_loss)."""
+    get = partial(field_of, micro_batch, device=ctx.device)
+    loss, metrics = ctx.loss_fn(ctx.algorithm, log_probs=output.float().squeeze(-1), advantages=get("advantages"),
+                                mask=get("mask"))
+    metrics["loss"] = loss.detach()
+    return loss * scale, metrics
+
+
 def _critic_loss(ctx: StepContext, micro_batch, targets, scale: float, weight, output: torch.Tensor):
     values = output.float().squeeze(-1)
     get = partial(field_of, micro_batch, device=ctx.device)
@@ -92,7 +102,7 @@ def _micro_batch_train_forward(ctx: StepContext, scale: float, data_iterator, mo
     tokens, positions, targets = inputs_of(micro_batch, ctx.device)
     set_micro_batch_routes(model, micro_batch, ctx.device)  # --use-rollout-routing-replay: the engine's experts
     output = model(tokens, positions, attention_mask=None)  # causal mask built by Megatron
-    loss_fn = _actor_loss if ctx.role == "actor" else _critic_loss
+    loss_fn = _critic_loss if ctx.role == "critic" else _reward_model_loss if ctx.scores else _actor_loss
     weight = output_weight(model) if ctx.chunked else None  # the output is the hidden states
     return output, partial(loss_fn, ctx, micro_batch, targets, scale, weight)
 
@@ -162,7 +172,7 @@ class RankTrainer:
                  algorithm: AlgorithmConfig, role: str, device: torch.device):
         if role not in ROLES:
             raise ValueError(f"role must be one of {ROLES}, got {role!r}")
-        if role == "critic":
+        if role == "critic" or algorithm.scores_sequences:  # PPO's critic, a reward model (--loss-type rm_loss)
             attach_value_head(model)
         lr = train.critic_lr if role == "critic" and train.critic_lr is not None else train.optimizer.lr
         self.model, self.role, self.device = model, role, device

@@ -26,6 +26,8 @@ from lean_rl.algorithms.distillation import reverse_kl_advantages
 from lean_rl.algorithms.hooks import AdvantageInputs, compute_custom_or_builtin_advantages
 from lean_rl.algorithms.kl import kl_estimate
 from lean_rl.algorithms.losses import aggregation_weights
+from lean_rl.algorithms.names import PAIRWISE_LOSS_TYPES
+from lean_rl.algorithms.preference import pairwise_advantages
 from lean_rl.backends.megatron.rank_trainer import RankTrainer
 from lean_rl.backends.megatron.rollout_batch import RolloutBatch, batch_metrics, check_failed_fraction, rollout_batch
 from lean_rl.backends.megatron.train_batches import (OPD_WEIGHTS, build_micro_batch, plan_micro_batches,
@@ -190,22 +192,27 @@ def train_on_rollout(actor: "MegatronGroup", groups: list[list[Sample]], policy_
     penalty_coef = distillation.kl_coef if distillation and not distillation.top_k else None
     num_steps = actor.batch_plan.steps_for(len(batch))
     masks = batch.masks
+    pairwise = algo.loss_type in PAIRWISE_LOSS_TYPES  # DPO / reward model: coefficients at the step's weights
     need_old = not algo.use_rollout_logprobs and (recompute_old or num_steps > 1 or algo.decoupled_ppo
-                                                  or algo.kl_coef != 0 or penalty_coef is not None)
+                                                  or algo.kl_coef != 0 or penalty_coef is not None or pairwise)
     old = batch.rollout_log_probs if algo.use_rollout_logprobs else (
         forward_rollout(actor, batch) if need_old else None)
     ref = forward_rollout(actor, batch, weights="reference") if algo.needs_reference else None
     values = forward_rollout(critic, batch) if algo.needs_critic else None
     forward_s = time.perf_counter() - started
     kl_in_reward = kl_estimate(old, ref, "k1") * masks if algo.kl_coef != 0 else None
-    # --advantage-estimator, or --custom-advantage-function-path (algorithms/hooks.py)
-    advantages, returns = compute_custom_or_builtin_advantages(algo, AdvantageInputs(
-        rewards=batch.rewards, group_ids=batch.group_ids, mask=masks, valid=batch.valid,
-        rollout_log_probs=batch.rollout_log_probs, old_log_probs=old, ref_log_probs=ref, values=values,
-        kl=kl_in_reward, baseline_rewards=batch.baseline_rewards,
-        response_lengths=torch.tensor([s.response_length for s in batch.sequences]),
-        total_lengths=torch.tensor([len(s.tokens) for s in batch.sequences])))
-    metrics = batch_metrics(batch, policy_version)
+    pair_metrics: dict[str, float] = {}
+    if pairwise:  # each row's coefficient of the step's pair loss (algorithms/preference.py)
+        (advantages, pair_metrics), returns = pairwise_advantages(algo, old, ref, masks, batch.group_ids,
+                                                                  batch.rewards), None
+    else:  # --advantage-estimator, or --custom-advantage-function-path (algorithms/hooks.py)
+        advantages, returns = compute_custom_or_builtin_advantages(algo, AdvantageInputs(
+            rewards=batch.rewards, group_ids=batch.group_ids, mask=masks, valid=batch.valid,
+            rollout_log_probs=batch.rollout_log_probs, old_log_probs=old, ref_log_probs=ref, values=values,
+            kl=kl_in_reward, baseline_rewards=batch.baseline_rewards,
+            response_lengths=torch.tensor([s.response_length for s in batch.sequences]),
+            total_lengths=torch.tensor([len(s.tokens) for s in batch.sequences])))
+    metrics = {**batch_metrics(batch, policy_version), **pair_metrics}
     if penalty_coef is not None:  # on-policy distillation, sampled: after any estimator, as slime applies it
         advantages, metrics["train/opd_reverse_kl"] = reverse_kl_advantages(advantages, old, teacher, masks,
                                                                             penalty_coef)
@@ -233,6 +240,7 @@ def train_on_rollout(actor: "MegatronGroup", groups: list[list[Sample]], policy_
         fields["rollout_log_probs"] = batch.rollout_log_probs  # corrections, and the mismatch metrics every step
         actor_metrics.append(_optimizer_step(actor, batch, indices, fields))
     metrics.update(_mean_metrics(actor_metrics, "train"))
+    metrics.update(pair_metrics)  # train/loss: the pair loss itself, not the ranks' per-row surrogate of it
     if critic_metrics:
         metrics.update(_mean_metrics(critic_metrics, "critic"))
     metrics["perf/forward_passes_s"] = forward_s  # old / reference log-probs, critic values
