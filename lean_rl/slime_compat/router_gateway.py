@@ -91,6 +91,7 @@ class RouterGateway:
         self.port: int | None = None
         self._loop = asyncio.new_event_loop()
         self._client: httpx.AsyncClient | None = None
+        self.forwarded = 0  # requests forwarded to the router
 
     @property
     def address(self) -> tuple[str, int]:
@@ -139,6 +140,7 @@ class RouterGateway:
             return _error(404, f"{request.method} {path} is not forwarded to the router by lean_rl's gateway "
                                f"(forwarded: {', '.join(sorted(m + ' ' + p for m, p in FORWARDED))})")
         assert self._client is not None
+        self.forwarded += 1
         body = await request.read()
         payload = _with_policy_adapter(self.cfg, path, body)
         auth = bearer_auth(self.cfg.engines.api_key) or httpx.Auth()

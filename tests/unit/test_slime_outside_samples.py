@@ -114,3 +114,13 @@ def test_tool_tokens_of_an_outside_sample_are_not_generated(cfg):
     [[handed]] = source.get_samples(1)
     [trained] = source.lean_group([handed], stopping=False)
     assert trained.weight_versions[-1] == NOT_GENERATED and set(trained.weight_versions[:-1]) == {4}
+
+
+def test_deepscaler_rule_based_reward_is_served_synchronously_outside_a_run():
+    # rollout_buffer's generator scores in its own processes, where no lean_rl run is bound
+    from slime.rollout.rm_hub import get_deepscaler_rule_based_reward
+
+    assert get_deepscaler_rule_based_reward("think</think> so \\boxed{4}", "4") == 1
+    assert get_deepscaler_rule_based_reward("think</think> \\boxed{5}", "\\boxed{4}") == 0
+    assert get_deepscaler_rule_based_reward("no end of thought \\boxed{4}", "4") == 0
+    assert get_deepscaler_rule_based_reward("think</think> \\boxed{4}", "") == 0
