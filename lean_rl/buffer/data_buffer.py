@@ -231,7 +231,11 @@ def create_data_buffer(cfg, source_factory=None) -> DataBuffer:
         return DataBuffer(make_user_source(cfg, source_factory), cfg.rollout.n_samples_per_prompt, cfg.rollout.max_staleness)
     if not cfg.data.prompt_data:
         raise ValueError("--prompt-data is required (or --data-source-path)")
-    records, skipped = load_prompts(cfg.data.prompt_data, cfg.data, load_tokenizer(cfg.engines.model_path))
+    # a user's generate or rollout function takes a message list without --apply-chat-template as it is (slime's)
+    user_generates = any(path and not path.startswith("lean_rl.") for path in (
+        cfg.rollout.custom_generate_function_path, cfg.rollout.rollout_function_path))
+    records, skipped = load_prompts(cfg.data.prompt_data, cfg.data, load_tokenizer(cfg.engines.model_path),
+                                    user_generates=user_generates)
     buffer = DataBuffer(PromptSource(records, cfg.data.rollout_shuffle, cfg.data.seed, cfg.data.num_epochs),
                         cfg.rollout.n_samples_per_prompt, cfg.rollout.max_staleness)
     buffer.counters.update({f"prompts_skipped_{reason}": n for reason, n in skipped.items()})

@@ -124,3 +124,18 @@ def test_deepscaler_rule_based_reward_is_served_synchronously_outside_a_run():
     assert get_deepscaler_rule_based_reward("think</think> \\boxed{5}", "\\boxed{4}") == 0
     assert get_deepscaler_rule_based_reward("no end of thought \\boxed{4}", "4") == 0
     assert get_deepscaler_rule_based_reward("think</think> \\boxed{4}", "") == 0
+
+
+def test_a_message_list_prompt_without_the_chat_template_is_kept_for_a_users_generate_only(tiny_qwen2, tmp_path):
+    # slime's data (dapo-math-17k) holds message lists; strands_sglang's example asks for no
+    # --apply-chat-template and reads sample.prompt[0]["content"] itself
+    from lean_rl.buffer.prompt_source import BadRowError
+
+    data = tmp_path / "dapo.jsonl"
+    data.write_text(json.dumps({"prompt": [{"role": "user", "content": "2+2?"}], "label": "4"}) + "\n")
+    base = ["--hf-checkpoint", str(tiny_qwen2), "--prompt-data", str(data), "--output-dir", str(tmp_path / "o")]
+    with pytest.raises(BadRowError, match="pass --apply-chat-template"):
+        create_data_buffer(parse_config(base))  # lean_rl's own generate needs the prompt's tokens
+    cfg = parse_config([*base, "--custom-generate-function-path", "examples.strands_sglang.generate_with_strands.generate"])
+    [group] = create_data_buffer(cfg).get_prompt_groups(1)
+    assert group[0].prompt == [{"role": "user", "content": "2+2?"}] and group[0].tokens == []
