@@ -14,6 +14,7 @@ span no relayed answer accounts for, or one written by several policy versions, 
 from __future__ import annotations
 
 import copy
+import logging
 from typing import TYPE_CHECKING
 
 from lean_rl.buffer.prompt_source import load_tokenizer
@@ -25,6 +26,8 @@ from lean_rl.slime_compat.types import Sample as SlimeSample
 
 if TYPE_CHECKING:  # not at run time: lean_rl.config imports every flag group
     from lean_rl.config import Config
+
+logger = logging.getLogger(__name__)
 
 
 def is_outside_group(group: list[SlimeSample]) -> bool:
@@ -49,7 +52,15 @@ def _outside_sample(cfg: Config, slime: SlimeSample, answers: list[GenerateAnswe
     original = Sample(index=0, group_index=0, prompt=slime.prompt, tokens=tokens[:prompt_length])
     mask = [int(m) for m in slime.loss_mask] if slime.loss_mask is not None else [1] * n
     seen = answers + _text_answers(cfg, tokens[prompt_length:], mask)
-    out = from_slime(cfg, view, original, seen, False, flag)
+    try:
+        out = from_slime(cfg, view, original, seen, False, flag)
+    except ValueError as err:
+        if "policy version" not in str(err):
+            raise
+        latest = relayed_text_versions.latest()
+        raise ValueError(f"{err}; built outside lean_rl, its trainable text must hold an answer the router gateway "
+                         f"relayed (args.sglang_router_ip/port): {len(relayed_text_versions)} kept, the latest "
+                         f"{latest!r:.120}") from None
     out.metadata.setdefault(ATTRIBUTES_KEY, {})["index"] = slime.index
     return out
 
@@ -66,8 +77,13 @@ def _text_answers(cfg: Config, response: list[int], mask: list[int]) -> list[Gen
             start = i
         elif not m and start is not None:
             span = response[start:i]
-            versions = relayed_text_versions.versions_within(tokenizer.decode(span, skip_special_tokens=True))
+            text = tokenizer.decode(span, skip_special_tokens=True)
+            versions = relayed_text_versions.versions_within(text)
             if versions is not None and len(versions) == 1:
                 out.append(GenerateAnswer(span, [next(iter(versions))] * len(span), False, relayed=True))
+            else:
+                logger.warning("a trainable span of %d tokens matches %s relayed answer texts (%d kept; latest %r): %r",
+                               len(span), "several versions' " if versions else "no", len(relayed_text_versions),
+                               relayed_text_versions.latest(), text[:300])
             start = None
     return out

@@ -28,6 +28,7 @@ import ipaddress
 import json
 import logging
 import threading
+import unicodedata
 from typing import TYPE_CHECKING
 
 import httpx
@@ -59,7 +60,7 @@ class _TextVersions:
         self._lock = threading.Lock()
 
     def add(self, text: str, versions: set[int]) -> None:
-        key = text.strip()
+        key = _normal(text)
         if not key:
             return
         with self._lock:
@@ -68,14 +69,28 @@ class _TextVersions:
             while len(self._table) > _TEXTS_KEPT:
                 self._table.popitem(last=False)
 
+    def __len__(self) -> int:
+        return len(self._table)
+
+    def latest(self) -> str | None:
+        with self._lock:
+            return next(reversed(self._table), None)
+
     def versions_within(self, text: str) -> set[int] | None:
         """The versions of the longest relayed answer whose text `text` holds; None when it holds none."""
+        text = _normal(text)
         with self._lock:
-            exact = self._table.get(text.strip())
+            exact = self._table.get(text)
             if exact is not None:
                 return set(exact)
             found = [(len(k), v) for k, v in self._table.items() if k in text]
         return set(max(found, key=lambda kv: kv[0])[1]) if found else None
+
+
+def _normal(text: str) -> str:
+    """Text as a re-tokenized conversation gives it back: NFC (Qwen's and most BPE tokenizers normalize
+    so), without surrounding whitespace (a chat template may add or trim it)."""
+    return unicodedata.normalize("NFC", text).strip()
 
 
 relayed_text_versions = _TextVersions()
