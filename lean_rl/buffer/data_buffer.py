@@ -78,7 +78,11 @@ class DataBuffer:
         """Groups interrupted mid-generation; they are handed out again first. Samples keep their
         partial tokens (partial rollout) unless the caller reset them."""
         for group in groups:
+            held = group[0].group_index in self.held_out if group else False
             self._land(group)
+            if held:  # a finished group made outside the buffer, handed out and not used: held again
+                self.held.appendleft(group)
+                continue
             self.pending.append(group)
             self.counters["groups_partial"] += 1
 

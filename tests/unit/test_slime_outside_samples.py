@@ -67,8 +67,15 @@ def test_finished_samples_built_outside_are_held_handed_back_and_trained_with_re
     buffer.put_finished_groups([trained])
     assert buffer.num_ready() == 1
 
+    source.add_samples([[built_outside(cfg, "inst-b", " four", 1.0)]])
+    [unused] = source.get_samples(1)
+    buffer.put_partial_groups([source.lean_group(unused, stopping=True)])  # handed out, not trained: held again
+    assert source.get_buffer_length() == 1 and buffer.num_pending() == 0
+
     later = BufferDataSource(cfg, buffer, [], FLAG)  # the next call of the function: the state outlived it
     assert later.get_metadata() == {"0": ["inst-a"]}
+    [again] = later.get_samples(1)
+    assert again[0].index == "inst-b" and again[0].response_length > 0
     [fresh] = later.get_samples(1)  # nothing held: a prompt group of the source
     assert fresh[0].prompt == "q0" and fresh[0].response_length == 0
 
