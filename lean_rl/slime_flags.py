@@ -62,6 +62,10 @@ class SlimeFlag:
             raise ValueError(f"status {self.status!r}: one of {STATUSES}")
 
 
+ROLLOUT_BUFFER = ("in `args` for slime's rollout_buffer rollout function (--rollout-function-path); lean_rl itself "
+                  "does nothing with it")
+
+
 def same(text: str = "", slime_default: tuple[str, ...] | None = None) -> SlimeFlag:
     return SlimeFlag("same", text, slime_default=slime_default)
 
@@ -573,10 +577,11 @@ SLIME_FLAGS: dict[str, SlimeFlag] = {
     "--custom-reward-post-process-path": same(),
     "--custom-convert-samples-to-train-data-path": refused("change what trains with --rollout-sample-filter-path "
                                                            "or --custom-loss-function-path"),
-    "--rollout-buffer-url": refused("slime's rollout_buffer server: a --rollout-function-path of your own"),
-    "--fetch-trajectory-retry-times": refused("slime's rollout_buffer server: a --rollout-function-path of your own"),
-    "--min-batch-collection-ratio": refused("slime's rollout_buffer server: a --rollout-function-path of your own"),
-    "--rollout-task-type": refused("slime's rollout_buffer server: a --rollout-function-path of your own"),
+    # read through `args` by slime_plugins/rollout_buffer's rollout function (run as it is: docs/extending.md)
+    "--rollout-buffer-url": notice(ROLLOUT_BUFFER),
+    "--fetch-trajectory-retry-times": notice(ROLLOUT_BUFFER),
+    "--min-batch-collection-ratio": notice(ROLLOUT_BUFFER),
+    "--rollout-task-type": notice(ROLLOUT_BUFFER),
     "--loss-mask-type": notice("lean_rl's SFT finds the assistant turns through the tokenizer's chat template"),
     "--data-pad-size-multiplier": notice(MEMORY),
     "--rollout-sample-filter-path": same(),

@@ -37,6 +37,11 @@ class DataBuffer:
         self.next_group_index = 0
         self.next_sample_index = 0
         self.counters: collections.Counter = collections.Counter()
+        # finished groups a rollout function built itself and handed in (slime's add_samples of Samples made
+        # outside the source, rollout_buffer's), to hand out again; and the metadata it keeps across calls
+        self.held: collections.deque[Group] = collections.deque()
+        self.held_out: set[int] = set()  # group_index of held groups handed out and not yet back
+        self.user_metadata: dict[str, Any] = {}
 
     @property
     def _source_kind(self) -> str:
@@ -73,7 +78,11 @@ class DataBuffer:
         """Groups interrupted mid-generation; they are handed out again first. Samples keep their
         partial tokens (partial rollout) unless the caller reset them."""
         for group in groups:
+            held = group[0].group_index in self.held_out if group else False
             self._land(group)
+            if held:  # a finished group made outside the buffer, handed out and not used: held again
+                self.held.appendleft(group)
+                continue
             self.pending.append(group)
             self.counters["groups_partial"] += 1
 
@@ -82,6 +91,31 @@ class DataBuffer:
         for group in groups:
             self._land(group)
             self.counters[f"groups_dropped_{reason}"] += 1
+
+    def hold_finished_groups(self, groups: list[Group]) -> None:
+        """Finished groups made outside the buffer: each gets a group_index and sample indices of the
+        buffer's, and waits until take_held_groups hands it out (then it returns as any group does)."""
+        for group in groups:
+            if not group:
+                raise ValueError("empty group handed to the buffer")
+            group_index = self.next_group_index
+            self.next_group_index += 1
+            for sample in group:
+                sample.group_index, sample.index = group_index, self.next_sample_index
+                self.next_sample_index += 1
+                sample.check()
+            self.held.append(group)
+            self.counters["groups_held"] += 1
+
+    def take_held_groups(self, num_groups: int) -> list[Group]:
+        groups = [self.held.popleft() for _ in range(min(num_groups, len(self.held)))]
+        for group in groups:
+            self.in_flight[group[0].group_index] = copy.deepcopy(group)
+            self.held_out.add(group[0].group_index)
+        return groups
+
+    def num_held(self) -> int:
+        return len(self.held)
 
     # ------------------------------------------------------------ training side
     def get_train_groups(self, num_groups: int, policy_version: int = 0) -> list[Group]:
@@ -122,8 +156,13 @@ class DataBuffer:
         return {
             "source": self.source.state_dict(),
             "source_kind": self._source_kind,
-            # in flight at save time: nothing of them reached training, so hand them out again
-            "pending": [[s.to_dict() for s in g] for g in list(self.pending) + list(self.in_flight.values())],
+            # in flight at save time: nothing of them reached training, so hand them out again (held
+            # groups as the finished groups they are)
+            "pending": [[s.to_dict() for s in g] for g in list(self.pending) + [
+                g for i, g in self.in_flight.items() if i not in self.held_out]],
+            "held": [[s.to_dict() for s in g] for g in [
+                g for i, g in self.in_flight.items() if i in self.held_out] + list(self.held)],
+            "user_metadata": copy.deepcopy(self.user_metadata),
             "ready": [[s.to_dict() for s in g] for g in self.ready],
             "next_group_index": self.next_group_index,
             "next_sample_index": self.next_sample_index,
@@ -139,6 +178,9 @@ class DataBuffer:
         self.pending = collections.deque([Sample.from_dict(d) for d in g] for g in state["pending"])
         self.ready = collections.deque([Sample.from_dict(d) for d in g] for g in state["ready"])
         self.in_flight = {}
+        self.held = collections.deque([Sample.from_dict(d) for d in g] for g in state.get("held", []))
+        self.held_out = set()
+        self.user_metadata = dict(state.get("user_metadata", {}))
         self.next_group_index = state["next_group_index"]
         self.next_sample_index = state["next_sample_index"]
         self.counters = collections.Counter(state["counters"])
@@ -171,6 +213,7 @@ class DataBuffer:
             raise ValueError(f"a group mixes group_index values {sorted({s.group_index for s in group})}")
         if self.in_flight.pop(key, None) is None:
             raise ValueError(f"group {key} returned to the buffer but was not handed out (or came back twice)")
+        self.held_out.discard(key)
         for sample in group:
             sample.check()
 
@@ -192,7 +235,11 @@ def create_data_buffer(cfg, source_factory=None) -> DataBuffer:
         return DataBuffer(make_user_source(cfg, source_factory), cfg.rollout.n_samples_per_prompt, cfg.rollout.max_staleness)
     if not cfg.data.prompt_data:
         raise ValueError("--prompt-data is required (or --data-source-path)")
-    records, skipped = load_prompts(cfg.data.prompt_data, cfg.data, load_tokenizer(cfg.engines.model_path))
+    # a user's generate or rollout function takes a message list without --apply-chat-template as it is (slime's)
+    user_generates = any(path and not path.startswith("lean_rl.") for path in (
+        cfg.rollout.custom_generate_function_path, cfg.rollout.rollout_function_path))
+    records, skipped = load_prompts(cfg.data.prompt_data, cfg.data, load_tokenizer(cfg.engines.model_path),
+                                    user_generates=user_generates)
     buffer = DataBuffer(PromptSource(records, cfg.data.rollout_shuffle, cfg.data.seed, cfg.data.num_epochs),
                         cfg.rollout.n_samples_per_prompt, cfg.rollout.max_staleness)
     buffer.counters.update({f"prompts_skipped_{reason}": n for reason, n in skipped.items()})

@@ -94,12 +94,14 @@ def render_prompt(record_prompt, data: DataConfig, tokenizer, tools=None) -> lis
     return tokenizer(text, add_special_tokens=False)["input_ids"]
 
 
-def load_prompts(path: str | Path, data: DataConfig, tokenizer, flag: str = "--prompt-data"
-                 ) -> tuple[list[PromptRecord], collections.Counter]:
+def load_prompts(path: str | Path, data: DataConfig, tokenizer, flag: str = "--prompt-data",
+                 user_generates: bool = False) -> tuple[list[PromptRecord], collections.Counter]:
     """Every usable row of `path`, plus counters of what was skipped and why. Every error starts with
-    `flag` (the option that named the file: --prompt-data, or --eval-prompt-data NAME)."""
+    `flag` (the option that named the file: --prompt-data, or --eval-prompt-data NAME). With
+    `user_generates` (the run's generation is a user's function), a list of messages without
+    --apply-chat-template is kept as it is, without tokens, for that function (slime's hand it over so)."""
     try:
-        return _load_prompts(Path(path), data, tokenizer)
+        return _load_prompts(Path(path), data, tokenizer, user_generates)
     except (OSError, ValueError) as err:
         try:
             named = type(err)(f"{flag}: {err}")
@@ -108,7 +110,8 @@ def load_prompts(path: str | Path, data: DataConfig, tokenizer, flag: str = "--p
         raise named from None
 
 
-def _load_prompts(path: Path, data: DataConfig, tokenizer) -> tuple[list[PromptRecord], collections.Counter]:
+def _load_prompts(path: Path, data: DataConfig, tokenizer, user_generates: bool = False
+                  ) -> tuple[list[PromptRecord], collections.Counter]:
     if not path.is_file():
         raise FileNotFoundError(f"prompt data file {str(path)!r} does not exist")
     records, skipped = [], collections.Counter()
@@ -132,7 +135,8 @@ def _load_prompts(path: Path, data: DataConfig, tokenizer) -> tuple[list[PromptR
                                   f"{_json_type(metadata)}")
             tools = row.get(data.tool_key) if data.tool_key else None
             # a scalar (tau-bench's task index): kept as it is for the generate function, as slime does; no tokens
-            tokens = render_prompt(prompt, data, tokenizer, tools) if isinstance(prompt, (str, list)) else []
+            tokens = render_prompt(prompt, data, tokenizer, tools) if isinstance(prompt, str) or (
+                isinstance(prompt, list) and (data.apply_chat_template or not user_generates)) else []
         except BadRowError as err:
             if not data.skip_bad_rows:
                 raise BadRowError(f"{path}:{row_number}: {err} (pass --skip-bad-rows to skip such rows)") from None

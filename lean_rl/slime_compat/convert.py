@@ -127,7 +127,10 @@ def from_slime(cfg: Config, slime: SlimeSample, original: Sample, answers: list[
         metadata[ATTRIBUTES_KEY] = attributes
     prompt = original.prompt if slime.prompt == rendered_prompt(cfg, original) else slime.prompt
     teacher = list(slime.teacher_log_probs or [])
-    index = original.index if slime.index is None else int(slime.index)
+    outside_index = (original.metadata.get(ATTRIBUTES_KEY) or {}).get("index")  # outside_samples.py's
+    if outside_index is not None:
+        metadata.setdefault(ATTRIBUTES_KEY, {})["index"] = outside_index
+    index = original.index if slime.index is None or slime.index == outside_index else int(slime.index)
     group_index = original.group_index if slime.group_index is None else int(slime.group_index)
     # a dict reward stays a dict until --reward-key picks its value (rollout/rewards.py), as lean_rl's own do
     out = Sample(index=index, group_index=group_index, prompt=prompt, tokens=tokens,
@@ -148,6 +151,12 @@ def response_versions(response: list[int], loss_mask: list[int], answers: list[G
     for answer in answers:
         ids = answer.output_ids
         start = _find(response, ids, position, loss_mask) if ids else None
+        if start is not None and answer.relayed and any(
+                a.output_ids == ids and a.versions != answer.versions for a in answers):
+            # the gateway relays every call's answers: two with these ids from different policy versions
+            raise ValueError(f"{where}: {len(ids)} tokens match answers of policy versions "
+                             f"{sorted({v for a in answers if a.output_ids == ids for v in a.versions})} relayed "
+                             "by the router gateway (other calls' too): which one made them is unknown")
         if start is not None:
             versions[start:start + len(ids)] = answer.versions
             position = start + len(ids)

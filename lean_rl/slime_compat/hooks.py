@@ -24,7 +24,8 @@ from lean_rl.sample import Sample
 from lean_rl.slime_compat.args import slime_args
 from lean_rl.slime_compat.convert import from_slime, keep_reward_details, to_slime
 from lean_rl.slime_compat.filter_hub.base_types import DynamicFilterOutput
-from lean_rl.slime_compat.run_state import start_recording
+from lean_rl.slime_compat.router_gateway import rollout_args
+from lean_rl.slime_compat.run_state import recording
 from lean_rl.slime_compat.types import Sample as SlimeSample
 from lean_rl.utils.plugins import dotted_name, hook_return_error, is_slime_function  # noqa: F401 (re-exported)
 
@@ -100,13 +101,13 @@ class SlimeGenerate(Wrapped):
         self.hooks = hooks
 
     async def __call__(self, cfg: Config, sample: Sample, sampling_params: dict, evaluation: bool = False):
-        args = slime_args(cfg)
-        answers = start_recording()
+        args = rollout_args(cfg)
         slime = to_slime(cfg, sample)
-        if "evaluation" in inspect.signature(self.fn).parameters:
-            result = await self.fn(args, slime, sampling_params, evaluation=evaluation)
-        else:
-            result = await self.fn(args, slime, sampling_params)
+        with recording() as answers:
+            if "evaluation" in inspect.signature(self.fn).parameters:
+                result = await self.fn(args, slime, sampling_params, evaluation=evaluation)
+            else:
+                result = await self.fn(args, slime, sampling_params)
         results = result if isinstance(result, list) else [result]
         if not results or not all(isinstance(r, SlimeSample) for r in results):
             raise hook_return_error(self.flag, self.fn, result, "a slime Sample, or a non-empty list of them")

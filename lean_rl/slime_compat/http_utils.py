@@ -17,6 +17,7 @@ from lean_rl.backends.sglang.listener_check import bearer_auth
 from lean_rl.backends.sglang.responses import parse_generate_response
 from lean_rl.rollout.base import rollout_stopping
 from lean_rl.rollout.generate import token_versions
+from lean_rl.slime_compat.router_gateway import gateway_origin
 from lean_rl.slime_compat.run_state import GenerateAnswer, bound_config, record_answer
 
 logger = logging.getLogger(__name__)
@@ -38,6 +39,17 @@ def _client() -> httpx.AsyncClient:
 def _origin(url: str) -> tuple[str | None, int | None]:
     parts = urlsplit(url)
     return parts.hostname, parts.port
+
+
+def _direct(url: str) -> str:
+    """A URL on the router gateway (where slime's args.sglang_router_ip/port point) goes to the router
+    itself: slime's own requests need no gateway (the key and the versions are handled here)."""
+    cfg = bound_config()
+    gateway = gateway_origin(cfg)
+    parts = urlsplit(url)
+    if gateway is None or not cfg.engines.router_url or (parts.hostname, parts.port) != gateway:
+        return url
+    return urlsplit(cfg.engines.router_url)._replace(path=parts.path, query=parts.query).geturl()
 
 
 def _ours(url: str) -> bool:
@@ -75,6 +87,7 @@ async def post(url: str, payload: dict | None, max_retries: int = 60, headers: d
     if _is_generate(url) and rollout_stopping():
         # the rollout has enough groups and aborted the engines: a new request would only be surplus
         raise RuntimeError("the rollout is stopping (its batch is full): no new /generate request")
+    url = _direct(url)
     auth = _run_auth(url, headers)
     payload = _served_by_policy(url, payload)
     for attempt in range(1, max_retries + 1):
@@ -114,6 +127,7 @@ def _note_generate_answer(output: dict) -> None:
 
 
 async def get(url: str):
+    url = _direct(url)
     response = await _client().get(url, auth=_run_auth(url))
     response.raise_for_status()
     return json.loads(response.content)

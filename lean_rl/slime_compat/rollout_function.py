@@ -23,12 +23,13 @@ from lean_rl.rollout.base import RolloutOutput, installed_extensions
 from lean_rl.rollout.metrics import rollout_metrics
 from lean_rl.rollout.rewards import reward_key, score_group
 from lean_rl.sample import Sample, Status
-from lean_rl.slime_compat.args import slime_args
 from lean_rl.slime_compat.async_utils import run
 from lean_rl.slime_compat.base_types import RolloutFnEvalOutput, RolloutFnTrainOutput
 from lean_rl.slime_compat.convert import from_slime, to_slime
 from lean_rl.slime_compat.hooks import Wrapped
-from lean_rl.slime_compat.run_state import GenerateAnswer, start_recording
+from lean_rl.slime_compat.outside_samples import is_outside_group, outside_group
+from lean_rl.slime_compat.router_gateway import rollout_args
+from lean_rl.slime_compat.run_state import GenerateAnswer, recording
 from lean_rl.slime_compat.types import Sample as SlimeSample
 from lean_rl.utils.plugins import hook_return_error
 
@@ -48,7 +49,8 @@ class BufferDataSource:
     def get_samples(self, num_samples: int) -> list[list[SlimeSample]]:
         if self.buffer is None:
             raise RuntimeError(f"{self.flag}: an evaluation has no training prompts (read args.eval_prompt_data)")
-        groups = self.buffer.get_prompt_groups(int(num_samples))
+        groups = self.buffer.take_held_groups(int(num_samples))  # finished groups handed in first, as slime's
+        groups += self.buffer.get_prompt_groups(int(num_samples) - len(groups))
         for group in groups:
             self.handed_out[group[0].group_index] = group
         return [[to_slime(self.cfg, s) for s in group] for group in groups]
@@ -57,6 +59,10 @@ class BufferDataSource:
         """Groups handed back (slime's partial rollout): into the buffer's pending groups, handed out
         first next time, with the tokens they hold when --partial-rollout is on (aborted there)."""
         assert self.buffer is not None
+        outside = [g for g in samples if is_outside_group(g)]
+        if outside:  # finished samples the function built itself (no group_index): held for get_samples
+            self.buffer.hold_finished_groups([outside_group(self.cfg, g, self.answers, self.flag) for g in outside])
+        samples = [g for g in samples if not is_outside_group(g)]
         back = [self.lean_group(group, stopping=True) for group in samples]
         self.handed_back.update(g[0].group_index for g in back)
         self.buffer.put_partial_groups(back)
@@ -75,7 +81,21 @@ class BufferDataSource:
         if group is None:
             raise ValueError(f"{self.flag}: sample {s.index} has group_index {s.group_index}, which data_source."
                              "get_samples did not hand out in this call (keep the group_index of the samples you got)")
-        return next((o for o in group if o.index == s.index), group[0])
+        # a held group's samples share slime's index (rollout_buffer's instance id): their tokens tell them apart
+        return next((o for o in group if o.index == s.index), None) or \
+            next((o for o in group if o.tokens == list(s.tokens)), group[0])
+
+    def get_buffer_length(self) -> int:
+        """Groups handed in and not handed out yet (slime's RolloutDataSourceWithBuffer counts groups)."""
+        return 0 if self.buffer is None else self.buffer.num_held()
+
+    def get_metadata(self) -> dict:
+        """The function's metadata, kept by the buffer across calls and saved with the checkpoint."""
+        return {} if self.buffer is None else self.buffer.user_metadata
+
+    def update_metadata(self, metadata: dict) -> None:
+        assert self.buffer is not None
+        self.buffer.user_metadata.update(metadata)
 
     def save(self, rollout_id) -> None:
         pass  # the buffer is saved with lean_rl's checkpoint
@@ -94,11 +114,11 @@ class SlimeRolloutFunction(Wrapped):
     def __call__(self, cfg: Config, rollout_id: int, buffer: DataBuffer | None, evaluation: bool = False
                  ) -> RolloutOutput:
         started = time.monotonic()
-        answers = start_recording()  # the /generate answers of every request the function sends
-        source = BufferDataSource(cfg, buffer, answers, self.flag)
-        result = self.fn(slime_args(cfg), rollout_id, source, evaluation=evaluation)
-        if inspect.isawaitable(result):
-            result = run(result)
+        with recording() as answers:  # the /generate answers of every request the function sends
+            source = BufferDataSource(cfg, buffer, answers, self.flag)
+            result = self.fn(rollout_args(cfg), rollout_id, source, evaluation=evaluation)
+            if inspect.isawaitable(result):
+                result = run(result)
         if evaluation:
             return self._evaluation_output(cfg, result)
         return self._train_output(cfg, result, source, started)

@@ -5,7 +5,10 @@ sample's versions from them, exactly)."""
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
+import threading
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -34,6 +37,7 @@ class GenerateAnswer:
     output_ids: list[int]
     versions: list[int]
     aborted: bool
+    relayed: bool = False  # seen by the router gateway (router_gateway.py): maybe another call's answer
 
 
 # Set per call of a user's generate function (hooks.py); the tasks it starts share the same list
@@ -46,6 +50,31 @@ def start_recording() -> list[GenerateAnswer]:
     answers: list[GenerateAnswer] = []
     _ANSWERS.set(answers)
     return answers
+
+
+_RUNNING: dict[int, list[GenerateAnswer]] = {}  # the records of the slime calls running now, in any thread
+_RUNNING_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def recording() -> Iterator[list[GenerateAnswer]]:
+    """start_recording() for the duration of one slime call, which also receives the answers the router
+    gateway relays meanwhile (a foreign client's requests carry nothing that names their call: each
+    running call gets them all, and convert.py matches answers to a sample's tokens)."""
+    answers = start_recording()
+    with _RUNNING_LOCK:
+        _RUNNING[id(answers)] = answers
+    try:
+        yield answers
+    finally:
+        with _RUNNING_LOCK:
+            _RUNNING.pop(id(answers), None)
+
+
+def record_relayed_answer(answer: GenerateAnswer) -> None:
+    with _RUNNING_LOCK:
+        for answers in _RUNNING.values():
+            answers.append(answer)
 
 
 def record_answer(answer: GenerateAnswer) -> None:

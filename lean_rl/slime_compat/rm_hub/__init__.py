@@ -24,11 +24,33 @@ from lean_rl.rollout import rewards
 from lean_rl.slime_compat.misc import load_function
 from lean_rl.slime_compat.rm_hub.f1 import f1_score
 from lean_rl.slime_compat.rm_hub.math_dapo_utils import compute_score as compute_score_dapo
-from lean_rl.slime_compat.rm_hub.math_utils import extract_answer, grade_answer_verl
+from lean_rl.slime_compat.rm_hub.math_utils import extract_answer, grade, grade_answer_verl
 from lean_rl.slime_compat.run_state import bound_config
 from lean_rl.slime_compat.types import Sample
 
-__all__ = ["async_rm", "batched_async_rm", "grade_answer_verl", "extract_answer", "remote_rm"]
+__all__ = ["async_rm", "batched_async_rm", "grade_answer_verl", "extract_answer", "remote_rm",
+           "get_deepscaler_rule_based_reward"]
+
+
+def get_deepscaler_rule_based_reward(response: str, label) -> int:
+    """deepscaler's score, synchronous and graded in this thread, as slime's function of this name is
+    called outside a run (rollout_buffer's generator processes): no run, so no reward worker."""
+    solution = _deepscaler_solution(response)
+    answer = extract_answer(solution) if solution is not None else None
+    if answer is None or label in ("", None):
+        return 0
+    truth = str(label)
+    if "\\boxed" in truth:
+        truth = extract_answer(truth) or ""
+    return int(bool(truth) and grade(answer, truth))
+
+
+def _deepscaler_solution(response: str) -> str | None:
+    if "</think>" in response:
+        return response.split("</think>")[-1]
+    if "###Response" in response:
+        return response.split("###Response")[1]
+    return None
 
 
 async def _math_equal(answer: str, label) -> bool:
