@@ -348,8 +348,9 @@ SLIME_FLAGS: dict[str, SlimeFlag] = {
     "--update-weight-local-checkpoint-dir": refused("only for delta sync, not in lean_rl: --weight-sync-transport"),
     "--update-weight-buffer-size": same(),
     "--update-weights-interval": notice("lean_rl syncs after every step", allowed=("1",)),
-    "--keep-old-actor": refused("lean_rl recomputes the old policy's log-probs, or takes the engine's "
-                                "(--use-rollout-logprobs); stale samples: --decoupled-ppo or --use-tis"),
+    "--keep-old-actor": notice("lean_rl syncs after every step, so in a synchronous run the weights it recomputes the "
+                               "old log-probs with are the rollout's; stale samples of an async run: --decoupled-ppo "
+                               "or --use-tis"),
     "--check-weight-update-equal": notice("lean_rl probes every sync (max |Δ log p| between trainer and engines)"),
     # ---- the trainer and its model
     "--qwen-gdn-backend": notice(KERNEL),
@@ -504,7 +505,7 @@ SLIME_FLAGS: dict[str, SlimeFlag] = {
     "--normalize-advantages": same(),
     "--disable-grpo-std-normalization": mapped(_no_std_normalization, "`--advantage-estimator dr_grpo` (with "
                                                "`--policy-loss gspo / cispo` for those estimators)"),
-    "--disable-rewards-normalization": refused("raw rewards as advantages: --custom-advantage-function-path"),
+    "--disable-rewards-normalization": same(),
     "--use-rollout-entropy": notice("lean_rl computes the entropy where a loss needs it (--entropy-coef)"),
     "--get-mismatch-metrics": notice("lean_rl always logs the trainer/engine mismatch "
                                      "(train/rollout_logprob_abs_diff, train/mismatch_kl)"),

@@ -40,7 +40,7 @@ import math
 
 import torch
 
-from lean_rl.algorithms.names import ESTIMATORS, KL_IN_REWARD_ESTIMATORS
+from lean_rl.algorithms.names import ESTIMATORS, KL_IN_REWARD_ESTIMATORS, RAW_REWARD_ESTIMATORS
 from lean_rl.sample import REMAX_BASELINE_REWARD
 
 GROUP_EPS = 1e-6
@@ -226,14 +226,17 @@ def compute_advantages(estimator: str, rewards: torch.Tensor, group_ids: torch.T
                        valid: torch.Tensor | None = None, kl: torch.Tensor | None = None, kl_coef: float = 0.0,
                        values: torch.Tensor | None = None, gamma: float = 1.0, lam: float = 1.0,
                        normalize: bool = False, pass_k: int | None = None,
-                       baselines: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+                       baselines: torch.Tensor | None = None,
+                       group_baseline: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(advantages [B, T], returns [B, T] for the critic or None). `valid` ([B] bool, default all)
     marks the sequences that are data: the others (FAILED samples) are left out of every group and
     batch statistic and get advantage 0 (see the module docstring). `kl` ([B, T], old policy vs
     reference) is the KL-in-reward term of the token-level estimators (REINFORCE++ variants, PPO);
     the group estimators take KL as a loss term instead. `normalize` whitens the result over the batch
     (--normalize-advantages; REINFORCE++ variants are always whitened). `pass_k`: the k of pass_at_k.
-    `baselines` ([B], NaN where absent): remax's greedy-response reward of each sequence's prompt."""
+    `baselines` ([B], NaN where absent): remax's greedy-response reward of each sequence's prompt.
+    `group_baseline` False (--disable-rewards-normalization, slime's flag): the group estimators (grpo, dr_grpo,
+    gspo, cispo, reinforce_plus_plus_baseline) take the raw reward, no group mean or std."""
     if kl_coef != 0 and kl is None:
         raise ValueError("kl_coef != 0 needs per-token kl")
     if kl_coef != 0 and estimator not in KL_IN_REWARD_ESTIMATORS:
@@ -243,7 +246,12 @@ def compute_advantages(estimator: str, rewards: torch.Tensor, group_ids: torch.T
     mask = mask.float() * valid.unsqueeze(-1)  # from here on a failed sample has no token
     kl = torch.zeros_like(mask) if kl is None else kl.float()
     returns = None
-    if estimator in ("grpo", "gspo", "cispo"):
+    if not group_baseline and estimator in RAW_REWARD_ESTIMATORS:
+        raw = torch.where(valid, rewards.float(), 0.0)
+        if estimator == "reinforce_plus_plus_baseline":
+            return masked_whiten(broadcast(raw, mask) - kl_coef * kl * mask, mask), None
+        advantages = broadcast(raw, mask)
+    elif estimator in ("grpo", "gspo", "cispo"):
         advantages = broadcast(group_normalized(rewards, group_ids, divide_by_std=True, valid=valid), mask)
     elif estimator == "dr_grpo":
         advantages = broadcast(group_normalized(rewards, group_ids, divide_by_std=False, valid=valid), mask)

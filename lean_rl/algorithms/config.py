@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from lean_rl.algorithms.names import (AGGREGATION_MODES, DPO_LOSS_TYPES, ESTIMATORS, IS_LEVELS, KL_IN_REWARD_ESTIMATORS,
-                                     KL_TYPES, LOSS_TYPES, POLICY_LOSSES)
+                                     KL_TYPES, LOSS_TYPES, POLICY_LOSSES, RAW_REWARD_ESTIMATORS)
 from lean_rl.options import ConfigError, option
 from lean_rl.utils.custom_config import ReadOnlyMapping
 
@@ -88,6 +88,9 @@ class AlgorithmConfig:
     use_rollout_logprobs: bool = option(  # old policy = the engine's log-probs, no recompute
         False, help="use the engine's log-probs as the old policy instead of recomputing them")
     normalize_advantages: bool = option(False, help="whiten advantages over the batch")
+    disable_rewards_normalization: bool = option(False, help=(
+        "raw rewards as the sequence advantages of grpo, dr_grpo, gspo, cispo and reinforce_plus_plus_baseline: "
+        "no group mean subtracted, no std divided (slime's flag)"))
     loss_agg_mode: str | None = option(  # None: DEFAULT_AGGREGATION, else token-mean
         None, choices=AGGREGATION_MODES,
         help="default: seq-mean-token-mean for --policy-loss gmpo, seq-mean-token-sum-norm for dr_grpo, "
@@ -173,6 +176,9 @@ class AlgorithmConfig:
                  f"--eps-clip-c (dual clip) applies to --policy-loss ppo, gspo, clip_cov, not {self.policy_loss}")
         _require(self.advantage_estimator != "pass_at_k" or self.pass_k is not None,
                  "--advantage-estimator pass_at_k needs --pass-k")
+        _require(not self.disable_rewards_normalization or self.advantage_estimator in RAW_REWARD_ESTIMATORS,
+                 f"--disable-rewards-normalization applies to {', '.join(RAW_REWARD_ESTIMATORS)}, "
+                 f"not --advantage-estimator {self.advantage_estimator} (which normalizes no group reward)")
         _require(self.pass_k is None or self.pass_k >= 1, f"--pass-k must be >= 1, got {self.pass_k}")
         _require(0 < self.kl_cov_ratio <= 1, f"--kl-cov-ratio must be in (0, 1], got {self.kl_cov_ratio}")
         _require(self.ppo_kl_coef >= 0, f"--ppo-kl-coef must be >= 0, got {self.ppo_kl_coef}")

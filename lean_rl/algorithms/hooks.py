@@ -59,7 +59,8 @@ def builtin_advantages(algo: AlgorithmConfig, inputs: AdvantageInputs) -> tuple[
     return compute_advantages(
         algo.advantage_estimator, inputs.rewards, inputs.group_ids, inputs.mask, valid=inputs.valid, kl=inputs.kl,
         kl_coef=algo.kl_coef, values=inputs.values, gamma=algo.gamma, lam=algo.lambd,
-        normalize=algo.normalize_advantages, pass_k=algo.pass_k, baselines=inputs.baseline_rewards)
+        normalize=algo.normalize_advantages, pass_k=algo.pass_k, baselines=inputs.baseline_rewards,
+        group_baseline=not algo.disable_rewards_normalization)
 
 
 def load_advantage_function(path: str) -> Callable:

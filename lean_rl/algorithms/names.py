@@ -6,6 +6,8 @@ from __future__ import annotations
 ESTIMATORS = ("grpo", "dr_grpo", "gspo", "cispo", "rloo", "opo", "remax", "pass_at_k", "reinforce_plus_plus",
               "reinforce_plus_plus_baseline", "ppo")
 KL_IN_REWARD_ESTIMATORS = ("reinforce_plus_plus", "reinforce_plus_plus_baseline", "ppo")
+# the estimators whose group baseline --disable-rewards-normalization removes (slime's set, with dr_grpo)
+RAW_REWARD_ESTIMATORS = ("grpo", "dr_grpo", "gspo", "cispo", "reinforce_plus_plus_baseline")
 KL_TYPES = ("k1", "k2", "k3", "low_var_kl")
 AGGREGATION_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
 IS_LEVELS = ("token", "sequence", "geometric")

@@ -99,8 +99,8 @@ def rollout_buffer_server(tmp_path):
 def test_rollout_buffer_runs_with_its_files_unchanged(tiny_qwen2, tmp_path, example_deps, rollout_buffer_server):
     data = tmp_path / "dapo.jsonl"
     write_rows(data, [{"prompt": [{"role": "user", "content": q}], "label": a} for q, a in QUESTIONS * 2])
-    # rollout_buffer_example.sh's flags for its functions (--loss-mask-type for the tiny Qwen2's template), less
-    # --keep-old-actor and --disable-rewards-normalization, which lean_rl refuses naming its way (the launch change);
+    # rollout_buffer_example.sh's flags for its functions (--loss-mask-type for the tiny Qwen2's template), with its
+    # --keep-old-actor (a notice: no effect in a synchronous run) and --disable-rewards-normalization (raw rewards);
     # 1 step: the example's generator queues the prompts once and then sleeps 300 s before the next pass,
     # and the example keeps only the newest groups it fetched, so a second step would wait for that pass
     flags = [f for f in slime_flags(tiny_qwen2, data, tmp_path, "--label-key", "label", "--rm-type", "deepscaler",
@@ -108,7 +108,7 @@ def test_rollout_buffer_runs_with_its_files_unchanged(tiny_qwen2, tmp_path, exam
                                     "--rollout-function-path",
                                     "slime_plugins.rollout_buffer.rollout_buffer_example.generate_rollout",
                                     "--rollout-buffer-url", rollout_buffer_server, "--loss-mask-type", "qwen",
-                                    "--log-passrate")
+                                    "--log-passrate", "--keep-old-actor", "--disable-rewards-normalization")
              if f != "--apply-chat-template"]
     flags[flags.index("--num-rollout") + 1] = "1"
     env = {"PYTHONPATH": os.pathsep.join([str(EXAMPLES / "slime_root"), str(REPO), os.environ.get("PYTHONPATH", "")])}

@@ -10,6 +10,7 @@ import torch
 from lean_rl.algorithms.advantages import (compute_advantages, discounted_returns, gae, group_normalized,
                                            leave_one_out, masked_whiten)
 from lean_rl.options import build
+from lean_rl.algorithms.config import AlgorithmConfig
 
 # group 0: rewards 1, 0        mean 0.5, unbiased std sqrt(0.5) = 0.7071068
 # group 1: rewards 2, 2, 5     mean 3, deviations -1 -1 2, unbiased var 6/2 = 3, std 1.7320508
@@ -31,6 +32,28 @@ def test_grpo_divides_by_group_std_and_broadcasts_to_tokens():
 def test_dr_grpo_only_subtracts_the_group_mean():
     advantages, _ = compute_advantages("dr_grpo", REWARDS, GROUPS, MASK)
     assert torch.allclose(advantages[:, 0], torch.tensor([0.5, -0.5, -1.0, -1.0, 2.0]))
+
+
+def test_without_rewards_normalization_the_group_estimators_take_the_raw_reward():
+    # --disable-rewards-normalization (slime's flag): no group mean, no std; a failed sample still gets 0
+    valid = torch.tensor([True, True, True, False, True])
+    for estimator in ("grpo", "dr_grpo", "gspo", "cispo"):
+        advantages, _ = compute_advantages(estimator, REWARDS, GROUPS, MASK, valid=valid, group_baseline=False)
+        assert torch.equal(advantages, torch.tensor([1.0, 0.0, 2.0, 0.0, 5.0])[:, None] * MASK), estimator
+    # reinforce_plus_plus_baseline: raw rewards on every trained token, then whitened over the batch's 8 such
+    # tokens of the valid samples: values 1 1 0 2 2 2 5 5 (sample 3 left out), mean 18/8 = 2.25
+    advantages, _ = compute_advantages("reinforce_plus_plus_baseline", REWARDS, GROUPS, MASK, valid=valid,
+                                       group_baseline=False)
+    tokens = torch.tensor([1.0, 1.0, 0.0, 2.0, 2.0, 2.0, 5.0, 5.0])
+    std = math.sqrt(((tokens - 2.25) ** 2).sum().item() / 7)
+    assert torch.allclose(advantages[0, 0], torch.tensor((1.0 - 2.25) / std), atol=1e-5)
+    assert torch.allclose(advantages[4, 0], torch.tensor((5.0 - 2.25) / std), atol=1e-5)
+    assert torch.all(advantages[3] == 0)
+
+
+def test_rewards_normalization_off_is_refused_where_no_group_reward_is_normalized():
+    with pytest.raises(Exception, match="--disable-rewards-normalization applies to"):
+        build(AlgorithmConfig, advantage_estimator="rloo", disable_rewards_normalization=True)
 
 
 def test_rloo_uses_the_mean_of_the_other_samples():
