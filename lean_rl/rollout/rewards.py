@@ -26,7 +26,7 @@ from lean_rl.utils.plugins import HookReturnError, hook_return_error
 
 if TYPE_CHECKING:  # not at run time: lean_rl.config imports every flag group (Megatron's included)
     from lean_rl.config import Config
-    from lean_rl.extensions import GroupRewardFunction, RewardFunction
+    from lean_rl.hook_protocols import GroupRewardFunction, RewardFunction
 
 
 # ---------------------------------------------------------------- text helpers

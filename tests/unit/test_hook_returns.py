@@ -13,7 +13,7 @@ import types
 import numpy as np
 import pytest
 
-from lean_rl.extensions import Extensions
+from lean_rl.hook_protocols import Extensions
 from lean_rl.rollout.base import RolloutOutput, rollout_output
 from lean_rl.rollout.group_runner import GroupRunner
 from lean_rl.rollout.rewards import score_group

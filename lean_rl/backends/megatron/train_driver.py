@@ -23,7 +23,8 @@ import torch
 
 from lean_rl.algorithms.config import AlgorithmConfig
 from lean_rl.algorithms.distillation import reverse_kl_advantages
-from lean_rl.algorithms.hooks import AdvantageInputs, compute_custom_or_builtin_advantages
+from lean_rl.algorithms.advantages import AdvantageInputs
+from lean_rl.algorithms.hooks import compute_custom_or_builtin_advantages
 from lean_rl.algorithms.kl import kl_estimate
 from lean_rl.algorithms.losses import aggregation_weights
 from lean_rl.backends.megatron.rank_trainer import RankTrainer
