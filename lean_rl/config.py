@@ -30,8 +30,10 @@ from lean_rl.backends.megatron.config import MegatronConfig, ModelFlags, Paralle
 from lean_rl.backends.megatron.hf_config import checkpoint_dtype
 from lean_rl.backends.megatron.train_config import (BatchPlan, CheckpointConfig, TrainConfig, TrainerLayout,
                                                     training_temperature)
-from lean_rl.backends.sglang.config import (API_KEY_ENV, EngineConfig, engines_dtype, gpu_fp32_note, resolve_api_key,
-                                           resolve_ports, split_passthrough)
+from lean_rl.backends.sglang.config import EngineConfig, gpu_fp32_note
+from lean_rl.backends.sglang.ports_and_key import resolve_api_key, resolve_ports
+from lean_rl.backends.sglang.api_keys import API_KEY_ENV
+from lean_rl.backends.sglang.command_line import engines_dtype, split_passthrough
 from lean_rl.buffer.config import DataConfig
 from lean_rl.buffer.prompt_source import check_prompt_file_type
 from lean_rl.cli import DEBUG_HELP, ArgumentParser

@@ -144,7 +144,7 @@ class WeightSync:
     @staticmethod
     def _engine_info(url: str, server: dict, model: dict) -> EngineInfo:
         from lean_rl.backends.megatron.hf_config import checkpoint_dtype
-        from lean_rl.backends.sglang.config import serving_dtype
+        from lean_rl.backends.sglang.command_line import serving_dtype
 
         for key in ("pp_size", "dp_size"):
             if int(server.get(key) or 1) != 1:

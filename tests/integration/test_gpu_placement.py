@@ -21,7 +21,9 @@ _DRIVER = textwrap.dedent("""
     from lean_rl.backends.megatron.group import COLOCATED_RANK_SHARE, place_ranks
     from lean_rl.backends.megatron.rank_actors import RankActors
     from lean_rl.backends.megatron.train_config import TrainerLayout
-    from lean_rl.backends.sglang.config import EngineConfig, flags_to_dict, resolve_api_key, split_passthrough
+    from lean_rl.backends.sglang.command_line import flags_to_dict, split_passthrough
+    from lean_rl.backends.sglang.config import EngineConfig
+    from lean_rl.backends.sglang.ports_and_key import resolve_api_key
     from lean_rl.backends.sglang.engine_actor import EngineActor
     from lean_rl.backends.sglang.engine_placement import EngineScheduler, colocated_placement
     from lean_rl.options import add_options, read_options

@@ -10,8 +10,9 @@ import argparse
 import pytest
 
 from lean_rl.backends.megatron.config import PrecisionFlags
-from lean_rl.backends.sglang.config import (COLOCATED_GPU_ENV, COLOCATED_GPU_FLAGS, EngineConfig, engines_dtype,
-                                           flags_to_dict, serving_dtype, split_passthrough)
+from lean_rl.backends.sglang.config import EngineConfig
+from lean_rl.backends.sglang.command_line import (COLOCATED_GPU_ENV, COLOCATED_GPU_FLAGS, engines_dtype, flags_to_dict,
+                                                  serving_dtype, split_passthrough)
 from lean_rl.options import ConfigError, add_options, build, read_options
 from lean_rl.weight_sync.config import WeightSyncConfig, resolve_transport
 from lean_rl.weight_sync.ipc_map import IpcLayout, engine_ranks, stage_lead_ranks, unserved_by_ipc
