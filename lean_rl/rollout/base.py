@@ -13,8 +13,9 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, TypeVar
 
-from lean_rl.backends.sglang.client import (EngineClient, EngineConnectionError, EngineError, EngineHTTPError,
-                                            EngineTimeoutError)
+from lean_rl.backends.sglang.client import EngineClient
+from lean_rl.backends.sglang.client_errors import (EngineConnectionError, EngineError, EngineHTTPError,
+                                                   EngineTimeoutError)
 # RolloutOutput: what a rollout function returns, imported from here by users (slime's contract included)
 from lean_rl.hook_protocols import Extensions, RolloutOutput
 from lean_rl.sample import Sample

@@ -93,7 +93,7 @@ class WeightSync:
 
     # ------------------------------------------------------------------ connect
     def connect(self) -> None:
-        from lean_rl.backends.sglang.client import BlockingEngineClient
+        from lean_rl.backends.sglang.blocking_client import BlockingEngineClient
 
         client_factory = self._client_factory or BlockingEngineClient
         if self.plan is not None:

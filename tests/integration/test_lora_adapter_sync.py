@@ -16,7 +16,7 @@ from lean_rl.backends.megatron.config import ParallelConfig
 from lean_rl.backends.megatron.group import MegatronGroup
 from lean_rl.backends.megatron.train_config import LoraConfig
 from lean_rl.backends.megatron.train_driver import initialize_for_training, train_on_rollout
-from lean_rl.backends.sglang.client import BlockingEngineClient
+from lean_rl.backends.sglang.blocking_client import BlockingEngineClient
 from lean_rl.backends.sglang.engines import EngineGroup
 from lean_rl.backends.sglang.lora import ServedAdapter
 from lean_rl.options import build, rebuild

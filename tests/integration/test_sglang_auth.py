@@ -13,7 +13,8 @@ import httpx
 import psutil
 import pytest
 
-from lean_rl.backends.sglang.client import EngineClient, EngineConnectionError, EngineHTTPError, RetryPolicy
+from lean_rl.backends.sglang.client import EngineClient
+from lean_rl.backends.sglang.client_errors import EngineConnectionError, EngineHTTPError, RetryPolicy
 from lean_rl.backends.sglang.config import EngineConfig
 from lean_rl.backends.sglang.ports_and_key import resolve_api_key, resolve_ports
 from lean_rl.backends.sglang.api_keys import API_KEY_ENV

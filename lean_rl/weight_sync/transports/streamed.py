@@ -50,7 +50,7 @@ class StreamedTransport(Transport):
 
     # ------------------------------------------------------------------ rank half
     def setup_rank(self, rank: RankSide) -> None:
-        from lean_rl.backends.sglang.client import BlockingEngineClient
+        from lean_rl.backends.sglang.blocking_client import BlockingEngineClient
 
         plan = rank.plan
         if rank.leads_own_stage:
