@@ -191,7 +191,7 @@ def train_tiny(smoke: Smoke, device: str, dtype: str, steps: int):
 def reference_in_child(out_dir: str, steps: int, outbox) -> None:
     """The second process of the reference step: the checkpoint, then the float32 CPU reference. Apart
     from the device run because a CPU Megatron rank replaces torch.cuda's API and Megatron's RNG tracker
-    process-wide (backends/megatron/compat.py _apply_cpu_fixes): a GPU rank after it would break."""
+    process-wide (backends/megatron/compat_cpu.py apply_cpu_fixes): a GPU rank after it would break."""
     try:
         smoke = Smoke("cpu", Path(out_dir))
         checkpoint = smoke.write_checkpoint()
