@@ -45,7 +45,7 @@ from lean_rl.utils.ray_utils import init_ray
 
 if TYPE_CHECKING:
     from lean_rl.backends.megatron.group import MegatronGroup
-    from lean_rl.backends.megatron.rank_actors import MegatronGroupError
+    from lean_rl.backends.megatron.rank_errors import MegatronGroupError
     from lean_rl.backends.sglang.engines import EngineGroup
     from lean_rl.backends.sglang.health import EngineMonitor
     from lean_rl.weight_sync.engine_weights import EngineWeights

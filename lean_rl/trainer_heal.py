@@ -28,7 +28,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
-from lean_rl.backends.megatron.rank_actors import MegatronGroupError, PlacementError
+from lean_rl.backends.megatron.rank_errors import MegatronGroupError, PlacementError
 
 if TYPE_CHECKING:
     from lean_rl.buffer.data_buffer import DataBuffer

@@ -4,7 +4,7 @@ the real heal (Megatron ranks, SGLang engines, Ray) is tests/e2e/test_trainer_he
 
 import pytest
 
-from lean_rl.backends.megatron.rank_actors import MegatronGroupError, PlacementError
+from lean_rl.backends.megatron.rank_errors import MegatronGroupError, PlacementError
 from lean_rl.config import parse_config
 from lean_rl.trainer_heal import TrainerHealer, TrainerHealFailed
 

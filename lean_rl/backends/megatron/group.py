@@ -23,12 +23,14 @@ from lean_rl.backends.megatron.distributed import RankLayout
 from lean_rl.backends.megatron.hf_config import arch_from_hf_config, check_arch_matches_checkpoint, hf_family
 from lean_rl.backends.megatron.rank import MegatronRank
 from lean_rl.backends.megatron.rank_trainer import RankTrainer
-from lean_rl.backends.megatron.rank_actors import InProcessRank, MegatronGroupError, RankActors
+from lean_rl.backends.megatron.rank_actors import RankActors
+from lean_rl.backends.megatron.in_process_rank import InProcessRank
+from lean_rl.backends.megatron.rank_errors import MegatronGroupError
 from lean_rl.backends.megatron.scoring_plan import plan_scoring
 from lean_rl.backends.megatron.train_config import BatchPlan, TrainConfig, TrainerLayout
 from lean_rl.utils.device import detect_device
 
-# MegatronGroupError (defined in rank_actors.py): what a failed call raises; importable from here
+# MegatronGroupError (defined in rank_errors.py): what a failed call raises; importable from here
 __all__ = ["COLOCATED_RANK_SHARE", "LogProbOutput", "MegatronGroup", "MegatronGroupError"]
 
 logger = logging.getLogger(__name__)
@@ -104,7 +106,7 @@ class MegatronGroup:
         COLOCATED_RANK_SHARE of their devices, leaving the rest of each node's bundle to the engines
         placed into it (sglang.engine_placement.colocated_placement). `colocate_with` (PPO's critic under --colocate):
         rank i runs in the bundle and on the devices of that group's rank i (place_ranks). `in_process`:
-        one rank hosted in this process, no Ray (rank_actors.InProcessRank; the GPU smoke check).
+        one rank hosted in this process, no Ray (in_process_rank.InProcessRank; the GPU smoke check).
         `placement_group`: a trainer heal's, kept from the failed group (place_ranks). A colocated group's
         failure keeps its placement group: the engines live in it."""
         if not in_process:
