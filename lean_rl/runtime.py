@@ -162,7 +162,8 @@ class Runtime:
             self.weight_sync and self.weight_sync.close,
             self.monitor and self.monitor.stop,
             self.engines and self.engines.stop, self.teacher_engines and self.teacher_engines.stop,
-            *self.trainers.closers(),
+            self.trainer and self.trainer.shutdown,
+            self.critic and self.critic.shutdown,
             self.logger and self.logger.close,
         ):
             try:

@@ -81,6 +81,3 @@ class TrainerGroups:
             raise
         self._set(actor, critic)
         return step, state
-
-    def closers(self) -> tuple[Callable[[], None] | None, ...]:
-        return (self.actor and self.actor.shutdown, self.critic and self.critic.shutdown)

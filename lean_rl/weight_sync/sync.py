@@ -235,6 +235,7 @@ class WeightSync:
 
     def connect_stage(self, stage: int) -> None:
         """RankWeightSync.connect_stage on every rank (the stage's lead connects its transport)."""
+        assert self.plan is not None, "connect_stage: called before connect"
         self.on_ranks(RankWeightSync.connect_stage, self.plan.group_prefix, stage)
 
     def on_ranks(self, fn: Callable, *args) -> list:

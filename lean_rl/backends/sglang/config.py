@@ -33,7 +33,8 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any
 
-from lean_rl.backends.sglang.api_keys import API_KEY_ENV, API_KEY_OFF, CHILD_API_KEY_ENV, api_key_value, travels_by_file
+from lean_rl.backends.sglang.api_keys import (API_KEY_ENV, API_KEY_OFF, CHILD_API_KEY_ENV, api_key_value, auth_headers,
+                                              travels_by_file)
 from lean_rl.backends.sglang.command_line import (COLOCATED_GPU_ENV, COLOCATED_GPU_FLAGS, GPU_FP32_ATTENTION_BACKEND,
                                                   MANAGED_ROUTER_FLAGS, MANAGED_SERVER_FLAGS, flags_to_dict,
                                                   merge_flags)

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 if TYPE_CHECKING:
-    from lean_rl.backends.sglang.client import EngineClient
+    from lean_rl.backends.sglang.blocking_client import BlockingEngineClient
     from lean_rl.weight_sync.config import WeightSyncConfig
     from lean_rl.weight_sync.stages import EngineInfo, RankSyncPlan, StageSent, TimedExport
 
@@ -30,8 +30,8 @@ if TYPE_CHECKING:
 class SyncDriver(Protocol):
     """The driver's side of one weight sync, as a transport's driver half uses it (sync.WeightSync)."""
     cfg: WeightSyncConfig
-    plan: RankSyncPlan
-    clients: list[EngineClient]
+    plan: RankSyncPlan | None  # set once connected
+    clients: list[BlockingEngineClient]
     engines: tuple[EngineInfo, ...]
 
     @property
