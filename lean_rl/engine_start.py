@@ -58,7 +58,7 @@ def start_engines(cfg: Config, output_dir: Path, trainer: MegatronGroup | None, 
 def engine_placement(cfg: Config, trainer: MegatronGroup):
     """--colocate: engine i goes into the bundle of the trainer node it shares devices with
     (engine_placement.colocated_placement)."""
-    from lean_rl.backends.megatron.group import COLOCATED_RANK_SHARE
+    from lean_rl.backends.megatron.rank_placement import COLOCATED_RANK_SHARE
     from lean_rl.backends.sglang.engine_placement import colocated_placement
 
     engines, layout = cfg.engines, cfg.layout

@@ -36,7 +36,8 @@ class Colocated:
     def __init__(self, device: str, out: Path):
         from lean_rl.algorithms.config import AlgorithmConfig
         from lean_rl.backends.megatron.config import MegatronConfig, ParallelConfig
-        from lean_rl.backends.megatron.group import COLOCATED_RANK_SHARE, MegatronGroup
+        from lean_rl.backends.megatron.group import MegatronGroup
+        from lean_rl.backends.megatron.rank_placement import COLOCATED_RANK_SHARE
         from lean_rl.backends.megatron.hf_config import arch_from_hf_config
         from lean_rl.backends.megatron.train_config import (BatchConfig, CheckpointConfig, OptimizerConfig, TrainConfig,
                                                             TrainerLayout)

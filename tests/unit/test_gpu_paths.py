@@ -181,7 +181,7 @@ def test_lora_on_a_gpu_with_te_asks_for_the_local_spec(monkeypatch):
 
 # ---------------------------------------------------------------- trainer ranks' environment (C6)
 def test_gpu_ranks_match_sglangs_nccl_switches():
-    from lean_rl.backends.megatron.group import rank_env
+    from lean_rl.backends.megatron.rank_placement import rank_env
 
     gpu = rank_env("cuda", 1, "/p")
     assert gpu["NCCL_CUMEM_ENABLE"] == "0" and gpu["NCCL_NVLS_ENABLE"] == "0" and gpu["PYTHONPATH"] == "/p"
