@@ -28,8 +28,9 @@ from typing import Any
 from lean_rl.algorithms.config import AlgorithmConfig
 from lean_rl.backends.megatron.config import MegatronConfig, ModelFlags, ParallelConfig, PrecisionFlags
 from lean_rl.backends.megatron.hf_config import checkpoint_dtype
-from lean_rl.backends.megatron.train_config import (BatchPlan, CheckpointConfig, TrainConfig, TrainerLayout,
-                                                    training_temperature)
+from lean_rl.backends.megatron.train_config import CheckpointConfig, TrainConfig, training_temperature
+from lean_rl.backends.megatron.trainer_layout import TrainerLayout
+from lean_rl.backends.megatron.batch_plan import BatchPlan
 from lean_rl.backends.sglang.config import EngineConfig, gpu_fp32_note
 from lean_rl.backends.sglang.ports_and_key import resolve_api_key, resolve_ports
 from lean_rl.backends.sglang.api_keys import API_KEY_ENV
@@ -267,7 +268,7 @@ def _lora_unserved_family(hf_checkpoint: str | None, lora: Any) -> str | None:
         return None
     from lean_rl.backends.megatron.hf_config import hf_family
     from lean_rl.backends.megatron.hf_weights.families import lora_hf_modules_differ
-    from lean_rl.backends.megatron.train_config import LORA_HF_MODULES, LORA_TARGETS
+    from lean_rl.backends.megatron.lora_config import LORA_HF_MODULES, LORA_TARGETS
 
     targets = lora.lora_target_modules or LORA_TARGETS
     return lora_hf_modules_differ(hf_family(hf_checkpoint), {t: LORA_HF_MODULES[t] for t in targets})

@@ -20,7 +20,7 @@ _DRIVER = textwrap.dedent("""
     from lean_rl.backends.megatron.config import ParallelConfig
     from lean_rl.backends.megatron.rank_placement import COLOCATED_RANK_SHARE, place_ranks
     from lean_rl.backends.megatron.rank_actors import RankActors
-    from lean_rl.backends.megatron.train_config import TrainerLayout
+    from lean_rl.backends.megatron.trainer_layout import TrainerLayout
     from lean_rl.backends.sglang.command_line import flags_to_dict, split_passthrough
     from lean_rl.backends.sglang.config import EngineConfig
     from lean_rl.backends.sglang.ports_and_key import resolve_api_key

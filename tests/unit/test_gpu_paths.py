@@ -166,7 +166,7 @@ def test_te_spec_only_when_asked_for_and_on_a_gpu():
 def test_lora_on_a_gpu_with_te_asks_for_the_local_spec(monkeypatch):
     import importlib.util
 
-    from lean_rl.backends.megatron.train_config import LoraConfig
+    from lean_rl.backends.megatron.lora_config import LoraConfig
 
     real_find_spec = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec",

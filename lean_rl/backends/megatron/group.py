@@ -28,7 +28,9 @@ from lean_rl.backends.megatron.in_process_rank import InProcessRank
 from lean_rl.backends.megatron.rank_errors import MegatronGroupError
 from lean_rl.backends.megatron.rank_placement import COLOCATED_RANK_SHARE, place_ranks, rank_env
 from lean_rl.backends.megatron.scoring_plan import plan_scoring
-from lean_rl.backends.megatron.train_config import BatchPlan, TrainConfig, TrainerLayout
+from lean_rl.backends.megatron.train_config import TrainConfig
+from lean_rl.backends.megatron.trainer_layout import TrainerLayout
+from lean_rl.backends.megatron.batch_plan import BatchPlan
 from lean_rl.utils.device import detect_device
 
 # MegatronGroupError (defined in rank_errors.py): what a failed call raises; importable from here

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Callable, Sequence
 
 from lean_rl.backends.megatron.rank_errors import MegatronGroupError
-from lean_rl.backends.megatron.train_config import TrainerLayout
+from lean_rl.backends.megatron.trainer_layout import TrainerLayout
 
 
 class InProcessRank:

@@ -26,7 +26,7 @@ import psutil
 
 from lean_rl.backends.megatron.rank_errors import MegatronGroupError
 from lean_rl.backends.megatron.rank_reservation import node_bundle, reserve_nodes, wait_actors_dead
-from lean_rl.backends.megatron.train_config import TrainerLayout
+from lean_rl.backends.megatron.trainer_layout import TrainerLayout
 from lean_rl.utils.coverage_data import measured
 
 logger = logging.getLogger(__name__)

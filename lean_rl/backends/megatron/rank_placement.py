@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from lean_rl.backends.megatron.train_config import TrainerLayout
+from lean_rl.backends.megatron.trainer_layout import TrainerLayout
 
 if TYPE_CHECKING:
     from lean_rl.backends.megatron.rank_actors import RankActors

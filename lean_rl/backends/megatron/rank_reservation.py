@@ -7,7 +7,7 @@ from __future__ import annotations
 import time
 
 from lean_rl.backends.megatron.rank_errors import PlacementError
-from lean_rl.backends.megatron.train_config import TrainerLayout
+from lean_rl.backends.megatron.trainer_layout import TrainerLayout
 
 
 def reserve_nodes(layout: TrainerLayout, cpus_per_rank: float, timeout_s: float):

@@ -31,7 +31,8 @@ from lean_rl.backends.megatron.rank_trainer import RankTrainer
 from lean_rl.backends.megatron.rollout_batch import RolloutBatch, batch_metrics, check_failed_fraction, rollout_batch
 from lean_rl.backends.megatron.train_batches import (OPD_WEIGHTS, build_micro_batch, plan_micro_batches,
                                                      response_values, uniform_shapes)
-from lean_rl.backends.megatron.train_config import BatchPlan, TrainConfig
+from lean_rl.backends.megatron.train_config import TrainConfig
+from lean_rl.backends.megatron.batch_plan import BatchPlan
 from lean_rl.backends.megatron.train_options import Distillation, TrainOptions
 from lean_rl.options import ConfigError
 from lean_rl.sample import Sample, Status
