@@ -165,7 +165,8 @@ def train_tiny(smoke: Smoke, device: str, dtype: str, steps: int):
     caller's to shut down (shut down here on failure)."""
     from lean_rl.algorithms.config import AlgorithmConfig
     from lean_rl.backends.megatron.train_config import BatchConfig, CheckpointConfig, OptimizerConfig, TrainConfig
-    from lean_rl.backends.megatron.train_driver import initialize_for_training, train_on_rollout
+    from lean_rl.backends.megatron.train_driver import train_on_rollout
+    from lean_rl.backends.megatron.trainer_init import initialize_for_training
     from lean_rl.options import build
     from lean_rl.testing.sample_groups import make_groups, set_rollout_log_probs
 

@@ -182,7 +182,7 @@ class MegatronGroup:
         """Wrap every rank's model in Megatron DDP and build its optimizer and LR schedule (the critic
         gets its value head first: load HF weights before this). `batch_plan`: as a run derived it at
         start-up (cfg.batch_plan); a group used on its own derives it here from the batch flags.
-        train_driver.initialize_for_training does this from the flags."""
+        trainer_init.initialize_for_training does this from the flags."""
         plan = batch_plan or BatchPlan(train_config.batch, self.data_parallel_size)
         if plan.data_parallel_size != self.data_parallel_size:
             raise ValueError(f"batch plan for data-parallel size {plan.data_parallel_size}, group has "
