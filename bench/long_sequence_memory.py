@@ -53,7 +53,8 @@ def measure(chunk: int, tokens: int, vocab: int, hidden: int) -> dict:
 
     from lean_rl.algorithms.config import AlgorithmConfig
     from lean_rl.algorithms.losses import aggregation_weights, policy_loss
-    from lean_rl.backends.megatron.compat import apply_compat, megatron_thread_mode
+    from lean_rl.backends.megatron.compat import apply_compat
+    from lean_rl.backends.megatron.compat_cpu import megatron_thread_mode
     from lean_rl.backends.megatron.forward_only import StepContext, log_probs_from_output
 
     torch.set_num_threads(1)

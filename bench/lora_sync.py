@@ -55,8 +55,9 @@ def run_model(model: str, checkpoint: Path, args, work: Path) -> dict:
     from lean_rl.algorithms.config import AlgorithmConfig
     from lean_rl.backends.megatron.config import ParallelConfig
     from lean_rl.backends.megatron.group import MegatronGroup
-    from lean_rl.backends.megatron.train_config import CheckpointConfig, LoraConfig, TrainConfig
-    from lean_rl.backends.megatron.train_driver import initialize_for_training
+    from lean_rl.backends.megatron.train_config import CheckpointConfig, TrainConfig
+    from lean_rl.backends.megatron.lora_config import LoraConfig
+    from lean_rl.backends.megatron.trainer_init import initialize_for_training
     from lean_rl.backends.sglang.engines import EngineGroup
     from lean_rl.backends.sglang.lora import ServedAdapter
     from lean_rl.testing.sglang_engines import engine_config_for_tests

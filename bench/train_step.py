@@ -21,7 +21,8 @@ from bench_common import NO_GOAL, at_least, bench_parser, command_line, parse_be
 from lean_rl.algorithms.config import AlgorithmConfig
 from lean_rl.backends.megatron.config import ParallelConfig
 from lean_rl.backends.megatron.group import MegatronGroup
-from lean_rl.backends.megatron.train_driver import initialize_for_training, train_on_rollout
+from lean_rl.backends.megatron.train_driver import train_on_rollout
+from lean_rl.backends.megatron.trainer_init import initialize_for_training
 from lean_rl.backends.megatron.train_config import BatchConfig, CheckpointConfig, OptimizerConfig, TrainConfig
 from lean_rl.testing.sample_groups import make_groups, set_rollout_log_probs
 from lean_rl.testing.tiny_model import PRESETS, make_tiny_model

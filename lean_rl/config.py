@@ -29,10 +29,13 @@ from lean_rl.algorithms.config import AlgorithmConfig
 from lean_rl.algorithms.names import ENGINELESS_LOSS_TYPES, PAIRWISE_LOSS_TYPES
 from lean_rl.backends.megatron.config import MegatronConfig, ModelFlags, ParallelConfig, PrecisionFlags
 from lean_rl.backends.megatron.hf_config import checkpoint_dtype
-from lean_rl.backends.megatron.train_config import (BatchPlan, CheckpointConfig, TrainConfig, TrainerLayout,
-                                                    training_temperature)
-from lean_rl.backends.sglang.config import (API_KEY_ENV, EngineConfig, engines_dtype, gpu_fp32_note, resolve_api_key,
-                                           resolve_ports, split_passthrough)
+from lean_rl.backends.megatron.train_config import CheckpointConfig, TrainConfig, training_temperature
+from lean_rl.backends.megatron.trainer_layout import TrainerLayout
+from lean_rl.backends.megatron.batch_plan import BatchPlan
+from lean_rl.backends.sglang.config import EngineConfig, gpu_fp32_note
+from lean_rl.backends.sglang.ports_and_key import resolve_api_key, resolve_ports
+from lean_rl.backends.sglang.api_keys import API_KEY_ENV
+from lean_rl.backends.sglang.command_line import engines_dtype, split_passthrough
 from lean_rl.buffer.config import DataConfig
 from lean_rl.buffer.prompt_source import check_prompt_file_type
 from lean_rl.cli import DEBUG_HELP, ArgumentParser
@@ -278,7 +281,7 @@ def _lora_unserved_family(hf_checkpoint: str | None, lora: Any) -> str | None:
         return None
     from lean_rl.backends.megatron.hf_config import hf_family
     from lean_rl.backends.megatron.hf_weights.families import lora_hf_modules_differ
-    from lean_rl.backends.megatron.train_config import LORA_HF_MODULES, LORA_TARGETS
+    from lean_rl.backends.megatron.lora_config import LORA_HF_MODULES, LORA_TARGETS
 
     targets = lora.lora_target_modules or LORA_TARGETS
     return lora_hf_modules_differ(hf_family(hf_checkpoint), {t: LORA_HF_MODULES[t] for t in targets})

@@ -58,7 +58,7 @@ def start_engines(cfg: Config, output_dir: Path, trainer: MegatronGroup | None, 
 def engine_placement(cfg: Config, trainer: MegatronGroup):
     """--colocate: engine i goes into the bundle of the trainer node it shares devices with
     (engine_placement.colocated_placement)."""
-    from lean_rl.backends.megatron.group import COLOCATED_RANK_SHARE
+    from lean_rl.backends.megatron.rank_placement import COLOCATED_RANK_SHARE
     from lean_rl.backends.sglang.engine_placement import colocated_placement
 
     engines, layout = cfg.engines, cfg.layout
@@ -79,3 +79,13 @@ def report_placement(cfg: Config, engines: EngineGroup | None, trainer: Megatron
                 [urlparse(url).hostname for url in engines.engine_urls],
                 trainer.rank_nodes() if trainer is not None else [],
                 " (colocated: engines in the trainer's bundles)" if colocated else "")
+
+
+def end_ray() -> None:
+    """The end of the Ray this run started: first the API key's copies the engines' start placed on the
+    other nodes (key_placement.py), removed by Ray tasks while Ray still runs them."""
+    from lean_rl.backends.sglang.key_placement import remove_placed_key_files
+    from lean_rl.utils.ray_utils import shutdown_ray
+
+    remove_placed_key_files()
+    shutdown_ray()

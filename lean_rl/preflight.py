@@ -122,7 +122,7 @@ def check_model_dir(path: str | os.PathLike, flag: str) -> ModelDir:
 
 
 def check_resume_checkpoints(cfg: Config) -> None:
-    from lean_rl.backends.megatron.train_driver import latest_resume_step
+    from lean_rl.backends.megatron.trainer_init import latest_resume_step
 
     ckpt = cfg.train.checkpoint
     if cfg.run.debug_rollout_only:

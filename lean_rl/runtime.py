@@ -4,7 +4,7 @@ Both loops (train.py, train_async.py) use the same Runtime (run by run_loop.py);
 the order in which they call generate / train / sync. Start-up: flags and user hooks were checked by
 parse_config / extensions.install; then preflight.py (model dir, checkpoints, ports, --save,
 --ray-address) and the buffer (every dataset row read and rendered), before any process starts; then
-Ray, the trainer (trainer_start.py) with the engines on a thread beside it (engine_start.py; with
+Ray, the trainer (trainer_groups.py) with the engines on a thread beside it (engine_start.py; with
 --colocate after it, into its bundles), and the weight sync, whose first update puts the trainer's
 weights on the engines and proves it with the probe before any rollout. A trainer that fails to start
 is reported once the engines' start, bounded by --engine-start-timeout, has ended.
@@ -12,7 +12,6 @@ is reported once the engines' start, bounded by --engine-start-timeout, has ende
 
 from __future__ import annotations
 
-import asyncio
 import concurrent.futures
 import functools
 import logging
@@ -26,8 +25,8 @@ from lean_rl.buffer.data_buffer import DataBuffer, create_data_buffer
 from lean_rl.ci_test import check_step
 from lean_rl.config import Config
 from lean_rl.debug_rollout import load_debug_rollout, record_train_groups, replayed_rollout
-from lean_rl.checkpoint_save import write_checkpoint
-from lean_rl.engine_start import report_placement, start_engines
+from lean_rl.checkpoint_save import Checkpoints
+from lean_rl.engine_start import end_ray, report_placement, start_engines
 from lean_rl.preflight import check_before_start, dataset_errors_as_config_errors
 from lean_rl.extensions import install
 from lean_rl.rollout.base import RolloutOutput, call_rollout_function, install_on_close
@@ -37,15 +36,16 @@ from lean_rl.sample import Sample
 from lean_rl.step_metrics import run_counters
 from lean_rl.stop import StopSignals
 from lean_rl.train_hooks import before_training
-from lean_rl.trainer_heal import TrainerHealer, TrainerHealFailed
-from lean_rl.trainer_start import start_megatron_group, warn_nothing_left
+from lean_rl.trainer_groups import TrainerGroups
+from lean_rl.trainer_heal import TrainerHealer
+from lean_rl.trainer_start import warn_nothing_left
 from lean_rl.trainer_turns import TrainerTurns
 from lean_rl.utils.metrics import MetricsLogger, Timers
-from lean_rl.utils.ray_utils import init_ray, shutdown_ray
+from lean_rl.utils.ray_utils import init_ray
 
 if TYPE_CHECKING:
     from lean_rl.backends.megatron.group import MegatronGroup
-    from lean_rl.backends.megatron.rank_actors import MegatronGroupError
+    from lean_rl.backends.megatron.rank_errors import MegatronGroupError
     from lean_rl.backends.sglang.engines import EngineGroup
     from lean_rl.backends.sglang.health import EngineMonitor
     from lean_rl.weight_sync.engine_weights import EngineWeights
@@ -62,8 +62,9 @@ class Runtime:
         self.timers = Timers()
         self.output_dir = Path(cfg.run.output_dir)
         self.buffer: DataBuffer | None = None
-        self.trainer: MegatronGroup | None = None
-        self.critic: MegatronGroup | None = None  # PPO's value model: a second group of the same layout
+        self.turns = TrainerTurns(cfg.engines.releases_memory, cfg.run.colocate)  # who holds the devices
+        self.colocated = cfg.run.colocate and not cfg.run.debug_rollout_only  # engines in the trainer's bundles
+        self.trainers = TrainerGroups(cfg, self.colocated, self.turns)  # the actor and PPO's critic
         self.engines: EngineGroup | None = None
         self.teacher_engines: EngineGroup | None = None  # --use-opd --opd-teacher-hf-checkpoint: the teacher's
         self.monitor: EngineMonitor | None = None
@@ -72,15 +73,18 @@ class Runtime:
         self.start_step = 0
         self.resume_state: dict | None = None  # extra state of the checkpoint resumed from
         self.stop = StopSignals(cfg.run.stop_timeout_s)  # SIGTERM / SIGINT: see run_loop.py
-        self._saved_step: int | None = None
-        self._first_step = 0  # the step the run started (or resumed) at
-        self._kept_placement = None  # --colocate: the lost actor's placement group, between heal steps
-        self.turns = TrainerTurns(cfg.engines.releases_memory, cfg.run.colocate)  # who holds the devices
-        self.colocated = cfg.run.colocate and not cfg.run.debug_rollout_only  # engines in the trainer's bundles
+        self.checkpoints = Checkpoints(cfg, self.trainers, self.turns, self.timers)  # --save's (checkpoint_save.py)
         self._ray_started = False
         self.healer: TrainerHealer | None = None  # a lost trainer rank: back to the last checkpoint (trainer_heal.py)
-        self._start_buffer_state: dict | None = None  # where a heal with no checkpoint yet rewinds the buffer to
         self._locks: list = []  # of --output-dir and --save (run_lock.py), held until close
+
+    @property
+    def trainer(self) -> MegatronGroup | None:
+        return self.trainers.actor
+
+    @property
+    def critic(self) -> MegatronGroup | None:
+        return self.trainers.critic
 
     @property
     def finished(self) -> bool:  # resumed from a checkpoint at or past --num-rollout
@@ -112,7 +116,8 @@ class Runtime:
         with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="lean_rl-engines") as pool:
             engines = pool.submit(self._start_engines) if beside else None
             try:
-                self._start_trainers()
+                if not cfg.run.debug_rollout_only:  # no trainer for --debug-rollout-only
+                    self.start_step, self.resume_state = self.trainers.start()
             finally:
                 engines_error = engines.exception() if engines is not None else None  # waits for them
         if engines_error is not None:
@@ -122,17 +127,12 @@ class Runtime:
         if self.buffer is not None and self.resume_state:
             self.buffer.load_state_dict(self.resume_state["buffer"])
         if self.trainer is not None:
-            self.healer = TrainerHealer.of(cfg)
-            self._start_buffer_state = self.buffer.state_dict() if self.buffer is not None and \
-                self.healer.max_restarts else None
+            self.healer = TrainerHealer.of(cfg, self.start_step, self.buffer)
         self.logger = MetricsLogger(self.output_dir, resume_step=self.start_step, tensorboard=cfg.run.tensorboard,
                                     wandb_project=cfg.run.wandb_project if cfg.run.use_wandb else None,
                                     wandb_run_name=cfg.run.wandb_run_name)
         if cfg.starts_engines and not beside:
-            if cfg.engines.releases_memory:
-                # SGLang sizes its KV pool once, from the memory free when it starts: the trainer leaves the
-                # devices first, as slime starts its engines (review 2026-12-06 N5)
-                self.turns.offload()
+            self.turns.before_engines_start()
             self._start_engines()
         report_placement(cfg, self.engines, self.trainer, self.colocated)
         if self.trainer is not None and self.engines is not None:
@@ -151,83 +151,6 @@ class Runtime:
                 report = self.sync_weights(self.start_step)
             logger.info("engines serve the trainer's weights (version %d): probe max |Δ log p| %.2e",
                         self.start_step, report.probe.max_abs_diff)
-
-    def _start_trainers(self) -> None:
-        """The actor, then PPO's critic (none for --debug-rollout-only, nor on a rerun past --num-rollout)."""
-        if self.cfg.run.debug_rollout_only:
-            return
-        self.trainer, self.start_step, self.resume_state = start_megatron_group(self.cfg, "actor",
-                                                                               colocated=self.colocated)
-        self._first_step = self.start_step
-        if not self.finished and self.cfg.algorithm.needs_critic:
-            self.critic, _, _ = start_megatron_group(self.cfg, "critic", colocated=self.colocated,
-                                                     actor=self.trainer, actor_step=self.start_step)
-        self.turns.groups = tuple(g for g in (self.trainer, self.critic) if g is not None)
-
-    # ------------------------------------------------------------ a trainer heal (trainer_heal.py)
-    def shutdown_trainers(self) -> None:
-        """Both groups gone (the one that failed already is; the other is restarted with it, to load the
-        same checkpoint step). --colocate: the actor's placement group stays, the engines live in it; the
-        new actor adopts it (restart_trainers)."""
-        self._kept_placement = self.trainer.placement_group if self.colocated and self.trainer is not None else None
-        for group in (self.critic, self.trainer):
-            if group is not None:
-                try:
-                    group.shutdown(keep_placement=self.colocated)
-                except Exception as error:  # noqa: BLE001 - ranks on a lost node cannot confirm their end
-                    logger.warning("trainer heal: shutdown of the old %s group: %s", group.role, error)
-        self.trainer = self.critic = None
-        self.turns.groups = ()
-
-    def restart_trainers(self, lost_step: int, start_timeout_s: float) -> tuple[int, dict | None]:
-        """The actor (and critic) started again from the last complete checkpoint of --save at or before
-        `lost_step` (one saved by that step itself, whose sync or log the loss cut short, is redone: its
-        metrics row and sample dump are written once), else from what the run started from; the weight
-        sync rebuilt on the new ranks. Returns (step, extra state)."""
-        from lean_rl.backends.megatron.checkpoint_paths import has_step, list_steps
-
-        ckpt = self.cfg.train.checkpoint
-        if ckpt.save is None:
-            raise RuntimeError("restart_trainers: healing needs --save (TrainerHealer.of turns it off without)")
-        saved = [s for s in list_steps(ckpt.save) if self._first_step <= s <= lost_step and has_step(ckpt.save, s)]
-        heal_from = ckpt.save if saved else None
-        actor, step, state = start_megatron_group(self.cfg, "actor", colocated=self.colocated, heal_from=heal_from,
-                                                  actor_step=max(saved) if saved else 0,
-                                                  placement_group=self._kept_placement, start_timeout_s=start_timeout_s)
-        self._kept_placement = None  # the new group's now: its shutdown removes it
-        critic = None
-        try:
-            if self.cfg.algorithm.needs_critic:
-                critic, _, _ = start_megatron_group(self.cfg, "critic", colocated=self.colocated, actor=actor,
-                                                    actor_step=step,
-                                                    heal_from=ckpt.critic_save_dir if heal_from else None,
-                                                    start_timeout_s=start_timeout_s)
-            if self.weight_sync is not None:
-                self.weight_sync.replace_trainer(actor, step)
-        except BaseException:
-            for group in (critic, actor):
-                if group is not None:
-                    group.shutdown(keep_placement=self.colocated)
-            self._kept_placement = actor.placement_group if self.colocated else None
-            raise
-        self.trainer, self.critic = actor, critic
-        self.turns.groups = tuple(g for g in (actor, critic) if g is not None)
-        self.start_step, self._saved_step = step, None
-        return step, state
-
-    def rewind_buffer(self, state: dict | None) -> int:
-        """The buffer as at the checkpoint the trainer restarted from (as a resume loads it), the metrics
-        of later steps forgotten; returns the samples finished since (dropped: their prompts come again)."""
-        if self.logger is not None:
-            self.logger.rewind(self.start_step)
-        if self.buffer is None:
-            return 0
-        saved = state["buffer"] if state and "buffer" in state else self._start_buffer_state
-        if saved is None:
-            raise RuntimeError("rewind_buffer: no buffer state to go back to (healing kept none at start-up)")
-        finished = self.buffer.get_counters().get("samples_finished", 0)
-        self.buffer.load_state_dict(saved)
-        return finished - saved["counters"].get("samples_finished", 0)
 
     def _start_engines(self) -> None:
         started = start_engines(self.cfg, self.output_dir, self.trainer, self.colocated)
@@ -249,10 +172,7 @@ class Runtime:
             except Exception:  # noqa: BLE001 - close everything, report each failure
                 logger.exception("error while shutting down")
         if self._ray_started:
-            from lean_rl.backends.sglang.key_placement import remove_placed_key_files
-
-            remove_placed_key_files()  # the key's copies on the other nodes, while Ray still runs its tasks
-            shutdown_ray()
+            end_ray()
         for lock in self._locks:  # last: nothing of this run writes into its directories any more
             lock.release()
 
@@ -300,27 +220,11 @@ class Runtime:
         return result
 
     async def maybe_save(self, step: int) -> None:
-        """Every --save-interval rollouts and after the last."""
-        ckpt = self.cfg.train.checkpoint
-        if self.trainer is None or not ckpt.should_save(step, last=step == self.cfg.run.num_rollout):
-            return
-        await self.save(step)
+        """Every --save-interval rollouts and after the last (checkpoint_save.Checkpoints)."""
+        await self.checkpoints.maybe_save(step, self.buffer, self.start_step)
 
     async def save(self, step: int) -> None:
-        """A checkpoint at `step` (rollouts trained), once, when --save is set. The critic first: the
-        actor's checkpoint (which holds the buffer state) is what a resume starts from, so its step must
-        have a critic. In-flight groups are saved as pending: a resume generates them again.
-
-        The buffer's state is taken here, on the event loop (the only writer of the buffer), and the
-        checkpoint is written on a thread: meanwhile the loop keeps serving (fully async generation and
-        the capture endpoint go on; a signal is noted and the run stops after this save)."""
-        ckpt = self.cfg.train.checkpoint
-        if self.trainer is None or not ckpt.save or self._saved_step == step or step <= self.start_step:
-            return
-        self._saved_step = step
-        state = {"buffer": self.buffer.state_dict()} if self.buffer is not None else {}
-        with self.timers("save"):
-            await asyncio.to_thread(write_checkpoint, ckpt, step, state, self.trainer, self.critic, self.turns.turn)
+        await self.checkpoints.save(step, self.buffer, self.start_step)
 
     async def maybe_evaluate(self, step: int) -> dict[str, float]:
         ev = self.cfg.eval
@@ -340,8 +244,5 @@ class Runtime:
         if self.healer is None:
             raise lost
         self.timers.pop()  # the lost step's partial timings
-        try:
-            return self.healer.heal(self, lost, step)
-        except TrainerHealFailed as failed:
-            logger.error("%s; the run stops: the same command resumes from the last checkpoint", failed)
-            raise
+        self.start_step, self.checkpoints.saved_step = self.healer.heal(self, lost, step), None
+        return self.start_step

@@ -21,7 +21,7 @@ import sys
 import time
 from typing import TYPE_CHECKING
 
-from lean_rl.backends.megatron.rank_actors import MegatronGroupError  # no torch: --help stays light
+from lean_rl.backends.megatron.rank_errors import MegatronGroupError
 from lean_rl.cli import run_command
 from lean_rl.config import parse_config
 from lean_rl.options import ConfigError

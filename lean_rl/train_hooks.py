@@ -25,7 +25,7 @@ from lean_rl.utils.plugins import hook_return_error
 
 if TYPE_CHECKING:  # not at run time: lean_rl.config imports every flag group (Megatron's included)
     from lean_rl.config import Config
-    from lean_rl.extensions import Extensions
+    from lean_rl.hook_protocols import Extensions
 
 
 def before_training(cfg: Config, extensions: Extensions, groups: list[list[Sample]]) -> dict[str, float]:

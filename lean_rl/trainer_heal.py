@@ -26,13 +26,16 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Protocol
 
-from lean_rl.backends.megatron.rank_actors import MegatronGroupError, PlacementError
+from lean_rl.backends.megatron.rank_errors import MegatronGroupError, PlacementError
 
 if TYPE_CHECKING:
+    from lean_rl.buffer.data_buffer import DataBuffer
     from lean_rl.config import Config
-    from lean_rl.runtime import Runtime
+    from lean_rl.trainer_groups import TrainerGroups
+    from lean_rl.utils.metrics import MetricsLogger
+    from lean_rl.weight_sync.engine_weights import EngineWeights
 
 logger = logging.getLogger(__name__)
 
@@ -41,17 +44,32 @@ class TrainerHealFailed(RuntimeError):
     """Healing was off, exhausted or could not restart the trainer: the run ends (a rerun resumes)."""
 
 
+class HealedRun(Protocol):
+    """What a heal acts on (the Runtime is one): the trainer groups, the buffer, the metrics log and the
+    weight sync, whose sync puts the restored weights on the engines and probes them."""
+    trainers: TrainerGroups
+    buffer: DataBuffer | None
+    logger: MetricsLogger | None
+    weight_sync: EngineWeights | None
+
+    def sync_weights(self, version: int) -> Any: ...
+
+
 @dataclass
 class TrainerHealer:
     max_restarts: int  # 0: off (the first loss ends the run, as before healing existed)
     wait_s: float  # how long one heal waits for the trainer's nodes to be placeable
     off_because: str | None = None
+    save_dir: str | None = None  # --save: the checkpoints a heal goes back to
+    first_step: int = 0  # the step the run started (or resumed) at: a heal goes back no further
+    start_buffer_state: dict | None = None  # where a heal with no checkpoint yet rewinds the buffer to
     restarts: int = 0
     samples_dropped: int = 0
     _report: dict[str, float] = field(default_factory=dict)  # logged with the next step's metrics
 
     @classmethod
-    def of(cls, cfg: Config) -> TrainerHealer:
+    def of(cls, cfg: Config, first_step: int = 0, buffer: DataBuffer | None = None) -> TrainerHealer:
+        """The run's healer, on or off (and why), from the step and buffer the run starts with."""
         placement = cfg.train.placement
         off = None
         if placement.max_trainer_restarts == 0:
@@ -61,7 +79,10 @@ class TrainerHealer:
         elif cfg.train.checkpoint.save is None:
             off = "no --save: there is no checkpoint to go back to (an in-memory snapshot per step would copy " \
                   "weights and optimizer state every step; set --save, --save-interval N to heal redoing <= N steps)"
-        healer = cls(0 if off else placement.max_trainer_restarts, placement.trainer_restart_wait_s, off)
+        healer = cls(0 if off else placement.max_trainer_restarts, placement.trainer_restart_wait_s, off,
+                     cfg.train.checkpoint.save, first_step)
+        if buffer is not None and healer.max_restarts:
+            healer.start_buffer_state = buffer.state_dict()
         if off and placement.max_trainer_restarts:
             logger.warning("trainer healing off (%s): a lost trainer rank ends the run; a rerun resumes", off)
         elif not off:
@@ -79,9 +100,16 @@ class TrainerHealer:
         return {"fault/trainer_restarts": float(self.restarts), "fault/samples_dropped": float(self.samples_dropped),
                 **report}
 
-    def heal(self, rt: Runtime, lost: MegatronGroupError, step: int) -> int:
+    def heal(self, rt: HealedRun, lost: MegatronGroupError, step: int) -> int:
         """Back to the last checkpoint, trainer restarted; returns the step to continue from. Call with
         nothing generating (the loops settle their rollouts first): the buffer is rewound here."""
+        try:
+            return self._heal(rt, lost, step)
+        except TrainerHealFailed as failed:
+            logger.error("%s; the run stops: the same command resumes from the last checkpoint", failed)
+            raise
+
+    def _heal(self, rt: HealedRun, lost: MegatronGroupError, step: int) -> int:
         if self.restarts >= self.max_restarts:
             why = f"healing off ({self.off_because})" if self.off_because else \
                 f"{self.restarts} trainer restart(s) used (--max-trainer-restarts {self.max_restarts})"
@@ -90,9 +118,9 @@ class TrainerHealer:
         started = time.monotonic()
         logger.warning("trainer lost at step %d (%s); healing: restart %d of %d, from the last checkpoint",
                        step, lost, self.restarts, self.max_restarts)
-        rt.shutdown_trainers()
+        rt.trainers.shutdown_lost()
         resumed, state = self._restart(rt, step)
-        dropped = rt.rewind_buffer(state)
+        dropped = self._rewind(rt, state, resumed)
         self.samples_dropped += dropped
         report = rt.sync_weights(resumed)  # the engines serve the restored weights, proven by the probe
         heal_s = time.monotonic() - started
@@ -103,12 +131,22 @@ class TrainerHealer:
                        report.probe.max_abs_diff)
         return resumed
 
-    def _restart(self, rt: Runtime, step: int) -> tuple[int, dict | None]:
-        """Start the groups from the checkpoint, retrying placement until the wait is over."""
+    def _restart(self, rt: HealedRun, step: int) -> tuple[int, dict | None]:
+        """Start the groups from the checkpoint, retrying placement until the wait is over: the last
+        complete checkpoint of --save at or before `step` (one saved by that step itself, whose sync or log
+        the loss cut short, is redone: its metrics row and sample dump are written once), else what the run
+        started from; the weight sync rebuilt on the new ranks. Returns (step, extra state)."""
+        from lean_rl.backends.megatron.checkpoint_paths import has_step, list_steps
+
+        if self.save_dir is None:
+            raise RuntimeError("TrainerHealer: healing needs --save (TrainerHealer.of turns it off without)")
+        saved = [s for s in list_steps(self.save_dir) if self.first_step <= s <= step and has_step(self.save_dir, s)]
+        replace = rt.weight_sync.replace_trainer if rt.weight_sync is not None else None
         deadline = time.monotonic() + self.wait_s
         while True:
             try:
-                return rt.restart_trainers(step, start_timeout_s=max(deadline - time.monotonic(), 30.0))
+                return rt.trainers.restart(self.save_dir if saved else None, max(saved) if saved else 0,
+                                           start_timeout_s=max(deadline - time.monotonic(), 30.0), started=replace)
             except MegatronGroupError as error:  # no room yet, or a node still going away under the new ranks
                 if not _capacity(error) or time.monotonic() >= deadline:
                     what = "no capacity for the trainer within --trainer-restart-wait " \
@@ -120,6 +158,20 @@ class TrainerHealer:
             except Exception as error:  # noqa: BLE001 - the checkpoint unreadable, a bad state
                 raise TrainerHealFailed(f"trainer heal: the restarted trainer failed ({type(error).__name__}: "
                                         f"{error})") from error
+
+    def _rewind(self, rt: HealedRun, state: dict | None, resumed: int) -> int:
+        """The buffer as at the checkpoint the trainer restarted from (as a resume loads it), the metrics
+        of later steps forgotten; returns the samples finished since (dropped: their prompts come again)."""
+        if rt.logger is not None:
+            rt.logger.rewind(resumed)
+        if rt.buffer is None:
+            return 0
+        saved = state["buffer"] if state and "buffer" in state else self.start_buffer_state
+        if saved is None:
+            raise RuntimeError("TrainerHealer: no buffer state to go back to (healing kept none at start-up)")
+        finished = rt.buffer.get_counters().get("samples_finished", 0)
+        rt.buffer.load_state_dict(saved)
+        return finished - saved["counters"].get("samples_finished", 0)
 
 
 def _capacity(error: MegatronGroupError) -> bool:

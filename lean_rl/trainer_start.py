@@ -20,11 +20,11 @@ def start_megatron_group(cfg: Config, role: str, *, colocated: bool, actor: Mega
     """(group, step it resumed at, extra state of that checkpoint) for `role` "actor" or "critic".
     `colocated` (--colocate): the actor's bundles also hold the engines, and the critic takes turns on
     the actor's devices (review C4). `heal_from`: a heal restarts from this checkpoint root (--save's)
-    instead of --load's (train_driver.initialize_for_training), its ranks into `placement_group` (the failed
+    instead of --load's (trainer_init.initialize_for_training), its ranks into `placement_group` (the failed
     group's, kept under --colocate: the engines are in it)."""
     from lean_rl.backends.megatron.group import MegatronGroup
     from lean_rl.backends.megatron.rank_trainer import RankTrainer
-    from lean_rl.backends.megatron.train_driver import initialize_for_training
+    from lean_rl.backends.megatron.trainer_init import initialize_for_training
 
     placement = cfg.train.placement
     group = MegatronGroup(cfg.megatron, layout=cfg.layout, seed=cfg.train.seed, colocated=colocated and role == "actor",

@@ -49,6 +49,13 @@ class TrainerTurns:
         with changing, held:
             yield
 
+    def before_engines_start(self) -> None:
+        """Engines started after the trainer (--colocate): SGLang sizes its KV pool once, from the memory
+        free when it starts, so colocated on GPU the trainer leaves the devices first, as slime starts its
+        engines (review 2026-12-06 N5)."""
+        if self.releases_memory:
+            self.offload()
+
     def offload(self) -> None:
         """Free the trainers' device memory while the engines generate (no-op on CPU)."""
         for group in self.groups:

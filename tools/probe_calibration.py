@@ -39,7 +39,8 @@ def correct_weights(model: str, engine_dtypes: list[str], trainer_dtypes: list[s
     from lean_rl.backends.megatron.config import ParallelConfig
     from lean_rl.backends.megatron.group import MegatronGroup
     from lean_rl.backends.megatron.train_config import BatchConfig, CheckpointConfig, OptimizerConfig, TrainConfig
-    from lean_rl.backends.megatron.train_driver import initialize_for_training, train_on_rollout
+    from lean_rl.backends.megatron.train_driver import train_on_rollout
+    from lean_rl.backends.megatron.trainer_init import initialize_for_training
     from lean_rl.backends.sglang.engines import EngineGroup
     from lean_rl.testing.sample_groups import make_groups, set_rollout_log_probs
     from lean_rl.testing.sglang_engines import engine_config_for_tests

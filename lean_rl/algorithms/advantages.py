@@ -37,6 +37,7 @@ them a failed sample only leaves the batch whitening."""
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 
@@ -45,6 +46,28 @@ from lean_rl.sample import REMAX_BASELINE_REWARD
 
 GROUP_EPS = 1e-6
 WHITEN_EPS = 1e-8
+
+
+@dataclass(frozen=True)
+class AdvantageInputs:
+    """One rollout, as the advantage estimator sees it: B sequences, per-token tensors [B, T]
+    response-aligned (row i: sequence i's response tokens from column 0, zero-padded to the longest)."""
+
+    rewards: torch.Tensor  # [B] float32: the trained reward (after --custom-reward-post-process-path)
+    group_ids: torch.Tensor  # [B] int64: the prompt group of each sequence
+    mask: torch.Tensor  # [B, T] float32: 1 on trained tokens; 0 on padding, tool tokens, FAILED samples
+    valid: torch.Tensor  # [B] bool: False for a FAILED sample (keep it out of every statistic)
+    rollout_log_probs: torch.Tensor  # [B, T]: the engine's log-probs of the sampled tokens
+    old_log_probs: torch.Tensor | None = None  # [B, T]: recomputed (or the rollout's) when the step needs them
+    ref_log_probs: torch.Tensor | None = None  # [B, T]: the reference model's, when a KL term needs them
+    values: torch.Tensor | None = None  # [B, T]: the critic's (--advantage-estimator ppo)
+    kl: torch.Tensor | None = None  # [B, T]: k1 KL(old || ref) per token, when --kl-coef != 0
+    # [B] float32: the reward of each sequence's prompt's greedy response (--advantage-estimator remax;
+    # sample.metadata["remax_baseline_reward"]), NaN where the rollout gave none
+    baseline_rewards: torch.Tensor | None = None
+    # [B] int64: each sequence's response length and prompt + response length (slime's contract reads them)
+    response_lengths: torch.Tensor | None = None
+    total_lengths: torch.Tensor | None = None
 
 
 def _all_valid(rewards: torch.Tensor, valid: torch.Tensor | None) -> torch.Tensor:

@@ -8,12 +8,12 @@ again where they are called; what they return is checked on every call."""
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable
 
 import torch
 
-from lean_rl.algorithms.advantages import broadcast, compute_advantages
+# AdvantageInputs lives with its estimator (advantages.py); users import it from here too (docs/extending.md)
+from lean_rl.algorithms.advantages import AdvantageInputs, broadcast, compute_advantages
 from lean_rl.algorithms.losses import policy_loss, sft_loss
 from lean_rl.algorithms.names import PAIRWISE_LOSS_TYPES
 from lean_rl.algorithms.preference import pairwise_loss
@@ -31,28 +31,6 @@ LOSS_INPUTS = ("log_probs", "advantages", "mask", "weights", "metric_weights", "
 
 
 # ---------------------------------------------------------------- advantages
-@dataclass(frozen=True)
-class AdvantageInputs:
-    """One rollout, as the advantage estimator sees it: B sequences, per-token tensors [B, T]
-    response-aligned (row i: sequence i's response tokens from column 0, zero-padded to the longest)."""
-
-    rewards: torch.Tensor  # [B] float32: the trained reward (after --custom-reward-post-process-path)
-    group_ids: torch.Tensor  # [B] int64: the prompt group of each sequence
-    mask: torch.Tensor  # [B, T] float32: 1 on trained tokens; 0 on padding, tool tokens, FAILED samples
-    valid: torch.Tensor  # [B] bool: False for a FAILED sample (keep it out of every statistic)
-    rollout_log_probs: torch.Tensor  # [B, T]: the engine's log-probs of the sampled tokens
-    old_log_probs: torch.Tensor | None = None  # [B, T]: recomputed (or the rollout's) when the step needs them
-    ref_log_probs: torch.Tensor | None = None  # [B, T]: the reference model's, when a KL term needs them
-    values: torch.Tensor | None = None  # [B, T]: the critic's (--advantage-estimator ppo)
-    kl: torch.Tensor | None = None  # [B, T]: k1 KL(old || ref) per token, when --kl-coef != 0
-    # [B] float32: the reward of each sequence's prompt's greedy response (--advantage-estimator remax;
-    # sample.metadata["remax_baseline_reward"]), NaN where the rollout gave none
-    baseline_rewards: torch.Tensor | None = None
-    # [B] int64: each sequence's response length and prompt + response length (slime's contract reads them)
-    response_lengths: torch.Tensor | None = None
-    total_lengths: torch.Tensor | None = None
-
-
 def builtin_advantages(algo: AlgorithmConfig, inputs: AdvantageInputs) -> tuple[torch.Tensor, torch.Tensor | None]:
     """--advantage-estimator's (advantages [B, T], returns [B, T] or None): what runs without the hook,
     and what a custom function may start from."""

@@ -40,7 +40,7 @@ from lean_rl.utils.plugins import hook_return_error, load_function
 
 if TYPE_CHECKING:
     from lean_rl.algorithms.config import AlgorithmConfig
-    from lean_rl.algorithms.hooks import AdvantageInputs
+    from lean_rl.algorithms.advantages import AdvantageInputs
 
 TIS_FLAG = "--custom-tis-function-path"
 TIS_INPUTS = ("pg_loss", "train_log_probs", "rollout_log_probs", "loss_masks", "total_lengths", "response_lengths")

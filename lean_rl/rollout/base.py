@@ -11,11 +11,13 @@ import inspect
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, TypeVar
 
-from lean_rl.backends.sglang.client import (EngineClient, EngineConnectionError, EngineError, EngineHTTPError,
-                                            EngineTimeoutError)
+from lean_rl.backends.sglang.client import EngineClient
+from lean_rl.backends.sglang.client_errors import (EngineConnectionError, EngineError, EngineHTTPError,
+                                                   EngineTimeoutError)
+# RolloutOutput: what a rollout function returns, imported from here by users (slime's contract included)
+from lean_rl.hook_protocols import Extensions, RolloutOutput
 from lean_rl.sample import Sample
 from lean_rl.utils.plugins import hook_return_error
 from lean_rl.utils.threads import run_in_daemon_thread
@@ -24,16 +26,6 @@ logger = logging.getLogger(__name__)
 
 if TYPE_CHECKING:  # not at run time: lean_rl.config imports every flag group (Megatron's included)
     from lean_rl.config import Config
-    from lean_rl.extensions import Extensions
-
-
-@dataclass
-class RolloutOutput:
-    """What a rollout function returns. Training data does not travel here: finished groups go into the
-    buffer. `metrics` are flat floats for logging; `samples` holds evaluation samples (evaluation=True)."""
-
-    metrics: dict[str, float] = field(default_factory=dict)
-    samples: dict[str, list] = field(default_factory=dict)
 
 
 # ---------------------------------------------------------------- the run's user hooks

@@ -27,7 +27,7 @@ from lean_rl.sample import Sample
 if TYPE_CHECKING:  # not at run time: lean_rl.config imports every flag group
     from lean_rl.buffer.data_buffer import DataBuffer
     from lean_rl.config import Config
-    from lean_rl.extensions import Extensions
+    from lean_rl.hook_protocols import Extensions
 
 logger = logging.getLogger(__name__)
 

@@ -25,7 +25,8 @@ import asyncio
 import time
 from typing import TYPE_CHECKING
 
-from lean_rl.backends.sglang.client import EngineClient, EngineError
+from lean_rl.backends.sglang.client import EngineClient
+from lean_rl.backends.sglang.client_errors import EngineError
 from lean_rl.backends.sglang.responses import ScoreResult
 from lean_rl.rollout.base import engine_client, retry_engine_call
 from lean_rl.sample import Sample, Status

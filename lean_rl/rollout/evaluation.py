@@ -14,13 +14,13 @@ from typing import TYPE_CHECKING
 from lean_rl.options import rebuild
 from lean_rl.buffer.prompt_source import PromptRecord, load_prompts, load_tokenizer
 from lean_rl.rollout.base import RolloutOutput, generated_samples
-from lean_rl.rollout.rewards import reward_entry_means, score_group
+from lean_rl.rollout.reward_scoring import reward_entry_means, score_group
 from lean_rl.sample import Sample, Status
 
 if TYPE_CHECKING:  # not at run time: lean_rl.config imports every flag group (Megatron's included)
     from lean_rl.config import Config
     from lean_rl.rollout.config import EvalSet
-    from lean_rl.extensions import Extensions, GenerateFunction
+    from lean_rl.hook_protocols import Extensions, GenerateFunction
 
 logger = logging.getLogger(__name__)
 

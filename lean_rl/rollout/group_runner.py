@@ -14,13 +14,13 @@ from typing import TYPE_CHECKING
 from lean_rl.rollout.base import filter_verdict, generated_samples, on_every_engine, set_stopping_event
 from lean_rl.rollout.distillation import score_group_with_teacher
 from lean_rl.rollout.generate import generate
-from lean_rl.rollout.rewards import score_group
+from lean_rl.rollout.reward_scoring import score_group
 from lean_rl.sample import REMAX_BASELINE_REWARD, Sample, Status
 
 if TYPE_CHECKING:  # not at run time: lean_rl.config imports every flag group
     from lean_rl.buffer.data_buffer import DataBuffer
     from lean_rl.config import Config
-    from lean_rl.extensions import Extensions
+    from lean_rl.hook_protocols import Extensions
 
 logger = logging.getLogger(__name__)
 

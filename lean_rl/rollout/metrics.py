@@ -5,7 +5,7 @@ from __future__ import annotations
 import collections
 import statistics
 
-from lean_rl.rollout.rewards import reward_entry_means
+from lean_rl.rollout.reward_scoring import reward_entry_means
 from lean_rl.sample import REMAX_BASELINE_REWARD, Sample, Status
 
 

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from lean_rl.rollout.base import RolloutOutput, installed_extensions
 from lean_rl.rollout.metrics import rollout_metrics
-from lean_rl.rollout.rewards import reward_key, score_group
+from lean_rl.rollout.reward_scoring import reward_key, score_group
 from lean_rl.sample import Sample, Status
 from lean_rl.slime_compat.async_utils import run
 from lean_rl.slime_compat.base_types import RolloutFnEvalOutput, RolloutFnTrainOutput

@@ -160,7 +160,8 @@ def step_disk(run: Run) -> dict:
 def step_corrupt(run: Run) -> dict:
     import torch
 
-    from lean_rl.backends.sglang.client import BlockingEngineClient, EngineClient
+    from lean_rl.backends.sglang.client import EngineClient
+    from lean_rl.backends.sglang.blocking_client import BlockingEngineClient
     from lean_rl.backends.sglang.compat import patch_torch_cuda_ipc_reductions
     from lean_rl.weight_sync.buckets import Bucket
     from lean_rl.weight_sync.errors import WeightSyncProbeError

@@ -36,11 +36,12 @@ class Colocated:
     def __init__(self, device: str, out: Path):
         from lean_rl.algorithms.config import AlgorithmConfig
         from lean_rl.backends.megatron.config import MegatronConfig, ParallelConfig
-        from lean_rl.backends.megatron.group import COLOCATED_RANK_SHARE, MegatronGroup
+        from lean_rl.backends.megatron.group import MegatronGroup
+        from lean_rl.backends.megatron.rank_placement import COLOCATED_RANK_SHARE
         from lean_rl.backends.megatron.hf_config import arch_from_hf_config
-        from lean_rl.backends.megatron.train_config import (BatchConfig, CheckpointConfig, OptimizerConfig, TrainConfig,
-                                                            TrainerLayout)
-        from lean_rl.backends.megatron.train_driver import initialize_for_training
+        from lean_rl.backends.megatron.train_config import BatchConfig, CheckpointConfig, OptimizerConfig, TrainConfig
+        from lean_rl.backends.megatron.trainer_layout import TrainerLayout
+        from lean_rl.backends.megatron.trainer_init import initialize_for_training
         from lean_rl.backends.sglang.engine_placement import colocated_placement
         from lean_rl.backends.sglang.engines import EngineGroup
         from lean_rl.options import build, rebuild

@@ -165,7 +165,8 @@ def train_tiny(smoke: Smoke, device: str, dtype: str, steps: int):
     caller's to shut down (shut down here on failure)."""
     from lean_rl.algorithms.config import AlgorithmConfig
     from lean_rl.backends.megatron.train_config import BatchConfig, CheckpointConfig, OptimizerConfig, TrainConfig
-    from lean_rl.backends.megatron.train_driver import initialize_for_training, train_on_rollout
+    from lean_rl.backends.megatron.train_driver import train_on_rollout
+    from lean_rl.backends.megatron.trainer_init import initialize_for_training
     from lean_rl.options import build
     from lean_rl.testing.sample_groups import make_groups, set_rollout_log_probs
 
@@ -191,7 +192,7 @@ def train_tiny(smoke: Smoke, device: str, dtype: str, steps: int):
 def reference_in_child(out_dir: str, steps: int, outbox) -> None:
     """The second process of the reference step: the checkpoint, then the float32 CPU reference. Apart
     from the device run because a CPU Megatron rank replaces torch.cuda's API and Megatron's RNG tracker
-    process-wide (backends/megatron/compat.py _apply_cpu_fixes): a GPU rank after it would break."""
+    process-wide (backends/megatron/compat_cpu.py apply_cpu_fixes): a GPU rank after it would break."""
     try:
         smoke = Smoke("cpu", Path(out_dir))
         checkpoint = smoke.write_checkpoint()

@@ -7,8 +7,9 @@ import argparse
 from pathlib import Path
 
 from lean_rl.backends.megatron.hf_config import checkpoint_dtype
-from lean_rl.backends.sglang.config import (EngineConfig, engines_dtype, resolve_api_key, resolve_ports,
-                                           split_passthrough)
+from lean_rl.backends.sglang.config import EngineConfig
+from lean_rl.backends.sglang.ports_and_key import resolve_api_key, resolve_ports
+from lean_rl.backends.sglang.command_line import engines_dtype, split_passthrough
 from lean_rl.utils.device import detect_device
 from lean_rl.options import add_options, read_options
 

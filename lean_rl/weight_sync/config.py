@@ -24,7 +24,7 @@ from lean_rl.backends.sglang.lora import ServedAdapter
 from lean_rl.options import ConfigError, option
 
 if TYPE_CHECKING:
-    from lean_rl.backends.megatron.train_config import LoraConfig
+    from lean_rl.backends.megatron.lora_config import LoraConfig
 
 TRANSPORTS = ("distributed", "tensor", "disk", "adapter")  # adapter: chosen by --lora-sync, not by the flag
 TRANSPORT_CHOICES = ("auto", "distributed", "tensor", "disk")

@@ -6,7 +6,8 @@ import time
 from concurrent.futures import Future
 from typing import Callable, Sequence
 
-from lean_rl.backends.sglang.client import BlockingEngineClient, EngineError
+from lean_rl.backends.sglang.blocking_client import BlockingEngineClient
+from lean_rl.backends.sglang.client_errors import EngineError
 from lean_rl.weight_sync.errors import WeightSyncError
 
 Calls = Sequence[tuple[str, Future]]  # (engine URL, the call's future)

@@ -28,18 +28,9 @@ from lean_rl.weight_sync.engine_calls import call_all
 from lean_rl.weight_sync.errors import WeightSyncError
 from lean_rl.weight_sync.memory import ALL, KV_CACHE_AND_GRAPHS, WEIGHTS, EngineMemory
 from lean_rl.weight_sync.probe import ProbeResult, probe_token_ids, raise_on_failure, run_probe
-from lean_rl.weight_sync.rank import RankSyncPlan, RankWeightSync, StageSent
+from lean_rl.weight_sync.rank import RankWeightSync
+from lean_rl.weight_sync.stages import EngineInfo, RankSyncPlan, StageSent
 from lean_rl.weight_sync.transports import transport_for
-
-
-@dataclass(frozen=True)
-class EngineInfo:
-    url: str
-    device: str
-    tp_size: int
-    model_path: str
-    tokenizer_path: str | None
-    dtype: str  # what it computes in ("bfloat16", ...: its --dtype, `auto` resolved as SGLang does)
 
 
 @dataclass(frozen=True)
@@ -102,7 +93,7 @@ class WeightSync:
 
     # ------------------------------------------------------------------ connect
     def connect(self) -> None:
-        from lean_rl.backends.sglang.client import BlockingEngineClient
+        from lean_rl.backends.sglang.blocking_client import BlockingEngineClient
 
         client_factory = self._client_factory or BlockingEngineClient
         if self.plan is not None:
@@ -153,7 +144,7 @@ class WeightSync:
     @staticmethod
     def _engine_info(url: str, server: dict, model: dict) -> EngineInfo:
         from lean_rl.backends.megatron.hf_config import checkpoint_dtype
-        from lean_rl.backends.sglang.config import serving_dtype
+        from lean_rl.backends.sglang.command_line import serving_dtype
 
         for key in ("pp_size", "dp_size"):
             if int(server.get(key) or 1) != 1:
@@ -241,6 +232,11 @@ class WeightSync:
                 raise WeightSyncError(f"send_stage: stage {stage}: {results[0].error}")
             sent.append(results[0])
         return sent
+
+    def connect_stage(self, stage: int) -> None:
+        """RankWeightSync.connect_stage on every rank (the stage's lead connects its transport)."""
+        assert self.plan is not None, "connect_stage: called before connect"
+        self.on_ranks(RankWeightSync.connect_stage, self.plan.group_prefix, stage)
 
     def on_ranks(self, fn: Callable, *args) -> list:
         """RankWeightSync.<fn>(*args) on every trainer rank, in lockstep; results in rank order."""

@@ -44,7 +44,8 @@ def _rank(rank: int, world_size: int, port: int, results) -> None:
     from lean_rl.algorithms.distillation import topk_reverse_kl
     from lean_rl.backends.megatron.chunked_logprobs import chunked_log_probs, chunked_token_statistics
     from lean_rl.backends.megatron.logprobs import vocab_parallel_log_probs_at
-    from lean_rl.backends.megatron.compat import apply_compat, megatron_thread_mode
+    from lean_rl.backends.megatron.compat import apply_compat
+    from lean_rl.backends.megatron.compat_cpu import megatron_thread_mode
 
     device = torch.device("cpu")
     apply_compat(device)

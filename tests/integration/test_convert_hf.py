@@ -17,7 +17,7 @@ from safetensors.torch import load_file, save_file
 from test_convert_megatron import assert_same_hf_checkpoint, hf_tensors
 
 from lean_rl.backends.megatron.arch_flags import model_args_script
-from lean_rl.backends.sglang.client import BlockingEngineClient
+from lean_rl.backends.sglang.blocking_client import BlockingEngineClient
 from lean_rl.convert.dcp_io import DistCheckpointReader
 from lean_rl.convert.hf_to_megatron import convert_hf_to_megatron
 from lean_rl.convert.megatron_to_hf import convert_megatron_to_hf

@@ -1,6 +1,6 @@
 """Where a GPU run puts its processes, checked on the simulated cluster whose nodes declare 4 GPUs each
 to Ray (there are none: nothing touches a device). The driver places the trainer ranks, PPO's critic,
-the engines and the teacher's engines with the run's own code (group.place_ranks, engine_placement,
+the engines and the teacher's engines with the run's own code (rank_placement.place_ranks, engine_placement,
 EngineActor.launch_plan), with a probe class in place of MegatronRank, and reports what each process was
 given: its node, Ray's GPU ids, CUDA_VISIBLE_DEVICES, and each server's --tp-size / --base-gpu-id and
 memory-release switches (review C4 and the placement rows of issue 22)."""
@@ -18,10 +18,12 @@ _DRIVER = textwrap.dedent("""
     import argparse, json, os, sys
     import ray
     from lean_rl.backends.megatron.config import ParallelConfig
-    from lean_rl.backends.megatron.group import COLOCATED_RANK_SHARE, place_ranks
+    from lean_rl.backends.megatron.rank_placement import COLOCATED_RANK_SHARE, place_ranks
     from lean_rl.backends.megatron.rank_actors import RankActors
-    from lean_rl.backends.megatron.train_config import TrainerLayout
-    from lean_rl.backends.sglang.config import EngineConfig, flags_to_dict, resolve_api_key, split_passthrough
+    from lean_rl.backends.megatron.trainer_layout import TrainerLayout
+    from lean_rl.backends.sglang.command_line import flags_to_dict, split_passthrough
+    from lean_rl.backends.sglang.config import EngineConfig
+    from lean_rl.backends.sglang.ports_and_key import resolve_api_key
     from lean_rl.backends.sglang.engine_actor import EngineActor
     from lean_rl.backends.sglang.engine_placement import EngineScheduler, colocated_placement
     from lean_rl.options import add_options, read_options

@@ -14,9 +14,10 @@ from training_helpers import fixed_old_policy, make_groups, set_rollout_log_prob
 
 from lean_rl.backends.megatron.config import ParallelConfig
 from lean_rl.backends.megatron.group import MegatronGroup
-from lean_rl.backends.megatron.train_config import LoraConfig
-from lean_rl.backends.megatron.train_driver import initialize_for_training, train_on_rollout
-from lean_rl.backends.sglang.client import BlockingEngineClient
+from lean_rl.backends.megatron.lora_config import LoraConfig
+from lean_rl.backends.megatron.train_driver import train_on_rollout
+from lean_rl.backends.megatron.trainer_init import initialize_for_training
+from lean_rl.backends.sglang.blocking_client import BlockingEngineClient
 from lean_rl.backends.sglang.engines import EngineGroup
 from lean_rl.backends.sglang.lora import ServedAdapter
 from lean_rl.options import build, rebuild

@@ -19,7 +19,8 @@ from lean_rl.algorithms.config import AlgorithmConfig
 from lean_rl.backends.megatron import checkpoint_paths
 from lean_rl.backends.megatron.config import ParallelConfig
 from lean_rl.backends.megatron.group import MegatronGroup, MegatronGroupError
-from lean_rl.backends.megatron.train_driver import initialize_for_training, train_on_rollout
+from lean_rl.backends.megatron.train_driver import train_on_rollout
+from lean_rl.backends.megatron.trainer_init import initialize_for_training
 from lean_rl.buffer.data_buffer import DataBuffer
 from lean_rl.buffer.prompt_source import PromptRecord, PromptSource
 from lean_rl.options import build

@@ -67,6 +67,7 @@ def _check_thread_mode_and_idempotence(out_file: str) -> None:
     from megatron.core.transformer import torch_norm
 
     from lean_rl.backends.megatron import compat
+    from lean_rl.backends.megatron.compat_cpu import megatron_thread_mode
 
     cpu = torch.device("cpu")
     compat.apply_compat(cpu)
@@ -81,7 +82,7 @@ def _check_thread_mode_and_idempotence(out_file: str) -> None:
             report["without_mode"] = "no error"
         except (RuntimeError, AssertionError) as error:  # this torch build has no CUDA
             report["without_mode"] = type(error).__name__
-        with compat.megatron_thread_mode(cpu), compat.megatron_thread_mode(cpu):
+        with megatron_thread_mode(cpu), megatron_thread_mode(cpu):
             report["mode_depth"] = len(torch.overrides._get_current_function_mode_stack())
             report["with_mode"] = torch.zeros(1, device="cuda").device.type
             report["tensor_cuda"] = torch.ones(2).cuda().device.type

@@ -20,7 +20,7 @@ from safetensors.torch import load_file, save_file
 from lean_rl.backends.megatron.config import MegatronConfig, ParallelConfig
 from lean_rl.backends.megatron.group import MegatronGroup, MegatronGroupError
 from lean_rl.backends.megatron.hf_config import arch_from_hf_config
-from lean_rl.backends.megatron.train_config import TrainerLayout
+from lean_rl.backends.megatron.trainer_layout import TrainerLayout
 
 pytestmark = pytest.mark.integration
 

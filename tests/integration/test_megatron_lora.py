@@ -14,8 +14,9 @@ from training_helpers import fixed_old_policy, make_groups, set_rollout_log_prob
 from lean_rl.backends.megatron.config import ParallelConfig
 from lean_rl.backends.megatron.group import MegatronGroup, MegatronGroupError
 from lean_rl.backends.megatron.hf_weights.checkpoint import HFCheckpoint
-from lean_rl.backends.megatron.train_config import LoraConfig
-from lean_rl.backends.megatron.train_driver import initialize_for_training, train_on_rollout
+from lean_rl.backends.megatron.lora_config import LoraConfig
+from lean_rl.backends.megatron.train_driver import train_on_rollout
+from lean_rl.backends.megatron.trainer_init import initialize_for_training
 from lean_rl.convert.dcp_io import DistCheckpointReader
 from lean_rl.convert.megatron_to_hf import convert_megatron_to_hf
 from lean_rl.options import build

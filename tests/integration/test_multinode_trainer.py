@@ -21,9 +21,10 @@ _DRIVER = textwrap.dedent("""
     from lean_rl.backends.megatron.config import ParallelConfig
     from lean_rl.backends.megatron.group import MegatronGroup
     from lean_rl.backends.megatron.rank import MegatronRank
-    from lean_rl.backends.megatron.train_config import (BatchConfig, CheckpointConfig, OptimizerConfig,
-                                                        TrainConfig, TrainerLayout)
-    from lean_rl.backends.megatron.train_driver import initialize_for_training, train_on_rollout
+    from lean_rl.backends.megatron.train_config import BatchConfig, CheckpointConfig, OptimizerConfig, TrainConfig
+    from lean_rl.backends.megatron.trainer_layout import TrainerLayout
+    from lean_rl.backends.megatron.train_driver import train_on_rollout
+    from lean_rl.backends.megatron.trainer_init import initialize_for_training
     from lean_rl.options import build
     from lean_rl.testing.driver_result import write_result
     from lean_rl.testing.sample_groups import make_groups, set_rollout_log_probs

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from lean_rl.extensions import install as install_hooks
-from lean_rl.backends.sglang.client import BlockingEngineClient
+from lean_rl.backends.sglang.blocking_client import BlockingEngineClient
 from lean_rl.backends.sglang.health import EngineMonitor
 from lean_rl.buffer.data_buffer import create_data_buffer
 from lean_rl.config import parse_config

@@ -20,9 +20,10 @@ from lean_rl.backends.megatron.config import MegatronConfig, ParallelConfig
 from lean_rl.backends.megatron.group import MegatronGroup
 from lean_rl.backends.megatron.hf_config import arch_from_hf_config
 from lean_rl.backends.megatron.rollout_batch import rollout_batch
-from lean_rl.backends.megatron.train_config import BatchConfig, BatchPlan
+from lean_rl.backends.megatron.train_config import BatchConfig
+from lean_rl.backends.megatron.batch_plan import BatchPlan
 from lean_rl.backends.megatron.train_driver import forward_rollout, train_on_rollout
-from lean_rl.backends.sglang.client import BlockingEngineClient
+from lean_rl.backends.sglang.blocking_client import BlockingEngineClient
 from lean_rl.backends.sglang.engines import EngineGroup
 from lean_rl.rollout.generate import token_versions
 from lean_rl.sample import Sample, Status

@@ -13,8 +13,11 @@ import httpx
 import psutil
 import pytest
 
-from lean_rl.backends.sglang.client import EngineClient, EngineConnectionError, EngineHTTPError, RetryPolicy
-from lean_rl.backends.sglang.config import API_KEY_ENV, EngineConfig, resolve_api_key, resolve_ports
+from lean_rl.backends.sglang.client import EngineClient
+from lean_rl.backends.sglang.client_errors import EngineConnectionError, EngineHTTPError, RetryPolicy
+from lean_rl.backends.sglang.config import EngineConfig
+from lean_rl.backends.sglang.ports_and_key import resolve_api_key, resolve_ports
+from lean_rl.backends.sglang.api_keys import API_KEY_ENV
 from lean_rl.backends.sglang.processes import ChildProcess, wait_until_healthy
 from lean_rl.backends.sglang.router import RouterAdmin, RouterError
 from lean_rl.utils.net import find_free_port

@@ -12,7 +12,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from lean_rl.backends.sglang.client import BlockingEngineClient, EngineClient, EngineHTTPError
+from lean_rl.backends.sglang.client import EngineClient
+from lean_rl.backends.sglang.blocking_client import BlockingEngineClient
+from lean_rl.backends.sglang.client_errors import EngineHTTPError
 
 pytestmark = pytest.mark.integration
 

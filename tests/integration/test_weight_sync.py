@@ -20,7 +20,7 @@ from safetensors.torch import load_file
 
 from lean_rl.backends.megatron.config import ParallelConfig
 from lean_rl.backends.megatron.group import MegatronGroup
-from lean_rl.backends.sglang.client import BlockingEngineClient
+from lean_rl.backends.sglang.blocking_client import BlockingEngineClient
 from lean_rl.backends.sglang.health import EngineMonitor
 from lean_rl.weight_sync.config import WeightSyncConfig
 from lean_rl.weight_sync.errors import WeightSyncError, WeightSyncProbeError

@@ -46,7 +46,7 @@ class SlowSaveRuntime(Runtime):
     save_seconds = 0.0
 
     def start(self) -> "SlowSaveRuntime":
-        self.trainer = SlowSavingTrainer(self.save_seconds)
+        self.trainers.actor = SlowSavingTrainer(self.save_seconds)
         return self
 
 

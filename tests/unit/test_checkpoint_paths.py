@@ -263,7 +263,7 @@ def test_a_crash_mid_prune_never_leaves_a_half_deleted_step(tmp_path, monkeypatc
 def _init_for_training(load):
     from lean_rl.algorithms.config import AlgorithmConfig
     from lean_rl.backends.megatron.train_config import CheckpointConfig, TrainConfig
-    from lean_rl.backends.megatron.train_driver import initialize_for_training
+    from lean_rl.backends.megatron.trainer_init import initialize_for_training
 
     train = TrainConfig(checkpoint=CheckpointConfig(hf_checkpoint="/hf", load=str(load)))
     return initialize_for_training(None, train, build(AlgorithmConfig))  # fails before the group is touched

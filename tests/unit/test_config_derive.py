@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from lean_rl.algorithms.config import AlgorithmConfig
-from lean_rl.backends.megatron.train_config import LoraConfig
+from lean_rl.backends.megatron.lora_config import LoraConfig
 from lean_rl.options import build, rebuild
 
 PACKAGE = Path(__file__).resolve().parents[2] / "lean_rl"

@@ -15,7 +15,8 @@ from lean_rl.algorithms.distillation import reverse_kl_advantages, topk_reverse_
 from lean_rl.backends.megatron.rollout_batch import failure_reason, rollout_batch
 from lean_rl.backends.megatron.train_driver import train_on_rollout
 from lean_rl.backends.megatron.train_options import Distillation
-from lean_rl.backends.sglang.config import EngineConfig, resolve_api_key, resolve_ports
+from lean_rl.backends.sglang.config import EngineConfig
+from lean_rl.backends.sglang.ports_and_key import resolve_api_key, resolve_ports
 from lean_rl.config import parse_config
 from lean_rl.options import ConfigError, build
 from lean_rl.rollout.distillation import score_with_teacher

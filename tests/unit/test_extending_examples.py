@@ -27,7 +27,7 @@ from lean_rl.rollout import default
 from lean_rl.rollout import generate as generate_module
 from lean_rl.rollout.base import call_rollout_function
 from lean_rl.rollout.metrics import rollout_metrics
-from lean_rl.rollout.rewards import score_group
+from lean_rl.rollout.reward_scoring import score_group
 from lean_rl.train_hooks import before_training
 from lean_rl.sample import NOT_GENERATED, Sample, Status
 

@@ -10,8 +10,9 @@ import argparse
 import pytest
 
 from lean_rl.backends.megatron.config import PrecisionFlags
-from lean_rl.backends.sglang.config import (COLOCATED_GPU_ENV, COLOCATED_GPU_FLAGS, EngineConfig, engines_dtype,
-                                           flags_to_dict, serving_dtype, split_passthrough)
+from lean_rl.backends.sglang.config import EngineConfig
+from lean_rl.backends.sglang.command_line import (COLOCATED_GPU_ENV, COLOCATED_GPU_FLAGS, engines_dtype, flags_to_dict,
+                                                  serving_dtype, split_passthrough)
 from lean_rl.options import ConfigError, add_options, build, read_options
 from lean_rl.weight_sync.config import WeightSyncConfig, resolve_transport
 from lean_rl.weight_sync.ipc_map import IpcLayout, engine_ranks, stage_lead_ranks, unserved_by_ipc
@@ -165,7 +166,7 @@ def test_te_spec_only_when_asked_for_and_on_a_gpu():
 def test_lora_on_a_gpu_with_te_asks_for_the_local_spec(monkeypatch):
     import importlib.util
 
-    from lean_rl.backends.megatron.train_config import LoraConfig
+    from lean_rl.backends.megatron.lora_config import LoraConfig
 
     real_find_spec = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec",
@@ -180,7 +181,7 @@ def test_lora_on_a_gpu_with_te_asks_for_the_local_spec(monkeypatch):
 
 # ---------------------------------------------------------------- trainer ranks' environment (C6)
 def test_gpu_ranks_match_sglangs_nccl_switches():
-    from lean_rl.backends.megatron.group import rank_env
+    from lean_rl.backends.megatron.rank_placement import rank_env
 
     gpu = rank_env("cuda", 1, "/p")
     assert gpu["NCCL_CUMEM_ENABLE"] == "0" and gpu["NCCL_NVLS_ENABLE"] == "0" and gpu["PYTHONPATH"] == "/p"

@@ -4,7 +4,9 @@ Every module of lean_rl is parsed with `ast` (no imports run): imports at any de
 those inside functions (a deferred import is still a dependency), except under `if TYPE_CHECKING:`.
 Each module belongs to one node: its package (PACKAGES) or, for a top-level module, itself. The test
 fails on (a) any cycle between nodes, naming the import sites of each edge on it, and (b) any import
-that crosses a layering rule (RULES)."""
+that crosses a layering rule (RULES). Module by module, type-only imports included, the graph has no
+cycle either (test_no_cycles_between_modules_even_through_type_only_imports): a circle through a
+`TYPE_CHECKING` import is a circle a reader walks all the same; a small Protocol or a moved type breaks it."""
 
 from __future__ import annotations
 
@@ -76,14 +78,15 @@ def _is_type_checking(test: ast.expr) -> bool:
             or (isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"))
 
 
-def imported_modules(source: str, module: str, is_package: bool, known: set[str]) -> list[tuple[str, int]]:
-    """(imported module, line) for every import in `source` (any depth; not under TYPE_CHECKING).
-    `from X import y` counts as X.y when that is a module in `known`, else as X."""
+def imported_modules(source: str, module: str, is_package: bool, known: set[str],
+                     type_checking: bool = False) -> list[tuple[str, int]]:
+    """(imported module, line) for every import in `source` (any depth; under TYPE_CHECKING only when
+    `type_checking`). `from X import y` counts as X.y when that is a module in `known`, else as X."""
     found: list[tuple[str, int]] = []
     package = module if is_package else module.rpartition(".")[0]
 
     def visit(node: ast.AST) -> None:
-        if isinstance(node, ast.If) and _is_type_checking(node.test):
+        if isinstance(node, ast.If) and _is_type_checking(node.test) and not type_checking:
             for child in node.orelse:
                 visit(child)
             return
@@ -139,6 +142,22 @@ def module_graph(root: Path = ROOT) -> dict[tuple[str, str], list[Site]]:
     for module, path in modules.items():
         for target, line in imported_modules(path.read_text(), module, path.name == "__init__.py", known):
             if target in known and target not in (module, node_of(module)) and node_of(target) == node_of(module):
+                edges[(module, target)].append(Site(module, line))
+    return dict(edges)
+
+
+def typed_module_graph(root: Path = ROOT) -> dict[tuple[str, str], list[Site]]:
+    """(module, module) -> import sites, across the whole of lean_rl, `TYPE_CHECKING` imports included.
+    An import of a name from a package's __init__ counts as an edge to the package module."""
+    modules = all_modules(root)
+    known = set(modules)
+    edges: dict[tuple[str, str], list[Site]] = defaultdict(list)
+    for module, path in modules.items():
+        for target, line in imported_modules(path.read_text(), module, path.name == "__init__.py", known,
+                                             type_checking=True):
+            while target and target not in known:  # `from lean_rl.x.y import Name` of a module x.y
+                target = target.rpartition(".")[0]
+            if target and target not in (module, "lean_rl") and target.startswith("lean_rl."):
                 edges[(module, target)].append(Site(module, line))
     return dict(edges)
 
@@ -227,6 +246,28 @@ def test_no_cycles_between_packages(edges):
 def test_no_cycles_within_a_package():
     found = describe_cycles(module_graph())
     assert not found, "import cycles between modules of one package:\n" + "\n".join(found)
+
+
+def test_no_cycles_between_modules_even_through_type_only_imports():
+    found = describe_cycles(typed_module_graph())
+    assert not found, "import cycles between lean_rl modules (TYPE_CHECKING imports included):\n" + "\n".join(found)
+
+
+def test_the_typed_graph_sees_type_only_imports(tmp_path):
+    (tmp_path / "lean_rl").mkdir()
+    (tmp_path / "lean_rl" / "a.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+                                               "    from lean_rl.b import B\n")
+    (tmp_path / "lean_rl" / "b.py").write_text("from lean_rl.a import A\n")
+    edges = typed_module_graph(tmp_path / "lean_rl")
+    assert cycles(edges) == [["lean_rl.a", "lean_rl.b"]]
+    assert cycles(package_graph(tmp_path / "lean_rl")) == []  # the run-time graph alone does not see it
+
+
+def test_runtime_stays_small():
+    """lean_rl/runtime.py assembles the run and names its phases; features go into modules of their own
+    (issue 24 took it to 250 lines, one feature brought it back to 339)."""
+    lines = len((ROOT / "runtime.py").read_text().splitlines())
+    assert lines <= 250, f"lean_rl/runtime.py has {lines} lines (at most 250): move the new feature into its own module"
 
 
 def test_layering_rules(edges):

@@ -19,8 +19,9 @@ from types import SimpleNamespace
 import httpx
 import pytest
 
-from lean_rl.backends.sglang.client import EngineClient, EngineConnectionError, RetryPolicy
-from lean_rl.backends.sglang.config import CHILD_API_KEY_ENV
+from lean_rl.backends.sglang.client import EngineClient
+from lean_rl.backends.sglang.client_errors import EngineConnectionError, RetryPolicy
+from lean_rl.backends.sglang.api_keys import CHILD_API_KEY_ENV
 from lean_rl.backends.sglang.health import EngineMonitor
 from lean_rl.backends.sglang.listener_check import ForeignListenerError, require_keyed_listener
 from lean_rl.backends.sglang.router import RouterAdmin, RouterError

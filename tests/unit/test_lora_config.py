@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from lean_rl.backends.megatron.config import ParallelConfig
-from lean_rl.backends.megatron.train_config import LORA_TARGETS, LoraConfig, TrainConfig
+from lean_rl.backends.megatron.train_config import TrainConfig
+from lean_rl.backends.megatron.lora_config import LORA_TARGETS, LoraConfig
 from lean_rl.options import ConfigError, add_options, build, read_options
 
 

@@ -16,7 +16,7 @@ from lean_rl.algorithms.config import AlgorithmConfig
 from lean_rl.algorithms.hooks import AdvantageInputs, builtin_advantages
 from lean_rl.backends.megatron.rollout_batch import rollout_batch
 from lean_rl.options import add_options, read_options
-from lean_rl.extensions import Extensions
+from lean_rl.hook_protocols import Extensions
 from lean_rl.rollout.group_runner import GREEDY_BASELINE_TOP_INDEX, GroupRunner
 from lean_rl.rollout.metrics import rollout_metrics
 from lean_rl.sample import REMAX_BASELINE_REWARD, Sample, Status

@@ -4,8 +4,8 @@ import types
 
 import pytest
 
-from lean_rl.rollout.rewards import (boxed_match, exact_match, last_boxed, math_reward, score_group,
-                                     token_f1)
+from lean_rl.rollout.rewards import boxed_match, exact_match, last_boxed, math_reward, token_f1
+from lean_rl.rollout.reward_scoring import score_group
 from lean_rl.sample import Sample, Status
 
 

@@ -13,8 +13,9 @@ import sys
 import pytest
 from ray import cloudpickle
 
-from lean_rl.backends.sglang.config import (API_KEY_ENV, CHILD_API_KEY_ENV, NO_API_KEY, EngineConfig, resolve_api_key,
-                                            resolve_ports)
+from lean_rl.backends.sglang.config import EngineConfig
+from lean_rl.backends.sglang.ports_and_key import resolve_api_key, resolve_ports
+from lean_rl.backends.sglang.api_keys import API_KEY_ENV, CHILD_API_KEY_ENV, NO_API_KEY
 from lean_rl.backends.sglang.run_key import FileBackedKey
 from lean_rl.options import ConfigError, build
 from lean_rl.weight_sync.rank import RankSyncPlan

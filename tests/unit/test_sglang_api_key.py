@@ -7,8 +7,10 @@ import json
 
 import pytest
 
-from lean_rl.backends.sglang.config import (API_KEY_ENV, CHILD_API_KEY_ENV, NO_API_KEY, EngineConfig, auth_headers,
-                                            resolve_api_key, resolve_ports, split_passthrough)
+from lean_rl.backends.sglang.config import EngineConfig
+from lean_rl.backends.sglang.ports_and_key import resolve_api_key, resolve_ports
+from lean_rl.backends.sglang.api_keys import API_KEY_ENV, CHILD_API_KEY_ENV, NO_API_KEY, auth_headers
+from lean_rl.backends.sglang.command_line import split_passthrough
 from lean_rl.backends.sglang.client import EngineClient
 from lean_rl.backends.sglang.router import RouterAdmin
 from lean_rl.options import ConfigError, add_options, build, read_options

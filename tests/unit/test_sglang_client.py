@@ -9,14 +9,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from lean_rl.backends.sglang.client import (
-    BlockingEngineClient,
-    EngineClient,
-    EngineConnectionError,
-    EngineHTTPError,
-    EngineTimeoutError,
-    RetryPolicy,
-)
+from lean_rl.backends.sglang.client import EngineClient
+from lean_rl.backends.sglang.blocking_client import BlockingEngineClient
+from lean_rl.backends.sglang.client_errors import (EngineConnectionError, EngineHTTPError, EngineTimeoutError,
+                                                   RetryPolicy)
 from lean_rl.utils.net import find_free_port
 
 FAST_RETRY = RetryPolicy(attempts=4, initial_backoff_s=0.05, max_backoff_s=0.1)

@@ -2,7 +2,9 @@ import argparse
 
 import pytest
 
-from lean_rl.backends.sglang.config import DEFAULT_CPU_MAX_TOTAL_TOKENS, EngineConfig, resolve_ports, split_passthrough
+from lean_rl.backends.sglang.config import DEFAULT_CPU_MAX_TOTAL_TOKENS, EngineConfig
+from lean_rl.backends.sglang.ports_and_key import resolve_ports
+from lean_rl.backends.sglang.command_line import split_passthrough
 from lean_rl.backends.sglang.launch import device_from_argv
 from lean_rl.options import ConfigError, add_options, build, read_options
 
@@ -135,7 +137,7 @@ def test_declared_sglang_flags_win_over_passthrough():
 
 
 def test_ports_are_chosen_by_resolve_ports_not_by_the_config(monkeypatch):
-    import lean_rl.backends.sglang.config as engine_config
+    import lean_rl.backends.sglang.ports_and_key as engine_config
 
     picked = iter([31005, 31001, 31007])  # 31001 is an engine port: skipped
     monkeypatch.setattr(engine_config, "find_free_port", lambda host: next(picked))

@@ -135,7 +135,8 @@ def test_bad_generate_answers_say_what_is_wrong(body, match):
 def _client_answering(monkeypatch, status, content: bytes):
     import asyncio
 
-    from lean_rl.backends.sglang.client import EngineClient, EngineError
+    from lean_rl.backends.sglang.client import EngineClient
+    from lean_rl.backends.sglang.client_errors import EngineError
 
     client = EngineClient("http://router.test:30000")
     http = httpx.AsyncClient(base_url=client.base_url,

@@ -355,7 +355,7 @@ async def reward_func(args, sample, **kwargs):
 
 
 def test_a_slime_reward_dict_may_hold_entries_that_are_no_numbers(make_cfg, monkeypatch):
-    from lean_rl.rollout.rewards import score_group
+    from lean_rl.rollout.reward_scoring import score_group
 
     module = types.ModuleType("retool_style_reward")
     exec(RETOOL_STYLE_REWARD, module.__dict__)

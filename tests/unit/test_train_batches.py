@@ -5,7 +5,8 @@ import torch
 
 from lean_rl.backends.megatron.train_batches import (Sequence, assign_to_ranks, build_micro_batch, pad_micro_batch,
                                                      plan_micro_batches, response_values, uniform_shapes)
-from lean_rl.backends.megatron.train_config import BatchConfig, BatchPlan
+from lean_rl.backends.megatron.train_config import BatchConfig
+from lean_rl.backends.megatron.batch_plan import BatchPlan
 from lean_rl.options import ConfigError
 
 

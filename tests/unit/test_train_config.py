@@ -6,7 +6,8 @@ import pytest
 
 from lean_rl.algorithms.config import AlgorithmConfig
 from lean_rl.backends.megatron.config import ParallelConfig
-from lean_rl.backends.megatron.train_config import BatchConfig, BatchPlan, OptimizerConfig, PlacementConfig, TrainConfig
+from lean_rl.backends.megatron.train_config import BatchConfig, OptimizerConfig, PlacementConfig, TrainConfig
+from lean_rl.backends.megatron.batch_plan import BatchPlan
 from lean_rl.options import ConfigError, add_options, build, read_options
 
 

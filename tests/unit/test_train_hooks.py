@@ -15,7 +15,7 @@ from lean_rl.algorithms.hooks import (AdvantageInputs, builtin_advantages, check
                                       compute_custom_or_builtin_advantages, loss_function)
 from lean_rl.algorithms.losses import policy_loss
 from lean_rl.backends.megatron.rollout_batch import rollout_batch
-from lean_rl.extensions import Extensions
+from lean_rl.hook_protocols import Extensions
 from lean_rl.train_hooks import before_training
 from lean_rl.sample import Sample, Status
 from lean_rl.utils.plugins import HookReturnError

@@ -4,7 +4,7 @@ the real heal (Megatron ranks, SGLang engines, Ray) is tests/e2e/test_trainer_he
 
 import pytest
 
-from lean_rl.backends.megatron.rank_actors import MegatronGroupError, PlacementError
+from lean_rl.backends.megatron.rank_errors import MegatronGroupError, PlacementError
 from lean_rl.config import parse_config
 from lean_rl.trainer_heal import TrainerHealer, TrainerHealFailed
 
@@ -34,24 +34,41 @@ def test_healing_is_on_only_with_a_checkpoint_to_go_back_to(flags, off, tiny_qwe
             assert "trainer healing off" in caplog.text
 
 
-class _Run:
-    """What TrainerHealer.heal calls on a Runtime, recorded; `start_failures` raised by restart_trainers."""
+class _Buffer:
+    """A data buffer's state: 20 samples finished now, 4 at the checkpoint healed back to."""
 
-    def __init__(self, start_failures=()):
-        self.calls, self.start_failures = [], list(start_failures)
+    def __init__(self, calls):
+        self.calls = calls
 
-    def shutdown_trainers(self):
+    def get_counters(self):
+        return {"samples_finished": 20}
+
+    def load_state_dict(self, state):
+        self.calls.append("rewind")
+
+
+class _Trainers:
+    def __init__(self, calls, start_failures):
+        self.calls, self.start_failures = calls, start_failures
+
+    def shutdown_lost(self):
         self.calls.append("shutdown")
 
-    def restart_trainers(self, lost_step, start_timeout_s):
+    def restart(self, heal_from, actor_step, start_timeout_s, started=None):
         self.calls.append("restart")
         if self.start_failures:
             raise self.start_failures.pop(0)
-        return 3, {"buffer": {}}
+        return 3, {"buffer": {"counters": {"samples_finished": 4}}}
 
-    def rewind_buffer(self, state):
-        self.calls.append("rewind")
-        return 16
+
+class _Run:
+    """What TrainerHealer.heal acts on (trainer_heal.HealedRun), recorded; `start_failures` raised by the
+    trainers' restart."""
+
+    def __init__(self, start_failures=()):
+        self.calls = []
+        self.trainers, self.buffer = _Trainers(self.calls, list(start_failures)), _Buffer(self.calls)
+        self.logger = self.weight_sync = None
 
     def sync_weights(self, version):
         self.calls.append(f"sync {version}")
@@ -59,7 +76,7 @@ class _Run:
 
 
 def test_a_heal_restarts_rewinds_syncs_and_reports_then_the_budget_ends():
-    healer, run = TrainerHealer(max_restarts=1, wait_s=5), _Run()
+    healer, run = TrainerHealer(save_dir="/nonexistent", max_restarts=1, wait_s=5), _Run()
     assert healer.heal(run, MegatronGroupError("rank 1 died"), step=5) == 3
     assert run.calls == ["shutdown", "restart", "rewind", "sync 3"]
     metrics = healer.metrics()
@@ -71,22 +88,22 @@ def test_a_heal_restarts_rewinds_syncs_and_reports_then_the_budget_ends():
 
 
 def test_healing_off_names_why():
-    healer = TrainerHealer(max_restarts=0, wait_s=5, off_because="no --save: nothing to go back to")
+    healer = TrainerHealer(save_dir="/nonexistent", max_restarts=0, wait_s=5, off_because="no --save: nothing to go back to")
     with pytest.raises(TrainerHealFailed, match="healing off \\(no --save"):
         healer.heal(_Run(), MegatronGroupError("rank 1 died"), step=2)
 
 
 def test_no_capacity_is_waited_out_until_the_wait_ends():
     run = _Run([PlacementError("cannot place 2 trainer node(s)")])
-    assert TrainerHealer(max_restarts=1, wait_s=30).heal(run, MegatronGroupError("lost"), step=4) == 3
+    assert TrainerHealer(save_dir="/nonexistent", max_restarts=1, wait_s=30).heal(run, MegatronGroupError("lost"), step=4) == 3
     assert run.calls.count("restart") == 2
     never = _Run([PlacementError("cannot place 2 trainer node(s)")] * 100)
     with pytest.raises(TrainerHealFailed, match="no capacity for the trainer within --trainer-restart-wait 1s"):
-        TrainerHealer(max_restarts=1, wait_s=1).heal(never, MegatronGroupError("lost"), step=4)
+        TrainerHealer(save_dir="/nonexistent", max_restarts=1, wait_s=1).heal(never, MegatronGroupError("lost"), step=4)
 
 
 def test_a_restarted_trainer_that_fails_by_itself_is_not_retried():
     run = _Run([MegatronGroupError("RankTrainer.load_checkpoint failed on rank 0 (OSError: bad file)")])
     with pytest.raises(TrainerHealFailed, match="the restarted trainer failed.*bad file"):
-        TrainerHealer(max_restarts=2, wait_s=60).heal(run, MegatronGroupError("lost"), step=4)
+        TrainerHealer(save_dir="/nonexistent", max_restarts=2, wait_s=60).heal(run, MegatronGroupError("lost"), step=4)
     assert run.calls.count("restart") == 1

@@ -14,7 +14,7 @@ import pytest
 
 import lean_rl
 from lean_rl.backends.megatron.hf_weights.families import LAYER_RULES, lora_hf_modules_differ
-from lean_rl.backends.megatron.train_config import LORA_HF_MODULES, LoraConfig
+from lean_rl.backends.megatron.lora_config import LORA_HF_MODULES, LoraConfig
 from lean_rl.backends.sglang.lora import ServedAdapter
 from lean_rl.options import ConfigError, build
 from lean_rl.weight_sync.config import TRANSPORTS, WeightSyncConfig, resolve_lora_sync, resolve_transport

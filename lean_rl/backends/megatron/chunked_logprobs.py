@@ -12,7 +12,7 @@ values are those of logprobs.vocab_parallel_log_probs on the same logits (it is 
 Tensor parallel: the weight is this rank's vocab shard [V_padded / tp, h]; the reductions over the
 vocabulary are logprobs.py's all-reduces, made per chunk (every TP rank runs the same chunks in the
 same order, forward and recompute). The hidden states enter as ColumnParallelLinear's input does
-(compat.hidden_states_from_output_layer): each rank's gradient is that of its vocab shard only, so
+(model_hooks.hidden_states_from_output_layer): each rank's gradient is that of its vocab shard only, so
 it is summed over TP in the backward."""
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ from lean_rl.algorithms.config import AlgorithmConfig
 from lean_rl.algorithms.distillation import topk_reverse_kl
 from lean_rl.algorithms.losses import policy_loss
 from lean_rl.backends.megatron.chunked_logprobs import chunked_log_probs, chunked_token_statistics, output_weight
-from lean_rl.backends.megatron.compat import hidden_states_from_output_layer
+from lean_rl.backends.megatron.model_hooks import hidden_states_from_output_layer
 from lean_rl.backends.megatron.logprobs import (log_probs_and_entropy, vocab_parallel_log_probs,
                                                 vocab_parallel_log_probs_at, vocab_parallel_top_k)
 from lean_rl.backends.megatron.routing_replay import clear_routes, set_micro_batch_routes

@@ -41,7 +41,7 @@ from megatron.core.transformer.mlp import apply_swiglu_sharded_factory
 from megatron.core.transformer.utils import make_sharded_tensors_for_checkpoint
 
 from lean_rl.backends.megatron.hf_weights.dist_keys import LORA_ADAPTER, merge_lora
-from lean_rl.backends.megatron.train_config import LORA_TARGETS, LoraConfig
+from lean_rl.backends.megatron.lora_config import LORA_TARGETS, LoraConfig
 from lean_rl.options import ConfigError
 
 ADAPTER = LORA_ADAPTER  # the child module's name under an adapted linear layer

@@ -12,7 +12,7 @@ layout, config and device.
 Threads: Ray runs every method of a synchronous actor (max_concurrency=1, no async methods) on the
 worker's main thread (checked on Ray 2.60: __init__ and all calls report MainThread), but threaded
 or async actors run them elsewhere, and a TorchFunctionMode is thread-local. So `call` enters the
-CUDA->CPU mode itself (compat.megatron_thread_mode; a no-op on CUDA and when already active)
+CUDA->CPU mode itself (compat_cpu.megatron_thread_mode; a no-op on CUDA and when already active)
 instead of relying on one entered at start-up.
 
 Checkpointing (issue 4): dist_checkpointing's saver starts a spawn-context multiprocessing Manager
@@ -30,6 +30,7 @@ from typing import Any, Callable, Iterator
 import torch
 
 from lean_rl.backends.megatron import compat
+from lean_rl.backends.megatron.compat_cpu import megatron_thread_mode
 from lean_rl.backends.megatron.config import MegatronConfig
 from lean_rl.backends.megatron.distributed import (
     RankLayout,
@@ -72,7 +73,7 @@ class MegatronRank:
         """`fn(owner, *args)`: `fn` a public method of this class or of a hosted object's class."""
         if fn.__name__.startswith("_"):
             raise AttributeError(f"rank {self.rank}: {fn.__qualname__} is private")
-        with compat.megatron_thread_mode(self.device):
+        with megatron_thread_mode(self.device):
             return fn(self._owner_of(fn), *args)
 
     def _owner_of(self, fn: Callable) -> Any:
@@ -127,7 +128,7 @@ class MegatronRank:
 
         self.model = build_gpt_model(self.config, self.device)
         if self.config.use_rollout_routing_replay:  # every router takes the engine's routes when given
-            from lean_rl.backends.megatron.compat import install_route_replay
+            from lean_rl.backends.megatron.model_hooks import install_route_replay
 
             install_route_replay(self.model)
         return sum(p.numel() for p in self.model.parameters())

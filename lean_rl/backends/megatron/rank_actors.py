@@ -24,7 +24,9 @@ from typing import Any, Callable, Sequence
 
 import psutil
 
-from lean_rl.backends.megatron.train_config import TrainerLayout
+from lean_rl.backends.megatron.rank_errors import MegatronGroupError
+from lean_rl.backends.megatron.rank_reservation import node_bundle, reserve_nodes, wait_actors_dead
+from lean_rl.backends.megatron.trainer_layout import TrainerLayout
 from lean_rl.utils.coverage_data import measured
 
 logger = logging.getLogger(__name__)
@@ -36,14 +38,6 @@ _PEER_LOST = ("Connection closed by peer", "Connection reset by peer", "Broken p
 
 # how often a waiting call checks that the ranks on this node are still alive
 _LIVENESS_S = 5.0
-
-
-class MegatronGroupError(RuntimeError):
-    """A call failed or timed out on some rank; the group has been shut down."""
-
-
-class PlacementError(MegatronGroupError):
-    """The trainer's nodes cannot be reserved now (too few alive, or their resources held)."""
 
 
 class RankActors:
@@ -77,13 +71,13 @@ class RankActors:
 
         self._owns_placement = placement_group is None or adopt_placement
         self.actor_class = actor_class
-        self.placement_group = _reserve_nodes(layout, cpus_per_rank, timeout_s) if placement_group is None \
+        self.placement_group = reserve_nodes(layout, cpus_per_rank, timeout_s) if placement_group is None \
             else placement_group
         for rank in range(layout.world_size):
             actor_cls = ray.remote(actor_class).options(
                 num_cpus=num_cpus, num_gpus=num_gpus, max_restarts=0, max_concurrency=1,
                 runtime_env={"env_vars": {**env, **(rank_env(rank) if rank_env else {})}},
-                scheduling_strategy=_bundle(self.placement_group, rank // layout.ranks_per_node))
+                scheduling_strategy=node_bundle(self.placement_group, rank // layout.ranks_per_node))
             self.actors.append(actor_cls.remote(*rank_args(rank)))
             self.actor_ids.append(self.actors[-1]._actor_id.hex())
         locations = self.call_all(actor_class.location, timeout_s=timeout_s)
@@ -305,7 +299,7 @@ class RankActors:
         _, alive = psutil.wait_procs(processes, timeout=wait_s)
         if alive:
             raise MegatronGroupError(f"actor processes {[p.pid for p in alive]} still alive {wait_s}s after ray.kill")
-        left = _wait_actors_dead([actor_id for _, actor_id in remote], max(deadline - time.monotonic(), 1.0))
+        left = wait_actors_dead([actor_id for _, actor_id in remote], max(deadline - time.monotonic(), 1.0))
         if left:
             where = [f"rank {rank} on {self.nodes[rank] if rank < len(self.nodes) else '?'}"
                      + (f" (pid {self.pids[rank]})" if rank < len(self.pids) else "")
@@ -321,97 +315,3 @@ class RankActors:
             logger.warning("trainer group shutdown after a failure: %s", error)
 
 
-def _reserve_nodes(layout: TrainerLayout, cpus_per_rank: float, timeout_s: float):
-    """A placement group of one bundle per trainer node (its ranks' CPUs, and GPUs on CUDA), on
-    distinct Ray nodes (STRICT_SPREAD) when there are several; ready, or an error that says why not."""
-    import ray
-    from ray.util.placement_group import placement_group, remove_placement_group
-
-    per_node = layout.ranks_per_node
-    bundle = {"CPU": per_node * cpus_per_rank}
-    if layout.device == "cuda":
-        bundle["GPU"] = per_node
-    bundle = {name: amount for name, amount in bundle.items() if amount > 0}
-    strategy = "STRICT_SPREAD" if layout.num_nodes > 1 else "PACK"
-    what = f"{layout.num_nodes} trainer node(s) x {per_node} rank(s) ({bundle} per node, {strategy})"
-    alive = [node for node in ray.nodes() if node["Alive"]]
-    if layout.num_nodes > len(alive):
-        raise PlacementError(f"cannot place {what}: the Ray cluster has {len(alive)} node(s) alive "
-                                 f"({', '.join(n['NodeManagerAddress'] for n in alive)})")
-    group = placement_group([dict(bundle) for _ in range(layout.num_nodes)], strategy=strategy)
-    if not group.wait(timeout_seconds=timeout_s):
-        remove_placement_group(group)
-        free = {f"{n['NodeManagerAddress']}": {k: v for k, v in n["Resources"].items() if k in ("CPU", "GPU")}
-                for n in alive}
-        raise PlacementError(f"cannot place {what} within {timeout_s:.0f}s (node resources: {free}; other "
-                                 "actors may hold them)")
-    return group
-
-
-def _bundle(group, index: int):
-    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
-
-    return PlacementGroupSchedulingStrategy(placement_group=group, placement_group_bundle_index=index)
-
-
-def _wait_actors_dead(actor_ids: list[str], timeout_s: float) -> set[str]:
-    """Poll Ray's actor table until every actor is DEAD (or absent); returns those that are not."""
-    from ray._private import state
-
-    deadline = time.monotonic() + timeout_s
-    left = set(actor_ids)
-    while left:
-        left = {a for a in left if (state.actors(actor_id=a) or {}).get("State", "DEAD") != "DEAD"}
-        if not left or time.monotonic() > deadline:
-            break
-        time.sleep(0.2)
-    return left
-
-
-class InProcessRank:
-    """RankActors' face for one rank hosted in this process, without Ray: a group of world size 1 where
-    Ray is not installed (scripts/gpu-smoke.sh on a machine with torch and Megatron-core only). Calls
-    run in the caller's thread, with no deadline of their own (nothing to kill but ourselves)."""
-
-    def __init__(self):
-        self.actor = None
-        self.actor_ids, self.pids, self.nodes, self.gpu_ids = [], [], [], []
-        self.placement_group = None
-        self.node_loss_wait_s = 0.0
-
-    def start(self, actor_class: type, rank_args: Callable[[int], tuple], layout: TrainerLayout, *,
-              env: dict[str, str], **_placement) -> None:
-        import os
-
-        if layout.world_size != 1 or layout.on_cluster:
-            raise MegatronGroupError(f"an in-process group has one rank on this node; the layout has "
-                                     f"{layout.world_size}")
-        os.environ.update(env)  # OMP threads, NCCL switches: as a rank actor's runtime_env would set them
-        self.actor = actor_class(*rank_args(0))
-        self.actor_ids, self.pids, self.nodes = ["in-process"], [os.getpid()], ["127.0.0.1"]
-        self.gpu_ids = [[os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0]]] if layout.device == "cuda" else [[]]
-
-    def call_all(self, fn: Callable, *args, timeout_s: float) -> list:
-        return self.call_each(fn, [args], timeout_s)
-
-    @staticmethod
-    def share(value):
-        return value  # the one rank is here
-
-    def call_each(self, fn: Callable, per_rank_args: Sequence[tuple], timeout_s: float) -> list:
-        if self.actor is None:
-            raise MegatronGroupError(f"{fn.__qualname__}: the group is shut down")
-        try:
-            return [self.actor.call(fn, *per_rank_args[0])]
-        except Exception as error:
-            self.shutdown()
-            raise MegatronGroupError(f"{fn.__qualname__} failed on rank 0 ({type(error).__name__}: {error}); "
-                                     "group shut down") from error
-
-    def call_first(self, fn: Callable, *args, timeout_s: float):
-        return self.call_all(fn, *args, timeout_s=timeout_s)[0]
-
-    def shutdown(self, wait_s: float = 30.0, keep_placement: bool = False) -> None:
-        actor, self.actor = self.actor, None
-        if actor is not None:
-            actor.shutdown()

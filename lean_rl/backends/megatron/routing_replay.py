@@ -29,7 +29,7 @@ ROUTES = "routed_experts"  # the micro-batch key (train_batches.py lays it out)
 
 class RouteReplay(RouterReplay):
     """One router's replay: the engine's top-k where it has one, the router's own elsewhere. Plugged
-    into Megatron's replay hook (backends/megatron/compat.py install_route_replay); with no target set
+    into Megatron's replay hook (backends/megatron/model_hooks.py install_route_replay); with no target set
     (a forward without routes: the weight-sync probe, scoring) it is the router's own top-k."""
 
     def __init__(self, layer_number: int, sequence_parallel: bool):

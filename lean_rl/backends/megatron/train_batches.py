@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from lean_rl.backends.megatron.train_config import BatchPlan
+from lean_rl.backends.megatron.batch_plan import BatchPlan
 from lean_rl.options import ConfigError
 from lean_rl.routed_experts import NO_ROUTE
 

@@ -8,9 +8,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from lean_rl.backends.megatron.config import ParallelConfig
+# LoraConfig (a flag group of TrainConfig) and TrainerLayout (PlacementConfig.layout's result) live in
+# modules of their own, as does BatchPlan (batch_plan.py)
+from lean_rl.backends.megatron.lora_config import LoraConfig
+from lean_rl.backends.megatron.trainer_layout import TrainerLayout
 from lean_rl.options import ConfigError, flag_of, group, option
 
 LR_DECAY_STYLES = ("constant", "linear", "cosine", "inverse-square-root")
@@ -80,62 +83,6 @@ class BatchConfig:
                  f"--global-batch-size must be >= 1, got {self.global_batch_size}")
         _require(self.num_steps_per_rollout is None or self.num_steps_per_rollout >= 1,
                  f"--num-steps-per-rollout must be >= 1, got {self.num_steps_per_rollout}")
-
-
-@dataclass(frozen=True)
-class BatchPlan:
-    """How a rollout becomes optimizer steps and micro-batches, derived once at start-up from the
-    batch flags and the data-parallel size (config.parse_config for a run, with the rollout's size;
-    MegatronGroup.setup_training for a group used on its own). Errors name the flags."""
-
-    batch: BatchConfig
-    data_parallel_size: int
-    samples_per_rollout: int | None = None  # --rollout-batch-size x --n-samples-per-prompt, when known
-
-    def __post_init__(self) -> None:
-        b, unit = self.batch, self.micro_batch_unit
-        # Fixed micro-batches: every DP rank runs whole micro-batches of every optimizer step.
-        if unit is not None and b.global_batch_size is not None:
-            _require(b.global_batch_size % unit == 0,
-                     f"--global-batch-size {b.global_batch_size} must be a multiple of --micro-batch-size "
-                     f"{b.micro_batch_size} x data-parallel size {self.data_parallel_size} = {unit}")
-        if self.samples_per_rollout is not None:
-            self.steps_for(self.samples_per_rollout)  # the flags agree on the rollout's size: fail at start-up
-
-    @property
-    def steps_per_rollout(self) -> int | None:
-        """Optimizer steps of a rollout of the known size (None when the size is not known)."""
-        return None if self.samples_per_rollout is None else self.steps_for(self.samples_per_rollout)
-
-    @property
-    def micro_batch_unit(self) -> int | None:
-        """Samples in one micro-batch on every DP rank (fixed micro-batches); None with dynamic sizes."""
-        if self.batch.use_dynamic_batch_size:
-            return None
-        return self.batch.micro_batch_size * self.data_parallel_size
-
-    def steps_for(self, num_samples: int) -> int:
-        """Optimizer steps for a rollout of `num_samples` (a generate that fans out may change the
-        count from rollout to rollout); errors name the flags that disagree."""
-        b = self.batch
-        if b.global_batch_size is not None:
-            _require(num_samples % b.global_batch_size == 0,
-                     f"the rollout has {num_samples} samples, not a multiple of --global-batch-size "
-                     f"{b.global_batch_size}")
-            steps = num_samples // b.global_batch_size
-            _require(b.num_steps_per_rollout is None or b.num_steps_per_rollout == steps,
-                     f"--num-steps-per-rollout {b.num_steps_per_rollout} disagrees with --global-batch-size "
-                     f"{b.global_batch_size} for a rollout of {num_samples} samples ({steps} steps)")
-        else:
-            steps = b.num_steps_per_rollout or 1
-            _require(num_samples % steps == 0,
-                     f"the rollout has {num_samples} samples, not divisible by --num-steps-per-rollout {steps}")
-        per_step, unit = num_samples // steps, self.micro_batch_unit
-        if unit is not None:
-            _require(per_step % unit == 0,
-                     f"{per_step} samples per optimizer step is not a multiple of --micro-batch-size "
-                     f"{b.micro_batch_size} x data-parallel size {self.data_parallel_size} = {unit}")
-        return steps
 
 
 @dataclass(frozen=True)
@@ -219,137 +166,6 @@ class PlacementConfig:
         per_node = self.actor_num_gpus_per_node if device == "cuda" else self.actor_num_procs_per_node
         return TrainerLayout.derive(parallel, self.actor_num_nodes * per_node, device,
                                     num_nodes=self.actor_num_nodes, on_cluster=on_cluster)
-
-
-@dataclass(frozen=True)
-class TrainerLayout:
-    """Where the trainer's ranks run, derived once at start-up: the device, the number of ranks and
-    the data-parallel size of the layout (which validates the world size against it), over how many
-    nodes (ranks of node k are ranks k * ranks_per_node ...), and whether the run is on a Ray cluster
-    (--ray-address: services bind the node's address, utils.net.service_host) or on this node alone."""
-
-    device: str  # "cpu" | "cuda"
-    world_size: int
-    data_parallel_size: int
-    num_nodes: int = 1
-    on_cluster: bool = False
-
-    @property
-    def ranks_per_node(self) -> int:
-        return self.world_size // self.num_nodes
-
-    @classmethod
-    def derive(cls, parallel: ParallelConfig, world_size: int, device: str, num_nodes: int = 1,
-               on_cluster: bool = False) -> TrainerLayout:
-        _require(device in ("cpu", "cuda"), f"device must be 'cpu' or 'cuda', got {device!r}")
-        _require(isinstance(num_nodes, int) and num_nodes >= 1, f"--actor-num-nodes must be >= 1, got {num_nodes!r}")
-        _require(num_nodes == 1 or on_cluster,
-                 f"--actor-num-nodes {num_nodes} needs a Ray cluster (--ray-address HOST:PORT): without one "
-                 "the run starts a Ray of its own on this node only")
-        _require(world_size % num_nodes == 0,
-                 f"{world_size} trainer ranks do not split evenly over --actor-num-nodes {num_nodes}")
-        return cls(device, world_size, parallel.data_parallel_size(world_size), num_nodes, on_cluster)
-
-    def colocated_engine_nodes(self, num_engines: int, gpus_per_engine: int = 0) -> list[int]:
-        """--colocate: per engine, the trainer node (placement-group bundle) it shares
-        devices with. E engines over N trainer nodes: E a multiple of N (E / N engines per node,
-        engines numbered node by node) or a divisor of N (engine i on node i * N / E)."""
-        n = self.num_nodes
-        _require(num_engines % n == 0 or n % num_engines == 0,
-                 f"--colocate places every engine on a trainer node: --rollout-num-engines "
-                 f"({num_engines}) must be a multiple of --actor-num-nodes ({n}) or divide it evenly")
-        per_node = max(num_engines // n, 1)
-        if self.device == "cuda":
-            _require(per_node * gpus_per_engine <= self.ranks_per_node,
-                     f"--colocate: {per_node} engine(s) x --rollout-num-gpus-per-engine {gpus_per_engine} per "
-                     f"trainer node need more GPUs than the node's {self.ranks_per_node} "
-                     "(--actor-num-gpus-per-node)")
-        if num_engines >= n:
-            return [i // per_node for i in range(num_engines)]
-        return [i * (n // num_engines) for i in range(num_engines)]
-
-
-# Megatron's names of the linear layers of a transformer layer (those Megatron-Bridge / NeMo adapt).
-LORA_TARGETS = ("linear_qkv", "linear_proj", "linear_fc1", "linear_fc2")
-# The HF modules whose weights each target makes up, the same in every supported family (a unit test
-# holds this in step with hf_weights/families.py): what engines serving the adapter apart adapt.
-LORA_HF_MODULES = {"linear_qkv": ("q_proj", "k_proj", "v_proj"), "linear_proj": ("o_proj",),
-                   "linear_fc1": ("gate_proj", "up_proj"), "linear_fc2": ("down_proj",)}
-
-
-@dataclass(frozen=True)
-class LoraConfig:
-    """LoRA on the actor (backends/megatron/lora.py): the base weights are frozen and each targeted
-    linear layer learns W + alpha / rank * B A; the engines get the adapters (or that merged weight:
-    --lora-sync, weight_sync/config.py)."""
-
-    lora_rank: int = option(0, help="train LoRA adapters of this rank on the actor's linear layers instead of all "
-                                    "weights (the engines get the adapters, or W + alpha/rank B A: --lora-sync); "
-                                    "0: full fine-tuning")
-    lora_alpha: float | None = option(None, help="the adapters' update is alpha / rank * B A; default 2 x --lora-rank")
-    lora_dropout: float = option(0.0, help="dropout on the adapters' input while training")
-    lora_target_modules: tuple[str, ...] = option(
-        (), metavar="NAME", help=f"Megatron linear layers to adapt, space or comma separated: {' '.join(LORA_TARGETS)} "
-                                 "(default: all of them; MoE layers: their attention only)")
-
-    @staticmethod
-    def derive_fields(values: dict[str, Any]) -> dict[str, Any]:
-        """--lora-target-modules as names: "a,b c" and "a b c" are the same list (options.build)."""
-        items = values["lora_target_modules"]
-        return {**values, "lora_target_modules": tuple(n for item in items for n in item.replace(",", " ").split())}
-
-    def __post_init__(self) -> None:
-        names = self.lora_target_modules
-        _require(isinstance(self.lora_rank, int) and self.lora_rank >= 0,
-                 f"--lora-rank must be an integer >= 0, got {self.lora_rank!r}")
-        unknown = [n for n in names if n not in LORA_TARGETS]
-        _require(not unknown, f"--lora-target-modules {' '.join(unknown)}: choose from {' '.join(LORA_TARGETS)}")
-        _require(self.lora_alpha is None or self.lora_alpha > 0, f"--lora-alpha must be > 0, got {self.lora_alpha}")
-        _require(0 <= self.lora_dropout < 1, f"--lora-dropout must be in [0, 1), got {self.lora_dropout}")
-        if not self.enabled:
-            given = [flag_of(LoraConfig, name) for name in ("lora_alpha", "lora_dropout", "lora_target_modules")
-                     if getattr(self, name) != LoraConfig.__dataclass_fields__[name].default]
-            _require(not given, f"{' and '.join(given)} {'has' if len(given) == 1 else 'have'} no effect "
-                                    "without --lora-rank > 0")
-
-    @property
-    def enabled(self) -> bool:
-        return self.lora_rank > 0
-
-    @property
-    def alpha(self) -> float:
-        return self.lora_alpha if self.lora_alpha is not None else 2.0 * self.lora_rank
-
-    @property
-    def scaling(self) -> float:
-        return self.alpha / self.lora_rank
-
-    @property
-    def hf_modules(self) -> tuple[str, ...]:
-        """The HF modules the adapters of a dense model cover."""
-        return tuple(module for target in self.lora_target_modules or LORA_TARGETS for module in LORA_HF_MODULES[target])
-
-    def check_parallel(self, parallel: ParallelConfig) -> None:
-        """Under TP the adapters split as their layers do (lora.LoraAdapter); their input must be whole
-        on every TP rank of a column-parallel layer, and dropped out alike there."""
-        if not self.enabled or parallel.tensor_model_parallel_size == 1:
-            return
-        _require(not parallel.sequence_parallel,
-                 "--lora-rank with --tensor-model-parallel-size > 1 cannot take --sequence-parallel (the adapters "
-                 "read the layer's input before Megatron gathers its sequence shards)")
-        _require(self.lora_dropout == 0,
-                 "--lora-dropout > 0 with --tensor-model-parallel-size > 1: each TP rank would drop different "
-                 "inputs of the adapter A they share; use --lora-dropout 0 or TP 1")
-
-    def check_layer_spec(self, transformer_impl: str, device: str) -> None:
-        """The adapters sit on Megatron's local linear layers: on a GPU with TransformerEngine installed
-        the default spec would be TE's (review C3), so LoRA needs the local one asked for there."""
-        import importlib.util
-
-        _require(not self.enabled or transformer_impl == "local" or device != "cuda"
-                 or importlib.util.find_spec("transformer_engine") is None,
-                 "--lora-rank adapts Megatron's local layers; with TransformerEngine installed on a GPU add "
-                 "--transformer-impl local")
 
 
 @dataclass(frozen=True)

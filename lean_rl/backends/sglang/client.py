@@ -3,8 +3,8 @@
 One implementation, two ways to drive it:
 - `EngineClient` is async: the rollout awaits thousands of `generate` calls concurrently on one
   connection pool.
-- `BlockingEngineClient` runs the same EngineClient on a private event-loop thread (an anyio blocking
-  portal) for ordinary code such as the trainer driver's weight sync. Its `submit(name, ...)` returns
+- `BlockingEngineClient` (blocking_client.py) runs the same EngineClient on a private event-loop thread
+  (an anyio blocking portal) for ordinary code such as the trainer driver's weight sync. Its `submit(name, ...)` returns
   a concurrent.futures.Future, which is what `update_weights_from_distributed` needs: the HTTP call
   must be in flight while the trainer broadcasts the tensors.
 
@@ -20,14 +20,14 @@ listener proved to be the run's own (listener_check.py; else the call fails as a
 from __future__ import annotations
 
 import asyncio
-import functools
-from collections.abc import Iterator
-from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import httpx
 
+# the errors and the retry policy live in client_errors.py; importing them from here keeps working
+from lean_rl.backends.sglang.client_errors import (EngineConnectionError, EngineError, EngineHTTPError,
+                                                   EngineTimeoutError, RetryPolicy)
 from lean_rl.backends.sglang.listener_check import bearer_auth
 from lean_rl.backends.sglang.responses import (
     GenerateResult,
@@ -43,30 +43,6 @@ from lean_rl.backends.sglang.responses import (
 PAUSE_MODES = ("abort", "retract", "in_place")
 
 
-class EngineError(RuntimeError):
-    """A call to an SGLang server failed; `url` and `endpoint` say which."""
-
-    def __init__(self, url: str, endpoint: str, message: str):
-        super().__init__(f"{url}{endpoint}: {message}")
-        self.url, self.endpoint = url, endpoint
-
-
-class EngineConnectionError(EngineError):
-    """Could not reach the server (after the retries)."""
-
-
-class EngineTimeoutError(EngineError):
-    """The server took longer than the call's timeout."""
-
-
-class EngineHTTPError(EngineError):
-    """The server answered with an error status, or `success: false`."""
-
-    def __init__(self, url: str, endpoint: str, status_code: int, server_message: str):
-        super().__init__(url, endpoint, f"HTTP {status_code}: {server_message}")
-        self.status_code, self.server_message = status_code, server_message
-
-
 # sglang-router 0.3.2 reads this header (its `manual` policy pins each key to one worker; the default
 # `cache_aware` policy keeps a session together through its shared prefix).
 ROUTING_KEY_HEADER = "x-smg-routing-key"
@@ -77,27 +53,6 @@ def _json_body(response: httpx.Response) -> Any:
         return response.json()
     except ValueError:  # json.JSONDecodeError, UnicodeDecodeError
         raise ValueError(f"the body is not JSON (HTTP {response.status_code}): {response.text[:300]!r}") from None
-
-
-@dataclass(frozen=True)
-class RetryPolicy:
-    """Retries of connection failures: `attempts` tries in all, with exponential backoff between them."""
-
-    attempts: int = 5
-    initial_backoff_s: float = 0.25
-    max_backoff_s: float = 4.0
-    multiplier: float = 2.0
-
-    def __post_init__(self):
-        if self.attempts < 1:
-            raise ValueError(f"RetryPolicy.attempts must be >= 1, got {self.attempts}")
-
-    def backoffs(self) -> Iterator[float]:
-        """The sleeps between attempts (attempts - 1 of them)."""
-        delay = self.initial_backoff_s
-        for _ in range(self.attempts - 1):
-            yield min(delay, self.max_backoff_s)
-            delay *= self.multiplier
 
 
 @dataclass
@@ -369,62 +324,3 @@ class EngineClient:
         """/v1/loads: one dict per data-parallel rank with num_running_reqs, num_waiting_reqs,
         token_usage, ... (what a scheduler or health monitor needs to see)."""
         return (await self.request("GET", "/v1/loads")).json()["loads"]
-
-
-class BlockingEngineClient:
-    """EngineClient's API as blocking calls, run on a private event-loop thread. Close it (or use it
-    as a context manager) to stop that thread."""
-
-    def __init__(self, base_url: str, **client_kwargs):
-        from anyio.from_thread import start_blocking_portal
-
-        self.client = EngineClient(base_url, **client_kwargs)
-        self._portal_cm = start_blocking_portal()
-        self._portal = self._portal_cm.__enter__()
-
-    @property
-    def base_url(self) -> str:
-        return self.client.base_url
-
-    @property
-    def portal(self):
-        if self._portal is None:
-            raise RuntimeError(f"BlockingEngineClient({self.base_url}) is closed")
-        return self._portal
-
-    def submit(self, fn: Callable, *args, **kwargs) -> Future:
-        """Start `fn(client, *args, **kwargs)` (`fn` an EngineClient method by reference, e.g.
-        EngineClient.score) and return at once with its Future."""
-        return self.portal.start_task_soon(functools.partial(fn, self.client, *args, **kwargs))
-
-    def close(self) -> None:
-        if self._portal is not None:
-            self._portal.call(self.client.aclose)
-            self._portal_cm.__exit__(None, None, None)
-            self._portal = None
-
-    def __enter__(self) -> BlockingEngineClient:
-        return self
-
-    def __exit__(self, *exc_info) -> None:
-        self.close()
-
-
-def _blocking(name: str):
-    async_method = getattr(EngineClient, name)
-
-    @functools.wraps(async_method)
-    def call(self: BlockingEngineClient, *args, **kwargs):
-        return self.portal.call(functools.partial(getattr(self.client, name), *args, **kwargs))
-
-    return call
-
-
-for _name in (
-    "generate", "score", "abort_request", "pause_generation", "continue_generation", "flush_cache",
-    "update_weights_from_disk", "begin_weight_update", "end_weight_update", "update_weights_from_tensor",
-    "update_weights_from_distributed", "replace_lora_adapter", "init_weights_update_group", "destroy_weights_update_group",
-    "health", "is_healthy", "model_info", "server_info", "weight_version", "loads",
-    "weight_checksums", "release_memory_occupation", "resume_memory_occupation",
-):
-    setattr(BlockingEngineClient, _name, _blocking(_name))

@@ -10,7 +10,8 @@ dataclass that knows the exact command-line flags of every SGLang server and of 
     config = resolve_api_key(resolve_ports(config))        # the ports and the API key, chosen once
 
 A declared `--sglang-*` flag (e.g. `--sglang-host`, `--sglang-api-key`) is parsed by argparse and so
-never reaches the passthrough.
+never reaches the passthrough. The command lines' tables and the passthrough: command_line.py; the key:
+api_keys.py; resolve_ports and resolve_api_key: ports_and_key.py.
 
 Authentication: every server and the router require `Authorization: Bearer <key>` (SGLang's and
 sglang-router's own `api_key`), with one key per run: --sglang-api-key, else $LEAN_RL_API_KEY, else a
@@ -28,17 +29,17 @@ otherwise. A user's `--sglang-<flag>` replaces our default for `--<flag>`.
 from __future__ import annotations
 
 import os
-import re
-import secrets
 import sys
 from dataclasses import dataclass, field
-from collections.abc import MutableMapping
 from typing import Any
 
+from lean_rl.backends.sglang.api_keys import (API_KEY_ENV, API_KEY_OFF, CHILD_API_KEY_ENV, api_key_value, auth_headers,
+                                              travels_by_file)
+from lean_rl.backends.sglang.command_line import (COLOCATED_GPU_ENV, COLOCATED_GPU_FLAGS, GPU_FP32_ATTENTION_BACKEND,
+                                                  MANAGED_ROUTER_FLAGS, MANAGED_SERVER_FLAGS, flags_to_dict,
+                                                  merge_flags)
 from lean_rl.backends.sglang.lora import ServedAdapter
-from lean_rl.backends.sglang.run_key import FileBackedKey, read_private_first_line, write_key_file
-from lean_rl.options import ConfigError, option, rebuild
-from lean_rl.utils.net import find_free_port
+from lean_rl.options import ConfigError, option
 
 DEFAULT_HOST = "127.0.0.1"
 # On CPU SGLang sizes the KV pool at ~70% of RAM unless told otherwise; this many tokens is plenty
@@ -50,56 +51,6 @@ DEFAULT_CPU_MAX_TOTAL_TOKENS = 16384
 DEFAULT_CPU_START_TIMEOUT_S = 300.0
 DEFAULT_GPU_START_TIMEOUT_S = 900.0
 
-# The run's API key: the flag, else this environment variable, else a random key (resolve_api_key).
-API_KEY_ENV = "LEAN_RL_API_KEY"
-# How a server (launch.py) and the router (launch_router.py) receive the key: their environment.
-CHILD_API_KEY_ENV = "LEAN_RL_SGLANG_API_KEY"
-# `--sglang-api-key none` (or LEAN_RL_API_KEY=none): no authentication. Stored as NO_API_KEY.
-API_KEY_OFF = "none"
-NO_API_KEY = ""
-# What goes into an HTTP header unquoted: printable ASCII, no spaces.
-_API_KEY_CHARS = re.compile(r"[\x21-\x7e]+")
-
-# Flags the launcher sets itself: passing them through would silently fight it.
-_MANAGED_SERVER_FLAGS = {
-    "model-path": "--hf-checkpoint",
-    "port": "--sglang-base-port",
-    "device": "nothing (the device follows torch.cuda.is_available())",
-    "tp-size": "--rollout-num-gpus-per-engine",
-    "base-gpu-id": "nothing (engine i uses GPUs i*per_engine ...)",
-    "api-key": "--sglang-api-key",
-    # with an admin key, SGLang refuses the run's key on the weight-update endpoints
-    "admin-api-key": "nothing (--sglang-api-key protects every endpoint)",
-}
-_MANAGED_ROUTER_FLAGS = {
-    "host": "--sglang-host",
-    "worker-urls": "nothing (the engine group adds its own servers)",
-    "api-key": "--sglang-api-key",
-}
-
-
-# A server that releases its memory for the trainer (colocated on GPU), as slime runs one (review M1-M6):
-# - without --enable-memory-saver, /release_memory_occupation answers 200 and frees nothing (the no-op
-#   adapter, sglang/srt/utils/torch_memory_saver_adapter.py:139-164);
-# - CUDA-graph memory is freed only with SGLANG_MEMORY_SAVER_CUDA_GRAPH=true, and then the breakable
-#   prefill-graph backend raises (breakable_cuda_graph_backend.py:84-93): prefill graphs disabled;
-# - /health runs a generation by default (http_server.py:721-760), which would run on released weights:
-#   off, so health is "the server answers" (the monitor's process checks still catch a dead one);
-# - the TP memory-imbalance check (distributed/bootstrap.py:441-455) and the idle memory check fire
-#   when the trainer holds uneven memory on the same GPUs; warm-up would generate before the first sync.
-COLOCATED_GPU_FLAGS = {"--enable-memory-saver": [], "--cuda-graph-backend-prefill": ["disabled"],
-                       "--skip-server-warmup": []}
-COLOCATED_GPU_ENV = {"SGLANG_MEMORY_SAVER_CUDA_GRAPH": "true", "SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION": "false",
-                     "SGLANG_ENABLE_TP_MEMORY_INBALANCE_CHECK": "false",
-                     "SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_IDLE": "false"}
-
-
-# A float32 engine on GPU: SGLang's default attention backend there (FA3 on Hopper, FlashInfer
-# elsewhere: sglang/srt/arg_groups/model_override_base.py) has no float32 kernels and the server dies
-# at its first attention call; Triton's kernels take float32 (review 2026-12-06 N1). Said at start-up
-# (gpu_fp32_note); --sglang-attention-backend replaces it.
-GPU_FP32_ATTENTION_BACKEND = "triton"
-
 
 def gpu_fp32_note(config: "EngineConfig") -> str | None:
     """The start-up line for float32 engines on GPU (which attention backend they get, and why), or None."""
@@ -108,86 +59,6 @@ def gpu_fp32_note(config: "EngineConfig") -> str | None:
     chosen = (flags_to_dict(config.server_passthrough).get("--attention-backend") or [GPU_FP32_ATTENTION_BACKEND])[0]
     return (f"engines serve float32 on GPU (--sglang-dtype float32): attention backend {chosen} (SGLang's GPU "
             "default, FA3 / FlashInfer, has no float32 kernels); 16-bit serving is the GPU default")
-
-
-@dataclass(frozen=True)
-class PassthroughArgs:
-    server: tuple[str, ...] = ()  # `--sglang-foo v` given as `--foo v`
-    router: tuple[str, ...] = ()  # `--router-foo v` given as `--foo v`
-    rest: tuple[str, ...] = ()  # anything else: the caller decides (usually an error)
-
-
-def split_passthrough(argv: list[str] | tuple[str, ...]) -> PassthroughArgs:
-    """Split left-over command-line tokens into SGLang server flags, router flags and the rest.
-
-    A flag owns the tokens after it up to the next `--flag`, so `--sglang-enable-foo` (a switch) and
-    `--sglang-foo a b` (several values) both work; `--sglang-foo=v` is kept in one token.
-    """
-    server: list[str] = []
-    router: list[str] = []
-    rest: list[str] = []
-    target = rest
-    for token in argv:
-        if token.startswith("--"):
-            name = token[2:].split("=", 1)[0]
-            if name.startswith("sglang-") and len(name) > len("sglang-"):
-                target, token = server, "--" + token[len("--sglang-") :]
-            elif name.startswith("router-") and len(name) > len("router-"):
-                target, token = router, "--" + token[len("--router-") :]
-            else:
-                target = rest
-        target.append(token)
-    return PassthroughArgs(server=tuple(server), router=tuple(router), rest=tuple(rest))
-
-
-def flags_to_dict(flags: tuple[str, ...] | list[str]) -> dict[str, list[str]]:
-    """`['--a', '1', '--b', '--c=2']` -> {'--a': ['1'], '--b': [], '--c': ['2']} (order kept)."""
-    out: dict[str, list[str]] = {}
-    current = None
-    for token in flags:
-        if token.startswith("--"):
-            name, eq, value = token.partition("=")
-            current = name
-            out[current] = [value] if eq else []
-        elif current is None:
-            raise ConfigError(f"passthrough value {token!r} does not follow a --sglang-/--router- flag")
-        else:
-            out[current].append(token)
-    return out
-
-
-# SGLang's --dtype spellings (sglang/srt/configs/model_config.py _STR_DTYPE_TO_TORCH_DTYPE), by the
-# dtype they mean
-_DTYPE_SPELLINGS = {"half": "float16", "float16": "float16", "float": "float32", "float32": "float32",
-                    "bfloat16": "bfloat16"}
-
-
-def serving_dtype(requested: str, checkpoint_dtype: str | None) -> str:
-    """The dtype an SGLang 0.5.23 server computes in for --dtype `requested` and a checkpoint that
-    declares `checkpoint_dtype`: `auto` keeps a 16-bit checkpoint's dtype and serves a float32 (or
-    undeclared) one as float16 (sglang/srt/configs/model_config.py:2283 _get_and_verify_dtype;
-    Gemma's bfloat16 exception does not apply to the families lean_rl trains)."""
-    requested = requested.lower()
-    if requested == "auto":
-        return checkpoint_dtype if checkpoint_dtype in ("bfloat16", "float16") else "float16"
-    if requested not in _DTYPE_SPELLINGS:
-        raise ConfigError(f"--sglang-dtype {requested!r}: choose one of auto, {', '.join(_DTYPE_SPELLINGS)}")
-    return _DTYPE_SPELLINGS[requested]
-
-
-def engines_dtype(server_passthrough: tuple[str, ...], trainer_dtype: str, checkpoint_dtype: str | None) -> str:
-    """The dtype a run's engines serve: --sglang-dtype's meaning when given, else the trainer's."""
-    given = flags_to_dict(server_passthrough).get("--dtype")
-    if given is None:
-        return trainer_dtype
-    if len(given) != 1:
-        raise ConfigError(f"--sglang-dtype takes one value, got {given}")
-    return serving_dtype(given[0], checkpoint_dtype)
-
-
-def _merge_flags(defaults: dict[str, list[str]], overrides: dict[str, list[str]]) -> list[str]:
-    merged = {**defaults, **overrides}
-    return [token for name, values in merged.items() for token in (name, *values)]
 
 
 class LiveEndpoints:
@@ -223,7 +94,7 @@ class EngineConfig:
                             "binds the Ray address of the node it runs on)")
     # None until resolve_api_key; NO_API_KEY ("") when authentication is off. Kept out of the repr.
     api_key: str | None = option(None, flag="--sglang-api-key", metavar="KEY", secret=True,
-                                 convert=lambda value: _api_key_value(value, "--sglang-api-key"),
+                                 convert=lambda value: api_key_value(value, "--sglang-api-key"),
                                  help=f"key every SGLang server and the router require (Authorization: Bearer "
                                       f"KEY); default --sglang-api-key-file, else ${API_KEY_ENV}, else a random "
                                       f"key per run; '{API_KEY_OFF}': no authentication. A key typed here shows in "
@@ -307,7 +178,7 @@ class EngineConfig:
     def __getstate__(self) -> dict[str, Any]:
         # A Ray actor's argument (EngineActor) and anything else pickled carries the key's file, never
         # the key (run_key.py): a key that has no file yet (not from resolve_api_key) does not travel.
-        if not _travels_by_file(self.api_key):
+        if not travels_by_file(self.api_key):
             raise ConfigError("EngineConfig: its API key travels only as the path of its file; "
                               "choose the key with resolve_api_key(config) before sending the config")
         return dict(self.__dict__)
@@ -411,7 +282,7 @@ class EngineConfig:
             flags["--enable-return-routed-experts"] = []
         if self.adapter is not None:
             flags.update(self.adapter.server_flags(self.device))
-        return _merge_flags(flags, flags_to_dict(self.server_passthrough))
+        return merge_flags(flags, flags_to_dict(self.server_passthrough))
 
     def router_flags(self, port: int, prometheus_port: int) -> list[str]:
         """Every flag of sglang-router (for `python -m lean_rl.backends.sglang.launch_router`, which
@@ -425,7 +296,7 @@ class EngineConfig:
             # At info level it logs every request, which a rollout turns into gigabytes.
             "--log-level": ["warn"],
         }
-        return _merge_flags(flags, flags_to_dict(self.router_passthrough))
+        return merge_flags(flags, flags_to_dict(self.router_passthrough))
 
 
 def validate_engine_config(config: EngineConfig) -> None:
@@ -457,7 +328,7 @@ def validate_engine_config(config: EngineConfig) -> None:
     if config.cpu_threads is not None and config.cpu_threads < 1:
         fail("--engine-cpu-threads", f"must be >= 1, got {config.cpu_threads}")
     if config.api_key:
-        _api_key_value(config.api_key, "--sglang-api-key")
+        api_key_value(config.api_key, "--sglang-api-key")
         server = flags_to_dict(config.server_passthrough)
         # SGLang 0.5.23 enforces the key in single-tokenizer mode only (http_server.py asserts it is
         # unset otherwise), and its gRPC listener bypasses the key (serving_hook.py refuses both).
@@ -476,8 +347,8 @@ def validate_engine_config(config: EngineConfig) -> None:
         fail("engine ports", f"{len(config.engine_ports)} engine ports and router port {config.resolved_router_port} "
                              f"for {config.num_engines} engines (use resolve_ports)")
     for prefix, flags, managed in (
-        ("--sglang-", config.server_passthrough, _MANAGED_SERVER_FLAGS),
-        ("--router-", config.router_passthrough, _MANAGED_ROUTER_FLAGS),
+        ("--sglang-", config.server_passthrough, MANAGED_SERVER_FLAGS),
+        ("--router-", config.router_passthrough, MANAGED_ROUTER_FLAGS),
     ):
         for name in flags_to_dict(flags):
             if name[2:] in managed:
@@ -503,81 +374,3 @@ def _num_engines(given: int | None, gpus: int | None, per_engine: int, device: s
     return derived
 
 
-def auth_headers(api_key: str | None) -> dict[str, str]:
-    """`Authorization: Bearer <key>`, the header SGLang and sglang-router check; {} for no key."""
-    return {"Authorization": f"Bearer {api_key}"} if api_key else {}
-
-
-def _api_key_value(value: str | None, source: str) -> str | None:
-    """A key as given (flag or environment): None (not given) stays None, 'none' turns
-    authentication off (NO_API_KEY), anything else must fit in an HTTP header."""
-    if value is None:
-        return None
-    if value.strip().lower() == API_KEY_OFF:
-        return NO_API_KEY
-    if not _API_KEY_CHARS.fullmatch(value):
-        # never echo the value: it is a secret
-        raise ConfigError(f"{source}: an API key is printable ASCII without spaces ({len(value)} characters "
-                          f"given); '{API_KEY_OFF}' turns authentication off")
-    return value
-
-
-def read_api_key_file(path: str) -> str:
-    """The key in `path` (its first line, stripped), or a ConfigError naming the flag and the file
-    (never the key); a file its group or others may access is refused (run_key.py)."""
-    flag = f"--sglang-api-key-file {path}"
-    first = read_private_first_line(path, flag)
-    if not first:
-        raise ConfigError(f"{flag}: the file is empty (write the key on its first line, or '{API_KEY_OFF}')")
-    return _api_key_value(first, flag)
-
-
-def resolve_api_key(config: EngineConfig, environ: MutableMapping[str, str] | None = None) -> EngineConfig:
-    """`config` with its API key chosen: --sglang-api-key when given, else --sglang-api-key-file, else
-    $LEAN_RL_API_KEY, else a random key (secrets.token_urlsafe(32)). Call it once (config.parse_config does); a config whose key
-    is chosen (or turned off) is returned as is. $LEAN_RL_API_KEY is read once and removed from
-    `environ` (os.environ by default), so that no child of this process inherits it; the key is held
-    as a FileBackedKey (run_key.py): the user's file, else a private copy, which is what pickles."""
-    from_env = (os.environ if environ is None else environ).pop(API_KEY_ENV, None)
-    if config.api_key_resolved and config.api_key_file is None:
-        return config if _travels_by_file(config.api_key) else rebuild(config, api_key=_file_backed(config.api_key))
-    if config.api_key_file is not None:
-        if config.api_key is not None:
-            raise ConfigError("give one of --sglang-api-key and --sglang-api-key-file, not both")
-        from_file = read_api_key_file(config.api_key_file)
-        backed = FileBackedKey(from_file, os.path.abspath(config.api_key_file)) if from_file else from_file
-        return rebuild(config, api_key=backed, api_key_file=None)
-    key = _api_key_value(from_env or None, f"${API_KEY_ENV}")
-    return rebuild(config, api_key=_file_backed(secrets.token_urlsafe(32) if key is None else key))
-
-
-def _travels_by_file(key: str | None) -> bool:
-    """No key, authentication off, or a key that pickles as its file's path."""
-    return not key or isinstance(key, FileBackedKey)
-
-
-def _file_backed(key: str | None) -> str | None:
-    return write_key_file(key) if key and not _travels_by_file(key) else key
-
-
-def resolve_ports(config: EngineConfig) -> EngineConfig:
-    """`config` with its ports chosen: engine i on --sglang-base-port + i and the router on --router-port
-    when given, else free ports. Call it once (config.parse_config does); a config whose ports are
-    chosen is returned as is."""
-    if config.ports_resolved:
-        return config
-    base, n = config.base_port, config.num_engines
-    chosen: set[int] = set()
-
-    def free_port() -> int:
-        for _ in range(100):
-            port = find_free_port(config.host)
-            if port not in chosen and not (base is not None and base <= port < base + n):
-                chosen.add(port)
-                return port
-        raise RuntimeError(f"no free port found on {config.host}")
-
-    engine_ports = tuple(base + i for i in range(n)) if base is not None else tuple(free_port() for _ in range(n))
-    chosen.update(engine_ports)
-    router_port = config.router_port if config.router_port is not None else free_port()
-    return rebuild(config, engine_ports=engine_ports, resolved_router_port=router_port)

@@ -26,7 +26,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-from lean_rl.backends.sglang.config import CHILD_API_KEY_ENV, EngineConfig, _merge_flags, flags_to_dict
+from lean_rl.backends.sglang.config import EngineConfig
+from lean_rl.backends.sglang.api_keys import CHILD_API_KEY_ENV
+from lean_rl.backends.sglang.command_line import merge_flags, flags_to_dict
 from lean_rl.backends.sglang.processes import ChildProcess, ChildStartError, stop_all, wait_until_healthy
 from lean_rl.utils.coverage_data import save_coverage_data
 from lean_rl.utils.net import find_free_port, require_free_port, service_host, socket_interface_env
@@ -147,7 +149,7 @@ class EngineActor:
         if self.config.device != "cpu" and "--base-gpu-id" in flags:
             # Ray gives the actor its GPUs as CUDA_VISIBLE_DEVICES: they are 0..tp-1 in here.
             flags["--base-gpu-id"] = ["0"]
-        return _merge_flags(flags, {})
+        return merge_flags(flags, {})
 
     def _network_env(self) -> dict[str, str]:
         """On a cluster: gloo and NCCL in the server (weight-update groups with the trainer) on the

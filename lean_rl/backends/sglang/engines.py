@@ -30,7 +30,9 @@ import ray
 
 from lean_rl.options import rebuild
 from lean_rl.backends.sglang.client import EngineClient
-from lean_rl.backends.sglang.config import EngineConfig, flags_to_dict, resolve_api_key
+from lean_rl.backends.sglang.config import EngineConfig
+from lean_rl.backends.sglang.ports_and_key import resolve_api_key
+from lean_rl.backends.sglang.command_line import flags_to_dict
 from lean_rl.backends.sglang.engine_actor import EngineActor
 from lean_rl.backends.sglang.engine_placement import EnginePlacement, EngineScheduler
 from lean_rl.backends.sglang.key_placement import place_key_file

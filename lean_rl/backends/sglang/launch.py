@@ -48,7 +48,7 @@ def main(argv: list[str]) -> None:
     from sglang.srt.utils import kill_process_tree
 
     from lean_rl.backends.sglang.compat import redact_server_args_logging
-    from lean_rl.backends.sglang.config import CHILD_API_KEY_ENV
+    from lean_rl.backends.sglang.api_keys import CHILD_API_KEY_ENV
 
     # Out of the environment SGLang's own children inherit; they get it with the pickled server args.
     api_key = os.environ.pop(CHILD_API_KEY_ENV, None)

@@ -18,7 +18,7 @@ import sys
 def main(argv: list[str]) -> None:
     from sglang_router.launch_router import launch_router, parse_router_args
 
-    from lean_rl.backends.sglang.config import CHILD_API_KEY_ENV
+    from lean_rl.backends.sglang.api_keys import CHILD_API_KEY_ENV
 
     api_key = os.environ.pop(CHILD_API_KEY_ENV, None)
     router_args = parse_router_args(argv)

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 
 import httpx
 
-from lean_rl.backends.sglang.config import CHILD_API_KEY_ENV
+from lean_rl.backends.sglang.api_keys import CHILD_API_KEY_ENV
 from lean_rl.utils.net import interface_of
 
 _TCP_LISTEN = "0A"  # include/net/tcp_states.h: TCP_LISTEN

@@ -30,7 +30,7 @@ import collections
 import json
 import logging
 import weakref
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import urlparse
 
 from aiohttp import web
@@ -42,7 +42,6 @@ from lean_rl.rollout.openai_capture.responses import response_events
 
 if TYPE_CHECKING:
     from lean_rl.config import Config
-    from lean_rl.rollout.openai_capture.session import CaptureSession
 
 logger = logging.getLogger(__name__)
 
@@ -50,11 +49,31 @@ MAX_BODY_BYTES = 64 * 2**20  # whole conversations travel in every request; aioh
 _CLOSED_IDS_KEPT = 100_000  # closed sessions remembered for their 409 (ids only: a few MB at most)
 
 
+class ServedSession(Protocol):
+    """What the server uses of a session (session.CaptureSession is the one): its routing and
+    authentication, and one handler per route, each answering (HTTP status, JSON body)."""
+    id: str
+    model: str
+    reward: float | None
+
+    def accepts_key(self, key: str) -> bool: ...
+
+    def refuse(self, message: str, param: str | None = None, status: int = 400) -> tuple[int, dict]: ...
+
+    async def chat_completion(self, body: Any) -> tuple[int, dict]: ...
+
+    async def response(self, body: Any) -> tuple[int, dict]: ...
+
+    async def message(self, body: Any) -> tuple[int, dict]: ...
+
+    def set_reward(self, value: Any) -> None: ...
+
+
 class CaptureServer:
     def __init__(self, host: str):
         self.host = host
         self.port: int | None = None
-        self.sessions: dict[str, CaptureSession] = {}
+        self.sessions: dict[str, ServedSession] = {}
         self._closed: collections.OrderedDict[str, None] = collections.OrderedDict()
         self._runner: web.AppRunner | None = None
 
@@ -83,7 +102,7 @@ class CaptureServer:
             self._runner = None
 
     # ------------------------------------------------------------ sessions
-    def register(self, session: CaptureSession) -> None:
+    def register(self, session: ServedSession) -> None:
         if session.id in self.sessions or session.id in self._closed:
             raise ValueError(f"capture session id {session.id!r} is already in use")
         self.sessions[session.id] = session
@@ -94,7 +113,7 @@ class CaptureServer:
             while len(self._closed) > _CLOSED_IDS_KEPT:
                 self._closed.popitem(last=False)
 
-    def _session(self, request: web.Request) -> CaptureSession:
+    def _session(self, request: web.Request) -> ServedSession:
         """The addressed, authenticated, open session; the HTTP error otherwise."""
         sid = request.match_info["sid"]
         session = self.sessions.get(sid)

@@ -52,7 +52,7 @@ from typing import TYPE_CHECKING, Any
 
 import jinja2
 
-from lean_rl.backends.sglang.client import EngineError, EngineHTTPError
+from lean_rl.backends.sglang.client_errors import EngineError, EngineHTTPError
 from lean_rl.buffer.prompt_source import load_tokenizer
 from lean_rl.rollout.base import stopping_event
 from lean_rl.rollout.generate import generate_with_retries, token_versions

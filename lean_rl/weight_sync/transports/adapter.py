@@ -21,8 +21,8 @@ from lean_rl.weight_sync.errors import WeightSyncError
 from lean_rl.weight_sync.transports.base import Transport
 
 if TYPE_CHECKING:
-    from lean_rl.weight_sync.rank import RankSync, StageSent, TimedExport
-    from lean_rl.weight_sync.sync import WeightSync
+    from lean_rl.weight_sync.stages import StageSent, TimedExport
+    from lean_rl.weight_sync.transports.base import RankSide, SyncDriver
 
 
 def adapter_payload(tensors: dict) -> str:
@@ -36,7 +36,7 @@ class AdapterTransport(Transport):
     sends_adapter = True
 
     # ------------------------------------------------------------------ driver half
-    def deliver(self, sync: WeightSync, version: str) -> list[StageSent]:
+    def deliver(self, sync: SyncDriver, version: str) -> list[StageSent]:
         adapter, plan = sync.cfg.adapter, sync.plan
         if adapter is None or plan is None:
             raise WeightSyncError("--lora-sync adapter: the weight sync has no adapter to serve (WeightSyncConfig.adapter) "
@@ -55,7 +55,7 @@ class AdapterTransport(Transport):
         return sent
 
     # ------------------------------------------------------------------ rank half
-    def send_stage(self, rank: RankSync, export: TimedExport, *args) -> StageSent:
+    def send_stage(self, rank: RankSide, export: TimedExport, *args) -> StageSent:
         tensors = {name: standalone(tensor.cpu()) for name, tensor in export}
         nbytes = sum(t.numel() * t.element_size() for t in tensors.values())
         return export.sent(nbytes, 1, len(tensors), adapter=tensors)

@@ -15,8 +15,8 @@ from lean_rl.weight_sync.engine_calls import call_all
 from lean_rl.weight_sync.transports.base import Transport
 
 if TYPE_CHECKING:
-    from lean_rl.weight_sync.rank import RankSync, StageSent, TimedExport
-    from lean_rl.weight_sync.sync import WeightSync
+    from lean_rl.weight_sync.stages import StageSent, TimedExport
+    from lean_rl.weight_sync.transports.base import RankSide, SyncDriver
 
 
 class DiskTransport(Transport):
@@ -26,10 +26,10 @@ class DiskTransport(Transport):
         self.staging: DiskStaging | None = None  # driver half: the directories of this WeightSync
 
     # ------------------------------------------------------------------ driver half
-    def connect(self, sync: WeightSync) -> None:
+    def connect(self, sync: SyncDriver) -> None:
         self.staging = DiskStaging(sync.cfg.disk_dir, sync.engines[0].model_path)
 
-    def deliver(self, sync: WeightSync, version: str) -> list[StageSent]:
+    def deliver(self, sync: SyncDriver, version: str) -> list[StageSent]:
         directory = self.staging.start(version)
         sent = sync.send_stages(lambda stage: (str(directory),))
         weight_map: dict[str, str] = {}
@@ -41,14 +41,14 @@ class DiskTransport(Transport):
         self.staging.loaded(published)
         return sent
 
-    def close(self, sync: WeightSync) -> list[str]:
+    def close(self, sync: SyncDriver) -> list[str]:
         if self.staging is not None:
             self.staging.close()
             self.staging = None
         return []
 
     # ------------------------------------------------------------------ rank half
-    def send_stage(self, rank: RankSync, export: TimedExport, directory: str) -> StageSent:
+    def send_stage(self, rank: RankSide, export: TimedExport, directory: str) -> StageSent:
         """This stage's tensors as safetensors files in `directory` (one file per bucket)."""
         from safetensors.torch import save_file
 

@@ -13,12 +13,10 @@ from lean_rl.weight_sync.buckets import Bucket
 from lean_rl.weight_sync.engine_calls import call_all, submit_all, wait_all
 from lean_rl.weight_sync.errors import WeightSyncError
 from lean_rl.weight_sync.process_group import abort_group, broadcast_to_engines, join_as_rank_zero, open_group_store
-from lean_rl.weight_sync.rank import RankWeightSync
 from lean_rl.weight_sync.transports.streamed import StreamedTransport
 
 if TYPE_CHECKING:
-    from lean_rl.weight_sync.rank import RankSync
-    from lean_rl.weight_sync.sync import WeightSync
+    from lean_rl.weight_sync.transports.base import RankSide, SyncDriver
 
 
 class DistributedTransport(StreamedTransport):
@@ -37,12 +35,12 @@ class DistributedTransport(StreamedTransport):
             raise WeightSyncError(f"--weight-sync-transport distributed: the trainer is on {trainer_device}, "
                                   f"the engines on {engine_device}; one process group cannot span both")
 
-    def connect(self, sync: WeightSync) -> None:
+    def connect(self, sync: SyncDriver) -> None:
         for stage in range(sync.num_stages):  # one stage at a time: an engine joins one group at a time
-            sync.on_ranks(RankWeightSync.connect_stage, sync.plan.group_prefix, stage)
+            sync.connect_stage(stage)
             self.groups_joined += 1
 
-    def close(self, sync: WeightSync) -> list[str]:
+    def close(self, sync: SyncDriver) -> list[str]:
         problems = []
         for stage in range(self.groups_joined):
             try:
@@ -54,7 +52,7 @@ class DistributedTransport(StreamedTransport):
         return problems
 
     # ------------------------------------------------------------------ rank half
-    def connect_stage(self, rank: RankSync, stage: int) -> None:
+    def connect_stage(self, rank: RankSide, stage: int) -> None:
         """Open a store, ask every engine to join this stage's group, join it as rank 0."""
         plan = rank.plan
         world_size = 1 + sum(plan.engine_tp_sizes)
@@ -73,7 +71,7 @@ class DistributedTransport(StreamedTransport):
         wait_all(calls, plan.timeout_s, "init_weights_update_group")
         self._store = store
 
-    def send_bucket(self, rank: RankSync, bucket: Bucket, stage: int, version: str | None, final: bool) -> None:
+    def send_bucket(self, rank: RankSide, bucket: Bucket, stage: int, version: str | None, final: bool) -> None:
         # One broadcast per tensor, straight from the exported tensors: SGLang's per-tensor receive
         # (load_format None) costs the engine nothing more than the flattened one, and the trainer
         # saves copying the bucket into one flat buffer (measured: the copy was ~30% of a base100m sync).
@@ -90,7 +88,7 @@ class DistributedTransport(StreamedTransport):
         self.broken = True  # its broadcasts may stay pending
         abort_group(self.group)
 
-    def close_rank(self, rank: RankSync) -> None:
+    def close_rank(self, rank: RankSide) -> None:
         import torch.distributed as dist
 
         if self.group is not None and not self.broken:

@@ -16,8 +16,8 @@ from lean_rl.weight_sync.errors import WeightSyncError
 from lean_rl.weight_sync.transports.base import Transport
 
 if TYPE_CHECKING:
-    from lean_rl.weight_sync.rank import RankSync, StageSent, TimedExport
-    from lean_rl.weight_sync.sync import WeightSync
+    from lean_rl.weight_sync.stages import StageSent, TimedExport
+    from lean_rl.weight_sync.transports.base import RankSide, SyncDriver
 
 
 class StreamedTransport(Transport):
@@ -25,7 +25,7 @@ class StreamedTransport(Transport):
         self.clients: list = []  # rank half, on a stage lead: one client per engine
 
     # ------------------------------------------------------------------ driver half
-    def deliver(self, sync: WeightSync, version: str) -> list[StageSent]:
+    def deliver(self, sync: SyncDriver, version: str) -> list[StageSent]:
         timeout = sync.cfg.timeout_s
         opened, errors = [], []
         for client, (_, future) in zip(sync.clients, submit_all(sync.clients, EngineClient.begin_weight_update)):
@@ -49,15 +49,15 @@ class StreamedTransport(Transport):
         return sent
 
     # ------------------------------------------------------------------ rank half
-    def setup_rank(self, rank: RankSync) -> None:
-        from lean_rl.backends.sglang.client import BlockingEngineClient
+    def setup_rank(self, rank: RankSide) -> None:
+        from lean_rl.backends.sglang.blocking_client import BlockingEngineClient
 
         plan = rank.plan
         if rank.leads_own_stage:
             self.clients = [BlockingEngineClient(url, timeout_s=plan.timeout_s, api_key=plan.api_key)
                             for url in plan.engine_urls]
 
-    def send_stage(self, rank: RankSync, export: TimedExport, version: str, final_stage: bool) -> StageSent:
+    def send_stage(self, rank: RankSide, export: TimedExport, version: str, final_stage: bool) -> StageSent:
         """Stream the stage bucket by bucket; the last bucket of the final stage sets the version."""
         total = buckets = count = 0
         error = None
@@ -73,7 +73,7 @@ class StreamedTransport(Transport):
         return export.sent(total, buckets, count, error=error)
 
     @abstractmethod
-    def send_bucket(self, rank: RankSync, bucket: Bucket, stage: int, version: str | None, final: bool) -> None:
+    def send_bucket(self, rank: RankSide, bucket: Bucket, stage: int, version: str | None, final: bool) -> None:
         """One bucket to every engine; returns once every engine has loaded it. `version`: set on
         the last bucket of the sync (None before), `final`: flush the prefix cache."""
 
@@ -81,7 +81,7 @@ class StreamedTransport(Transport):
         """An engine call failed mid-stage: what this transport must give up so that closing it
         waits on nothing pending."""
 
-    def close_rank(self, rank: RankSync) -> None:
+    def close_rank(self, rank: RankSide) -> None:
         for client in self.clients:
             client.close()
         self.clients = []

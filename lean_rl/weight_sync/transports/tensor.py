@@ -15,7 +15,7 @@ from lean_rl.weight_sync.errors import WeightSyncError
 from lean_rl.weight_sync.transports.streamed import StreamedTransport
 
 if TYPE_CHECKING:
-    from lean_rl.weight_sync.rank import RankSync
+    from lean_rl.weight_sync.transports.base import RankSide
 
 
 def cpu_tensor_payload(bucket: Bucket) -> str:
@@ -60,14 +60,14 @@ class TensorTransport(StreamedTransport):
             raise WeightSyncError("--weight-sync-transport tensor: CUDA IPC needs the engines on the GPU too")
 
     # ------------------------------------------------------------------ rank half
-    def setup_rank(self, rank: RankSync) -> None:
+    def setup_rank(self, rank: RankSide) -> None:
         super().setup_rank(rank)
         if rank.leads_own_stage and rank.worker.device.type == "cuda":
             from lean_rl.backends.sglang.compat import patch_torch_cuda_ipc_reductions
 
             patch_torch_cuda_ipc_reductions()  # once per process, before the first cuda_ipc_payloads
 
-    def send_bucket(self, rank: RankSync, bucket: Bucket, stage: int, version: str | None, final: bool) -> None:
+    def send_bucket(self, rank: RankSide, bucket: Bucket, stage: int, version: str | None, final: bool) -> None:
         plan = rank.plan
         keep_alive = None
         update = EngineClient.update_weights_from_tensor
