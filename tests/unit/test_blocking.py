@@ -120,4 +120,4 @@ def test_a_process_whose_environment_call_hangs_exits_promptly(hung_env_flags, t
     # from the rollout's end to the process's: the reset never returns (asyncio.to_thread's executor
     # would be joined forever at exit)
     took = exited - float(out.stdout.split()[1])
-    assert took < 10, f"{took:.1f} s"
+    assert took < 60, f"{took:.1f} s"  # a hang never exits (300 s timeout); 60: slack for a loaded machine
