@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
 from lean_rl.rollout import rewards
+from lean_rl.rollout.reward_routing import served_reward_function
 from lean_rl.rollout.base import RolloutOutput, install_extensions
 from lean_rl.rollout.config import MULTI_TURN_GENERATE
 from lean_rl.sample import Sample
@@ -174,6 +175,8 @@ def load_extensions(cfg: Config) -> Extensions:
         reward_fn = rewards.BUILTIN_REWARDS[cfg.reward.rm_type]
     else:
         reward_fn = None
+    served = served_reward_function(cfg)  # --reward-routes, --rm-hf-checkpoint, --judge-* (and prepares the judge)
+    reward_fn = reward_fn or served
     eval_rewards: dict[str, tuple[Callable, bool]] = {}
     for eval_set in cfg.eval.sets:  # --eval-config: a set's own reward (never a group reward)
         if eval_set.custom_rm_path:

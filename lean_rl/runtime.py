@@ -66,6 +66,7 @@ class Runtime:
         self.critic: MegatronGroup | None = None  # PPO's value model: a second group of the same layout
         self.engines: EngineGroup | None = None
         self.teacher_engines: EngineGroup | None = None  # --use-opd --opd-teacher-hf-checkpoint: the teacher's
+        self.rewarder_engines: tuple[EngineGroup, ...] = ()  # --rm-hf-checkpoint / --judge-hf-checkpoint
         self.monitor: EngineMonitor | None = None
         self.weight_sync: EngineWeights | None = None
         self.logger: MetricsLogger | None = None
@@ -232,13 +233,14 @@ class Runtime:
     def _start_engines(self) -> None:
         started = start_engines(self.cfg, self.output_dir, self.trainer, self.colocated)
         self.engines, self.teacher_engines, self.monitor = started.engines, started.teacher, started.monitor
-        self.turns.monitor = self.monitor
+        self.turns.monitor, self.rewarder_engines = self.monitor, started.rewarders
 
     def close(self) -> None:
         for closer in (
             self.weight_sync and self.weight_sync.close,
             self.monitor and self.monitor.stop,
             self.engines and self.engines.stop, self.teacher_engines and self.teacher_engines.stop,
+            *(group.stop for group in self.rewarder_engines),
             self.trainer and self.trainer.shutdown,
             self.critic and self.critic.shutdown,
             self.logger and self.logger.close,
