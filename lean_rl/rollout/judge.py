@@ -70,7 +70,11 @@ def parse_score_0_10(text: str) -> float | None:
 
 
 def parse_a_or_b(text: str) -> float | None:
-    """1.0 for an answer of A, 0.0 for B (a lone letter, or "Answer: A"); None if neither or both."""
+    """1.0 for an answer of A, 0.0 for B: the letter after the last "answer (is)", else the one lone
+    letter A or B in the text; None if neither, or both without "answer"."""
+    stated = re.findall(r"answer(?:\s+is)?\s*[:=]?\s*\(?([AB])\)?(?![A-Za-z])", text, flags=re.IGNORECASE)
+    if stated:
+        return 1.0 if stated[-1] == "A" else 0.0
     letters = set(re.findall(r"(?<![A-Za-z])\(?([AB])\)?(?![A-Za-z])", text.strip()))
     return (1.0 if letters == {"A"} else 0.0) if len(letters) == 1 else None
 

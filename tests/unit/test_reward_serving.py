@@ -33,7 +33,8 @@ def test_score_0_10_reads_the_rating_over_ten(text, expected):
 
 
 @pytest.mark.parametrize("text, expected", [
-    ("A", 1.0), ("B", 0.0), ("(A)", 1.0), ("Answer: B.", 0.0), ("A or B? A", 1.0),
+    ("A", 1.0), ("B", 0.0), ("(A)", 1.0), ("Answer: B.", 0.0), ("A or B? The answer is A", 1.0),
+    ("A or B? A", None),
     ("A and B", None), ("Absolutely", None), ("", None), ("Both are Bad", None),
 ])
 def test_a_or_b_reads_one_letter(text, expected):
