@@ -97,7 +97,7 @@ def _check_run_against_rollout(run: RunConfig, rollout: RolloutConfig) -> None:
 
 def _check_reward_choice(reward: RewardConfig, serving: RewardServingConfig) -> None:
     """Which function gives the reward: --reward-routes, else --rm-type / --custom-rm-path, else the one
-    served rewarder given (rollout/reward_serving.py: served_reward_function)."""
+    served rewarder given (rollout/reward_routing.py: served_reward_function)."""
     given = reward.rm_type or reward.custom_rm_path
     if serving.reward_routes is not None and given:
         raise ConfigError(f"--reward-routes {serving.reward_routes} picks each sample's reward: drop --rm-type / "
