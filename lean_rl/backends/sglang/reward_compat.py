@@ -31,4 +31,4 @@ def zero_missing_score_bias() -> None:
             return result
 
         patched._lean_rl_patched = True  # type: ignore[attr-defined]
-        cls.load_weights = functools.wraps(cls.load_weights)(patched)
+        setattr(cls, "load_weights", functools.wraps(cls.load_weights)(patched))  # noqa: B010 - mypy: no method assignment
