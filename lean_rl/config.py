@@ -45,6 +45,7 @@ from lean_rl.rollout.config import VERIFIERS_PROMPTS, EvalConfig, RewardConfig, 
 from lean_rl.rollout.distillation_config import DistillationConfig
 from lean_rl.rollout.preference_config import (PREFERENCE_ROLLOUT, check_one_step_per_rollout, preference_data,
                                                preference_rollout)
+from lean_rl.rollout.reward_serving_config import RewardServingConfig
 from lean_rl.run_config import RunConfig
 from lean_rl.slime_flags import slime_hint
 from lean_rl.utils.custom_config import ReadOnlyMapping, load_custom_config, load_yaml_mapping
@@ -77,6 +78,9 @@ class Config:
     custom: Mapping[str, Any] = field(default_factory=ReadOnlyMapping)
     # --use-opd: the teacher and its engines (rollout/distillation.py)
     distillation: DistillationConfig = field(default_factory=DistillationConfig)
+    # --rm-hf-checkpoint, --judge-*, --reward-routes: rewarders served or called beside the rules
+    # (rollout/reward_model.py, judge.py, reward_routing.py)
+    reward_serving: RewardServingConfig = field(default_factory=RewardServingConfig)
 
     @property
     def starts_engines(self) -> bool:
@@ -96,6 +100,18 @@ def _check_run_against_rollout(run: RunConfig, rollout: RolloutConfig) -> None:
     if run.async_mode == "full" and rollout.rollout_all_samples_process_path:
         raise ConfigError("--rollout-all-samples-process-path is called at the end of each rollout of the default "
                           "rollout function; --async-mode full generates continuously, with no rollout to end")
+
+
+def _check_reward_choice(reward: RewardConfig, serving: RewardServingConfig) -> None:
+    """Which function gives the reward: --reward-routes, else --rm-type / --custom-rm-path, else the one
+    served rewarder given (rollout/reward_routing.py: served_reward_function)."""
+    given = reward.rm_type or reward.custom_rm_path
+    if serving.reward_routes is not None and given:
+        raise ConfigError(f"--reward-routes {serving.reward_routes} picks each sample's reward: drop --rm-type / "
+                          "--custom-rm-path (a route may name either)")
+    if serving.reward_routes is None and not given and serving.rm_hf_checkpoint is not None and serving.has_judge:
+        raise ConfigError("--rm-hf-checkpoint and a judge (--judge-hf-checkpoint / --judge-url): say which scores "
+                          "which sample with --reward-routes FILE, or combine them in --custom-rm-path")
 
 
 def _sft_rollout(args: argparse.Namespace, data: DataConfig, rollout: RolloutConfig) -> RolloutConfig:
@@ -134,6 +150,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_options(parser, AlgorithmConfig, "rl algorithm")
     add_options(parser, WeightSyncConfig, "weight sync (trainer -> SGLang engines)")
     add_options(parser, DistillationConfig, "on-policy distillation (a teacher scores the student's samples)")
+    add_options(parser, RewardServingConfig, "reward models, judges and reward routing")
     return parser
 
 
@@ -216,10 +233,12 @@ def parse_config(argv: list[str]) -> Config:
     layout = train.placement.layout(megatron.parallel, device, on_cluster=run.ray_address is not None)
     # the ports and the services' API key (--sglang-api-key, else $LEAN_RL_API_KEY, else random), chosen once
     distillation = read_options(DistillationConfig, args)
+    reward_serving = read_options(RewardServingConfig, args)
+    _check_reward_choice(reward, reward_serving)
     engines = resolve_api_key(resolve_ports(read_options(
         EngineConfig, args, device=layout.device, server_passthrough=passthrough.server,
         router_passthrough=passthrough.router, on_cluster=bool(run.ray_address),
-        other_cpu_engines=distillation.teacher_engine_count,
+        other_cpu_engines=distillation.teacher_engine_count + reward_serving.engine_count,
         colocated=run.colocate and not (run.debug_rollout_only or no_engines),
         dtype=engines_dtype(passthrough.server, megatron.params_dtype, checkpoint_dtype(args.hf_checkpoint)))))
     fp32_note = gpu_fp32_note(engines)
@@ -230,6 +249,10 @@ def parse_config(argv: list[str]) -> Config:
         logger.warning("--sglang-api-key: a key typed on the command line shows in `ps` and in Ray's job table; "
                        "prefer --sglang-api-key-file FILE or $%s", API_KEY_ENV)
     distillation = distillation.with_teacher_engines(engines)  # the teacher's tokenizer must be the student's
+    teacher = distillation.teacher_engines
+    reward_serving = reward_serving.with_engines(  # on ports of their own, none of the policy's or teacher's
+        engines, set() if teacher is None else {*teacher.engine_ports, teacher.resolved_router_port or 0},
+        distillation.teacher_engine_count)
     if distillation.top_k_if_used > megatron.arch.vocab_size:
         raise ConfigError(f"--opd-top-k {distillation.top_k_if_used} is more than the vocabulary's "
                           f"{megatron.arch.vocab_size} tokens (--hf-checkpoint's config.json)")
@@ -272,6 +295,7 @@ def parse_config(argv: list[str]) -> Config:
         batch_plan=batch_plan,
         custom=custom,
         distillation=distillation,
+        reward_serving=reward_serving,
     )
 
 

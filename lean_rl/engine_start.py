@@ -1,6 +1,8 @@
 """The run's SGLang engine groups: the policy's (into the trainer's bundles with --colocate) and, with
 --use-opd --opd-teacher-hf-checkpoint, the teacher's (rollout/distillation.teacher_engine_group) beside
-it, plus the health monitor of the policy's; and where they landed on a cluster."""
+it, with --rm-hf-checkpoint / --judge-hf-checkpoint the reward model's and the judge's
+(rollout/reward_model.py, judge.py), plus the health monitor of the policy's; and where they landed
+on a cluster."""
 
 from __future__ import annotations
 
@@ -24,6 +26,8 @@ class StartedEngines:
     engines: EngineGroup
     teacher: EngineGroup | None
     monitor: EngineMonitor
+    # --rm-hf-checkpoint / --judge-hf-checkpoint: the reward model's and the judge's groups (no weight updates)
+    rewarders: tuple[EngineGroup, ...] = ()
 
 
 def start_engines(cfg: Config, output_dir: Path, trainer: MegatronGroup | None, colocated: bool) -> StartedEngines:
@@ -34,22 +38,28 @@ def start_engines(cfg: Config, output_dir: Path, trainer: MegatronGroup | None, 
     from lean_rl.backends.sglang.engines import EngineGroup
     from lean_rl.backends.sglang.health import EngineMonitor
     from lean_rl.rollout.distillation import teacher_engine_group
+    from lean_rl.rollout.judge import judge_engine_group
+    from lean_rl.rollout.reward_model import reward_model_engine_group
 
     teacher = teacher_engine_group(cfg, output_dir)
+    rewarders = tuple(g for g in (reward_model_engine_group(cfg, output_dir), judge_engine_group(cfg, output_dir))
+                      if g is not None)
+    others = tuple(g for g in (teacher, *rewarders) if g is not None)
     engines = None
     try:
-        with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="lean_rl-teacher") as pool:
-            teacher_start = pool.submit(teacher.start) if teacher is not None else None
+        with concurrent.futures.ThreadPoolExecutor(max(1, len(others)), thread_name_prefix="lean_rl-groups") as pool:
+            starts = [pool.submit(group.start) for group in others]
             try:
                 placement = engine_placement(cfg, trainer) if colocated and trainer is not None else None
                 engines = EngineGroup(cfg.engines, output_dir / "engines", placement=placement).start()
             finally:
-                teacher_error = teacher_start.exception() if teacher_start is not None else None  # waits for it
-        if teacher_error is not None:
-            raise teacher_error
-        return StartedEngines(engines, teacher, EngineMonitor(engines).start())
+                errors = [start.exception() for start in starts]  # waits for each
+        for error in errors:
+            if error is not None:
+                raise error
+        return StartedEngines(engines, teacher, EngineMonitor(engines).start(), rewarders)
     except BaseException:
-        for group in (engines, teacher):
+        for group in (engines, *others):
             if group is not None:
                 group.stop()
         raise

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 from lean_rl.hook_protocols import Extensions, generate_caller
 from lean_rl.rollout import rewards
 from lean_rl.rollout.base import install_extensions
+from lean_rl.rollout.reward_routing import served_reward_function
 from lean_rl.rollout.config import MULTI_TURN_GENERATE
 from lean_rl.utils.slime_finder import install_slime_finder
 from lean_rl.rollout.generate import generate as default_generate
@@ -71,6 +72,8 @@ def load_extensions(cfg: Config) -> Extensions:
         reward_fn = rewards.BUILTIN_REWARDS[cfg.reward.rm_type]
     else:
         reward_fn = None
+    served = served_reward_function(cfg)  # --reward-routes, --rm-hf-checkpoint, --judge-* (and prepares the judge)
+    reward_fn = reward_fn or served
     eval_rewards: dict[str, tuple[Callable, bool]] = {}
     for eval_set in cfg.eval.sets:  # --eval-config: a set's own reward (never a group reward)
         if eval_set.custom_rm_path:

@@ -67,6 +67,7 @@ class Runtime:
         self.trainers = TrainerGroups(cfg, self.colocated, self.turns)  # the actor and PPO's critic
         self.engines: EngineGroup | None = None
         self.teacher_engines: EngineGroup | None = None  # --use-opd --opd-teacher-hf-checkpoint: the teacher's
+        self.rewarder_engines: tuple[EngineGroup, ...] = ()  # --rm-hf-checkpoint / --judge-hf-checkpoint
         self.monitor: EngineMonitor | None = None
         self.weight_sync: EngineWeights | None = None
         self.logger: MetricsLogger | None = None
@@ -155,9 +156,14 @@ class Runtime:
     def _start_engines(self) -> None:
         started = start_engines(self.cfg, self.output_dir, self.trainer, self.colocated)
         self.engines, self.teacher_engines, self.monitor = started.engines, started.teacher, started.monitor
-        self.turns.monitor = self.monitor
+        self.turns.monitor, self.rewarder_engines = self.monitor, started.rewarders
 
     def close(self) -> None:
+        for group in self.rewarder_engines:  # the reward model's and the judge's engines
+            try:
+                group.stop()
+            except Exception:  # noqa: BLE001 - close everything, report each failure
+                logger.exception("error while stopping a reward engine group")
         for closer in (
             self.weight_sync and self.weight_sync.close,
             self.monitor and self.monitor.stop,

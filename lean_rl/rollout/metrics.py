@@ -5,6 +5,7 @@ from __future__ import annotations
 import collections
 import statistics
 
+from lean_rl.rollout.reward_routing import route_metrics
 from lean_rl.rollout.reward_scoring import reward_entry_means
 from lean_rl.sample import REMAX_BASELINE_REWARD, Sample, Status
 
@@ -35,6 +36,7 @@ def rollout_metrics(groups: list[list[Sample]], seconds: float | None = None,
         metrics["rollout/reward_mean"] = sum(rewards) / len(rewards)
         metrics["rollout/reward_std"] = float(statistics.pstdev(rewards))
     metrics.update({f"rollout/reward/{name}_mean": mean for name, mean in entry_means.items()})
+    metrics.update(route_metrics(samples))  # --reward-routes: per rewarder; the judge's failures
     # --advantage-estimator remax: the greedy response's reward, once per prompt (the sampled ones' baseline)
     greedy = [g[0].metadata[REMAX_BASELINE_REWARD] for g in groups if g and REMAX_BASELINE_REWARD in g[0].metadata]
     if greedy:

@@ -98,7 +98,8 @@ def test_every_run_flag_comes_from_exactly_one_option_field():
              config_module.RolloutConfig, config_module.RewardConfig, config_module.EvalConfig,
              config_module.ModelFlags, config_module.ParallelConfig, config_module.PrecisionFlags,
              config_module.TrainConfig,
-             config_module.AlgorithmConfig, config_module.WeightSyncConfig, config_module.DistillationConfig]
+             config_module.AlgorithmConfig, config_module.WeightSyncConfig, config_module.DistillationConfig,
+             config_module.RewardServingConfig]
     declared = []
     for root in roots:
         for cls in _config_classes(root):

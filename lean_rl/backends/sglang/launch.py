@@ -39,6 +39,10 @@ else:  # on every device: a tp=1 server's process group needs no TCP store (see 
     from lean_rl.backends.sglang.compat import keep_single_process_store_local
 
     keep_single_process_store_local()
+if "--is-embedding" in sys.argv[1:]:  # a reward model (--rm-hf-checkpoint): its score head as transformers'
+    from lean_rl.backends.sglang.reward_compat import zero_missing_score_bias
+
+    zero_missing_score_bias()
 
 
 def main(argv: list[str]) -> None:
