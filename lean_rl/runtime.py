@@ -159,12 +159,8 @@ class Runtime:
         self.turns.monitor, self.rewarder_engines = self.monitor, started.rewarders
 
     def close(self) -> None:
-        for group in self.rewarder_engines:  # the reward model's and the judge's engines
-            try:
-                group.stop()
-            except Exception:  # noqa: BLE001 - close everything, report each failure
-                logger.exception("error while stopping a reward engine group")
         for closer in (
+            *(group.stop for group in self.rewarder_engines),  # the reward model's and the judge's engines
             self.weight_sync and self.weight_sync.close,
             self.monitor and self.monitor.stop,
             self.engines and self.engines.stop, self.teacher_engines and self.teacher_engines.stop,
