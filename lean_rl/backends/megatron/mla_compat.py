@@ -34,13 +34,15 @@ class MLADotProductAttention(DotProductAttention):
 
 def with_local_mla_core_attention(layer_spec: ModuleSpec) -> ModuleSpec:
     """`layer_spec` with the local core attention of an MLA layer replaced by MLADotProductAttention."""
-    attention = getattr(layer_spec.submodules, "self_attention", None)
-    if not (isinstance(attention, ModuleSpec) and attention.module is MLASelfAttention
-            and attention.submodules.core_attention is DotProductAttention):
+    layer: Any = layer_spec.submodules  # ModuleSpec types its submodules as object
+    attention = getattr(layer, "self_attention", None)
+    if not (isinstance(attention, ModuleSpec) and attention.module is MLASelfAttention):
         return layer_spec
-    mla = dataclasses.replace(attention, submodules=dataclasses.replace(attention.submodules,
-                                                                        core_attention=MLADotProductAttention))
-    return dataclasses.replace(layer_spec, submodules=dataclasses.replace(layer_spec.submodules, self_attention=mla))
+    inner: Any = attention.submodules
+    if inner.core_attention is not DotProductAttention:
+        return layer_spec
+    mla = dataclasses.replace(attention, submodules=dataclasses.replace(inner, core_attention=MLADotProductAttention))
+    return dataclasses.replace(layer_spec, submodules=dataclasses.replace(layer, self_attention=mla))
 
 
 def disable_stand_in_te() -> None:

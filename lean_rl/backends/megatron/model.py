@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import cast
+
 import torch
 import torch.nn.functional as F
 from megatron.core import parallel_state
@@ -10,6 +12,7 @@ from megatron.core.models.gpt.gpt_layer_specs import (
     get_gpt_layer_local_spec,
     get_gpt_layer_with_transformer_engine_spec,
 )
+from megatron.core.transformer.spec_utils import ModuleSpec
 from megatron.core.transformer.transformer_config import TransformerConfig
 
 from lean_rl.backends.megatron.compat import uses_te_layer_spec
@@ -100,7 +103,8 @@ def build_gpt_model(config: MegatronConfig, device: torch.device) -> GPTModel:
         spec = with_post_norms(spec, norm, arch.post_self_attn_layernorm, arch.post_mlp_layernorm)
     model = GPTModel(
         config=tconfig,
-        transformer_layer_spec=block if block is not None else spec,
+        # a block spec is what GPTModel's TransformerBlock also takes (annotated ModuleSpec only)
+        transformer_layer_spec=cast(ModuleSpec, block) if block is not None else spec,
         vocab_size=config.padded_vocab_size,
         max_sequence_length=arch.max_position_embeddings,
         pre_process=parallel_state.is_pipeline_first_stage(),

@@ -12,6 +12,8 @@ deepseek_v3 checkpoint served on CPU, float32, max |log p - transformers| 7.6e-6
 
 from __future__ import annotations
 
+from typing import Any
+
 
 def serve_mla_on_torch_native() -> None:
     """Register the absorbed-MLA choice as SGLang's torch_native handler for DeepSeek-style models."""
@@ -20,7 +22,7 @@ def serve_mla_on_torch_native() -> None:
     handlers.AttentionBackendRegistry.register("torch_native", _absorbed_mla)
 
 
-def _absorbed_mla(attn, forward_batch):
+def _absorbed_mla(attn: Any, forward_batch: Any) -> Any:
     from sglang.srt.models.deepseek_common import attention_backend_handler as handlers
 
     return handlers._dispatch_mla_subtype(attn, forward_batch)  # MLA (MLA_FUSED_ROPE_CPU needs intel_amx)
