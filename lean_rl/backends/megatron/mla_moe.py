@@ -65,4 +65,4 @@ def layer_block_spec(arch: ModelArch, tconfig: TransformerConfig, te: bool) -> T
     if te:
         return block
     disable_stand_in_te()
-    return dataclasses.replace(block, layer_specs=[with_local_mla_core_attention(s) for s in block.layer_specs])
+    return dataclasses.replace(block, layer_specs=[with_local_mla_core_attention(s) for s in block.layer_specs or []])

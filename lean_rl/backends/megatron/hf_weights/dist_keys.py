@@ -123,7 +123,8 @@ def per_layer_keys(arch: ModelArch) -> bool:
 def _dist_names(template: str, arch: ModelArch, layer: int | None = None) -> tuple[tuple[str, ...], tuple[str, ...]]:
     if not template.startswith(_LAYER):
         return (template,), ()
-    rest, stacked = template[len(_LAYER):], ("layer",)
+    rest = template[len(_LAYER):]
+    stacked: tuple[str, ...] = ("layer",)
     if rest.startswith(_EXPERT):
         rest, stacked = "mlp.experts.experts." + rest[len(_EXPERT):], ("layer", "expert")
     if layer is not None:
