@@ -1,6 +1,6 @@
 """Build small random-weight HF checkpoints (and a locally trained tokenizer) with no hub access.
 
-    python -m lean_rl.testing.tiny_model --out DIR [--arch qwen2|llama|qwen3|qwen3_moe|mistral|glm4] [--seed N] [--preset tiny]
+    python -m lean_rl.testing.tiny_model --out DIR [--arch qwen2|llama|qwen3|qwen3_moe|mistral|glm4|deepseek_v3] [--seed N] [--preset tiny]
 
 Tests, the demo and the benchmarks all start from these. The tokenizer is the same for every arch and
 seed (trained on a fixed synthetic corpus), so checkpoints of different archs are interchangeable on the
@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-SUPPORTED_ARCHS = ("qwen2", "llama", "qwen3", "qwen3_moe", "mistral", "glm4")
+SUPPORTED_ARCHS = ("qwen2", "llama", "qwen3", "qwen3_moe", "mistral", "glm4", "deepseek_v3")
 
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|pad|>"]
 
@@ -133,6 +133,18 @@ def build_config(arch: str, preset: Preset, tokenizer):
         "glm4": (transformers.Glm4Config, dict(
             head_dim=head_dim, attention_bias=True,
             rope_parameters={**rope, "partial_rotary_factor": 0.5})),
+        # MLA with low-rank q, YaRN, one dense layer then MoE layers with a shared expert, sigmoid
+        # router with expert bias, group-limited routing (2 groups, 1 chosen, top-2) and a scaling factor
+        "deepseek_v3": (transformers.DeepseekV3Config, dict(
+            num_key_value_heads=preset.num_heads, q_lora_rank=32, kv_lora_rank=32, qk_nope_head_dim=16,
+            qk_rope_head_dim=8, v_head_dim=16, n_routed_experts=preset.num_experts,
+            num_experts_per_tok=preset.experts_per_token, moe_intermediate_size=preset.moe_intermediate_size,
+            n_shared_experts=1, first_k_dense_replace=1, n_group=2, topk_group=1, norm_topk_prob=True,
+            routed_scaling_factor=2.5, rope_interleave=True, attention_bias=False,
+            # as the published configs have them (SGLang's deepseek_v2.py reads them)
+            moe_layer_freq=1, topk_method="noaux_tc", scoring_func="sigmoid",
+            rope_parameters={**rope, "rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 1024,
+                             "beta_fast": 32.0, "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0})),
     }
     config_class, own = families[arch]
     return config_class(**{**common, **own})
@@ -156,6 +168,9 @@ def _randomize_(model, seed: int) -> None:
                 p.copy_(0.5 * noise)
             else:
                 p.copy_(0.08 * noise)
+        for name, b in model.named_buffers():  # DeepSeek-V3's router bias is a checkpoint buffer
+            if name.endswith("e_score_correction_bias"):
+                b.copy_(0.1 * torch.randn(b.shape, generator=gen, dtype=b.dtype))
 
 
 def make_tiny_model(out: str | Path, arch: str = "qwen2", seed: int = 0, preset: str = "tiny") -> Path:

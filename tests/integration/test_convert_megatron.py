@@ -54,6 +54,10 @@ SLOW_CASES = {
     "mistral-tp2": ("mistral", ParallelConfig(tensor_model_parallel_size=2), 96),
     "glm4-tp2": ("glm4", ParallelConfig(tensor_model_parallel_size=2), 96),
     "glm4-tp2-sp": ("glm4", ParallelConfig(tensor_model_parallel_size=2, sequence_parallel=True), 96),
+    "deepseek_v3-ep2": ("deepseek_v3", ParallelConfig(expert_model_parallel_size=2, moe_token_dispatcher_type="alltoall"),
+                        96),
+    "deepseek_v3-tp2": ("deepseek_v3", ParallelConfig(tensor_model_parallel_size=2, sequence_parallel=True), 96),
+    "deepseek_v3-pp2": ("deepseek_v3", ParallelConfig(pipeline_model_parallel_size=2), 96),
 }
 
 
