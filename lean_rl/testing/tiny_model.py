@@ -1,6 +1,7 @@
 """Build small random-weight HF checkpoints (and a locally trained tokenizer) with no hub access.
 
-    python -m lean_rl.testing.tiny_model --out DIR [--arch qwen2|llama|qwen3|qwen3_moe|mistral|glm4] [--seed N] [--preset tiny]
+    python -m lean_rl.testing.tiny_model --out DIR [--arch qwen2|llama|qwen3|qwen3_moe|mistral|glm4|mixtral] [--seed N]
+        [--preset tiny]
 
 Tests, the demo and the benchmarks all start from these. The tokenizer is the same for every arch and
 seed (trained on a fixed synthetic corpus), so checkpoints of different archs are interchangeable on the
@@ -16,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-SUPPORTED_ARCHS = ("qwen2", "llama", "qwen3", "qwen3_moe", "mistral", "glm4")
+SUPPORTED_ARCHS = ("qwen2", "llama", "qwen3", "qwen3_moe", "mistral", "glm4", "mixtral")
 
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|pad|>"]
 
@@ -133,6 +134,11 @@ def build_config(arch: str, preset: Preset, tokenizer):
         "glm4": (transformers.Glm4Config, dict(
             head_dim=head_dim, attention_bias=True,
             rope_parameters={**rope, "partial_rotary_factor": 0.5})),
+        # experts as wide as intermediate_size (Mixtral has no separate moe_intermediate_size)
+        "mixtral": (transformers.MixtralConfig, dict(
+            head_dim=head_dim, sliding_window=None, num_local_experts=preset.num_experts,
+            num_experts_per_tok=preset.experts_per_token, intermediate_size=preset.moe_intermediate_size,
+            router_jitter_noise=0.0, output_router_logits=False)),
     }
     config_class, own = families[arch]
     return config_class(**{**common, **own})

@@ -54,6 +54,9 @@ SLOW_CASES = {
     "mistral-tp2": ("mistral", ParallelConfig(tensor_model_parallel_size=2), 96),
     "glm4-tp2": ("glm4", ParallelConfig(tensor_model_parallel_size=2), 96),
     "glm4-tp2-sp": ("glm4", ParallelConfig(tensor_model_parallel_size=2, sequence_parallel=True), 96),
+    "mixtral-ep2": ("mixtral", ParallelConfig(expert_model_parallel_size=2, moe_token_dispatcher_type="alltoall"), 96),
+    "mixtral-tp2-sp": ("mixtral", ParallelConfig(tensor_model_parallel_size=2, sequence_parallel=True), 96),
+    "mixtral-pp2": ("mixtral", ParallelConfig(pipeline_model_parallel_size=2), 96),
 }
 
 

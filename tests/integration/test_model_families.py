@@ -1,4 +1,4 @@
-"""The families added after the first four (mistral, glm4), all the way through on their tiny random
+"""The families added after the first four (mistral, glm4, mixtral), all the way through on their tiny random
 checkpoints (built from each family's own transformers config class), in one process of real
 Megatron-core at TP 1 on gloo: HF -> Megatron torch_dist -> HF bit for bit; the HF weights loaded into
 GPTModel reproduce transformers' float32 log-probs; gathering them back gives the checkpoint bit for
@@ -24,7 +24,8 @@ from lean_rl.convert.megatron_to_hf import convert_megatron_to_hf
 
 pytestmark = pytest.mark.integration
 
-NEW_FAMILIES = ("mistral", "glm4")
+NEW_FAMILIES = ("mistral", "glm4", "mixtral")
+MOE_FAMILIES = ("mixtral",)  # Megatron needs sequence parallelism for MoE under TP
 MAX_LOG_PROB_DIFF = 1e-4  # issue 40's bound; measured ~1e-5 (float32 rounding at logits of +-17)
 
 
@@ -119,7 +120,8 @@ def test_sglang_serves_the_family_and_the_probe_passes_after_weight_sync(family,
     config = engine_config_for_tests(tiny_model_factory(family), "--rollout-num-engines", "1")
     with EngineGroup(config, tmp_path / "engines") as engines, \
             MegatronGroup.from_hf_checkpoint(tiny_model_factory(family, seed=1),
-                                             ParallelConfig(tensor_model_parallel_size=2),
+                                             ParallelConfig(tensor_model_parallel_size=2,
+                                                            sequence_parallel=family in MOE_FAMILIES),
                                              make_vocab_size_divisible_by=96) as trainer, \
             WeightSync.create(build(WeightSyncConfig, transport="distributed", probe_tol=1e-4), trainer,
                               engines.engine_urls, api_key=config.api_key) as sync:

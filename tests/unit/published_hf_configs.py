@@ -37,4 +37,9 @@ PUBLISHED = {
         hidden_size=4096, intermediate_size=13696, num_hidden_layers=40, num_attention_heads=32,
         num_key_value_heads=2, max_position_embeddings=32768, partial_rotary_factor=0.5, rms_norm_eps=1e-05,
         rope_theta=10000.0, vocab_size=151552, tie_word_embeddings=False),
+    "mixtral-8x7B-v0.1": dict(  # mistralai/Mixtral-8x7B-v0.1
+        model_type="mixtral", architectures=["MixtralForCausalLM"], hidden_act="silu", hidden_size=4096,
+        intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,
+        max_position_embeddings=32768, rms_norm_eps=1e-05, rope_theta=1000000.0, vocab_size=32000,
+        num_local_experts=8, num_experts_per_tok=2, router_aux_loss_coef=0.02, tie_word_embeddings=False),
 }

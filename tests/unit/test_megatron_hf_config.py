@@ -30,9 +30,10 @@ def test_tiny_checkpoints_derive_the_megatron_arch(family, tiny_model_factory):
     glm4 = family == "glm4"  # half-rotary interleaved RoPE, sandwich norms
     assert (arch.rotary_percent, arch.rotary_interleaved) == ((0.5, True) if glm4 else (1.0, False))
     assert arch.post_self_attn_layernorm == arch.post_mlp_layernorm == glm4
-    assert arch.ffn_hidden_size == 256
-    if family == "qwen3_moe":
+    assert arch.ffn_hidden_size == (128 if family == "mixtral" else 256)  # mixtral's experts: intermediate_size
+    if family in ("qwen3_moe", "mixtral"):  # mixtral: softmax top-k, always renormalised
         assert (arch.num_experts, arch.moe_router_topk, arch.moe_ffn_hidden_size) == (4, 2, 128)
+        assert not arch.moe_router_pre_softmax
         assert arch.moe_router_pre_softmax is False  # norm_topk_prob: softmax over the top-k logits
     else:
         assert arch.num_experts is None
@@ -48,7 +49,7 @@ def test_the_same_config_as_dict_path_or_file(tiny_qwen2):
 def test_unsupported_model_type_names_the_supported_ones(tiny_qwen2):
     config = {**hf_config(tiny_qwen2), "model_type": "gemma3_text"}
     with pytest.raises(ConfigError, match="'gemma3_text' is not supported; supported: llama, qwen2, qwen3, qwen3_moe, "
-                                          "mistral, glm4$"):
+                                          "mistral, glm4, mixtral$"):
         arch_from_hf_config(config)
 
 
@@ -61,6 +62,8 @@ def test_unsupported_model_type_names_the_supported_ones(tiny_qwen2):
     ("qwen3_moe", {"mlp_only_layers": [1]}, "mlp_only_layers"),
     ("qwen3_moe", {"decoder_sparse_step": 2}, "decoder_sparse_step"),
     ("mistral", {"sliding_window": 1024}, "sliding_window=1024"),
+    ("mixtral", {"sliding_window": 1024}, "sliding_window=1024"),
+    ("mixtral", {"router_jitter_noise": 0.01}, "router_jitter_noise"),
     ("llama", {"rope_parameters": {"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 0.5}},
      "partial_rotary_factor=0.5"),
 ])

@@ -108,6 +108,15 @@ def _qwen3_moe(config: Mapping[str, Any], family: str) -> dict[str, Any]:
     )
 
 
+def _mixtral(config: Mapping[str, Any], family: str) -> dict[str, Any]:
+    # transformers' Mixtral: softmax over all experts, top-k, always renormalised (modeling_mixtral.py
+    # MixtralTopKRouter), i.e. Megatron's softmax over the top-k logits; each expert is intermediate_size wide.
+    _check(not float(config.get("router_jitter_noise") or 0.0), family, "router_jitter_noise != 0")
+    return dict(_mistral(config, family), num_experts=int(config["num_local_experts"]),
+                moe_router_topk=int(config["num_experts_per_tok"]),
+                moe_ffn_hidden_size=int(config["intermediate_size"]), moe_router_pre_softmax=False)
+
+
 def _glm4(config: Mapping[str, Any], family: str) -> dict[str, Any]:
     # transformers' Glm4: q/k/v biases, RoPE on the interleaved pairs of the first half of each head
     # (partial_rotary_factor defaults to 0.5, configuration_glm4.py), and an RMSNorm on the attention
@@ -117,7 +126,7 @@ def _glm4(config: Mapping[str, Any], family: str) -> dict[str, Any]:
 
 
 _FAMILIES = {"llama": _llama, "qwen2": _qwen2, "qwen3": _qwen3, "qwen3_moe": _qwen3_moe, "mistral": _mistral,
-             "glm4": _glm4}
+             "glm4": _glm4, "mixtral": _mixtral}
 _DEFAULT_PARTIAL_ROTARY = {"glm4": 0.5}
 SUPPORTED_HF_FAMILIES = tuple(_FAMILIES)
 

@@ -77,6 +77,13 @@ _MOE_MLP = (
                Layout.GATE_UP),
     WeightRule(_E + "linear_fc2.weight", (_H + "mlp.experts.{expert}.down_proj.weight",), Layout.ROW),
 )
+# Mixtral: the same MoE under block_sparse_moe, experts' gate / down / up as w1 / w2 / w3.
+_MIXTRAL_MOE = (
+    WeightRule(_M + "mlp.router.weight", (_H + "block_sparse_moe.gate.weight",), Layout.REPLICATED),
+    WeightRule(_E + "linear_fc1.weight", (_H + "block_sparse_moe.experts.{expert}.w1.weight",
+                                          _H + "block_sparse_moe.experts.{expert}.w3.weight"), Layout.GATE_UP),
+    WeightRule(_E + "linear_fc2.weight", (_H + "block_sparse_moe.experts.{expert}.w2.weight",), Layout.ROW),
+)
 
 # GLM-4 (transformers' Glm4): sandwich norms (post_attention_layernorm is the pre-MLP norm, as in
 # llama) and one fused [gate; up] tensor; the post norms are modules of post_norms.py.
@@ -100,6 +107,7 @@ FAMILY_TABLES: dict[str, tuple[tuple[WeightRule, ...], dict[str, object]]] = {
     "glm4": (_ATTENTION + _QKV_BIAS + _GLM4_LAYER,
              dict(_DENSE, add_qkv_bias=True, qk_layernorm=False, post_self_attn_layernorm=True,
                   post_mlp_layernorm=True)),
+    "mixtral": (_ATTENTION + _MIXTRAL_MOE, dict(add_qkv_bias=False, qk_layernorm=False, is_moe=True)),
 }
 LAYER_RULES = {family: rules for family, (rules, _) in FAMILY_TABLES.items()}
 _COMMON_ARCH = dict(normalization="RMSNorm", swiglu=True, add_bias_linear=False, position_embedding_type="rope",
