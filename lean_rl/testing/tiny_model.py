@@ -1,7 +1,7 @@
 """Build small random-weight HF checkpoints (and a locally trained tokenizer) with no hub access.
 
-    python -m lean_rl.testing.tiny_model --out DIR [--arch qwen2|llama|qwen3|qwen3_moe|mistral|glm4|mixtral] [--seed N]
-        [--preset tiny]
+    python -m lean_rl.testing.tiny_model --out DIR [--arch ARCH] [--seed N] [--preset tiny]
+    (ARCH: one of SUPPORTED_ARCHS)
 
 Tests, the demo and the benchmarks all start from these. The tokenizer is the same for every arch and
 seed (trained on a fixed synthetic corpus), so checkpoints of different archs are interchangeable on the
@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-SUPPORTED_ARCHS = ("qwen2", "llama", "qwen3", "qwen3_moe", "mistral", "glm4", "mixtral")
+SUPPORTED_ARCHS = ("qwen2", "llama", "qwen3", "qwen3_moe", "mistral", "glm4", "deepseek_v3", "mixtral")
 
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|pad|>"]
 
@@ -134,6 +134,16 @@ def build_config(arch: str, preset: Preset, tokenizer):
         "glm4": (transformers.Glm4Config, dict(
             head_dim=head_dim, attention_bias=True,
             rope_parameters={**rope, "partial_rotary_factor": 0.5})),
+        # MLA with low-rank q, YaRN, one dense layer then MoE layers with a shared expert, sigmoid
+        # router with expert bias, group-limited routing (2 groups, 1 chosen, top-2) and a scaling factor
+        "deepseek_v3": (transformers.DeepseekV3Config, dict(
+            num_key_value_heads=preset.num_heads, q_lora_rank=32, kv_lora_rank=32, qk_nope_head_dim=16,
+            qk_rope_head_dim=8, v_head_dim=16, n_routed_experts=preset.num_experts,
+            num_experts_per_tok=preset.experts_per_token, moe_intermediate_size=preset.moe_intermediate_size,
+            n_shared_experts=1, first_k_dense_replace=1, n_group=2, topk_group=1, norm_topk_prob=True,
+            routed_scaling_factor=2.5, rope_interleave=True, attention_bias=False,
+            rope_parameters={**rope, "rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 1024,
+                             "beta_fast": 32.0, "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0})),
         # experts as wide as intermediate_size (Mixtral has no separate moe_intermediate_size)
         "mixtral": (transformers.MixtralConfig, dict(
             head_dim=head_dim, sliding_window=None, num_local_experts=preset.num_experts,
@@ -162,6 +172,9 @@ def _randomize_(model, seed: int) -> None:
                 p.copy_(0.5 * noise)
             else:
                 p.copy_(0.08 * noise)
+        for name, b in model.named_buffers():  # DeepSeek-V3's router bias is a checkpoint buffer
+            if name.endswith("e_score_correction_bias"):
+                b.copy_(0.1 * torch.randn(b.shape, generator=gen, dtype=b.dtype))
 
 
 def make_tiny_model(out: str | Path, arch: str = "qwen2", seed: int = 0, preset: str = "tiny") -> Path:

@@ -8,6 +8,7 @@ later. Importing this module does not import Megatron."""
 from __future__ import annotations
 
 import dataclasses
+import re
 from dataclasses import dataclass
 
 from lean_rl.options import ConfigError, flag_of, option
@@ -20,6 +21,8 @@ TRANSFORMER_IMPLS = ("transformer_engine", "local")
 # The dtypes a trainer keeps its weights and computes in (Megatron's params_dtype); the optimizer's
 # master weights and the reduced gradients are float32 in every case.
 PARAMS_DTYPES = ("float32", "bfloat16", "float16")
+ROPE_TYPES = ("rope", "yarn")
+SCORE_FUNCTIONS = ("softmax", "sigmoid")
 
 
 def _require(condition: bool, message: str) -> None:
@@ -66,6 +69,28 @@ class ModelArch:
     moe_aux_loss_coeff: float = 0.0
     attention_dropout: float = 0.0
     hidden_dropout: float = 0.0
+    # Multi-latent attention (DeepSeek-V3, Kimi-K2, Moonlight): Megatron's MLATransformerConfig fields.
+    multi_latent_attention: bool = False
+    q_lora_rank: int | None = None  # None: one q projection (no low-rank q)
+    kv_lora_rank: int = 32
+    qk_head_dim: int = 128  # the no-RoPE part of a q / k head
+    qk_pos_emb_head_dim: int = 64  # the RoPE part
+    v_head_dim: int = 128
+    rope_type: str = "rope"  # "yarn": YaRN-scaled RoPE (MLA only, as in Megatron)
+    rotary_scaling_factor: float = 1.0
+    original_max_position_embeddings: int = 4096
+    beta_fast: float = 32.0
+    beta_slow: float = 1.0
+    mscale: float = 1.0
+    mscale_all_dim: float = 0.0
+    # MoE beyond a softmax top-k router on every layer (DeepSeek-V3 / GLM-4.5 style)
+    moe_layer_freq: str = "1"  # Megatron's --moe-layer-freq: N (every N-th layer) or "([0]*3+[1]*58)"
+    moe_shared_expert_intermediate_size: int | None = None
+    moe_router_score_function: str = "softmax"
+    moe_router_enable_expert_bias: bool = False
+    moe_router_num_groups: int | None = None
+    moe_router_group_topk: int | None = None
+    moe_router_topk_scaling_factor: float | None = None
 
     def __post_init__(self) -> None:
         for name in ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "num_query_groups",
@@ -89,9 +114,21 @@ class ModelArch:
         _require(self.moe_router_load_balancing_type in LOAD_BALANCING,
                  f"--moe-router-load-balancing-type {self.moe_router_load_balancing_type!r}: "
                  f"choose one of {', '.join(LOAD_BALANCING)}")
+        _require(self.rope_type in ROPE_TYPES, f"--rope-type {self.rope_type!r}: choose one of {', '.join(ROPE_TYPES)}")
+        _require(self.rope_type == "rope" or self.multi_latent_attention, "--rope-type yarn needs --multi-latent-attention")
+        _require(self.moe_router_score_function in SCORE_FUNCTIONS,
+                 f"--moe-router-score-function {self.moe_router_score_function!r}: "
+                 f"choose one of {', '.join(SCORE_FUNCTIONS)}")
+        pattern = moe_layer_pattern(self.moe_layer_freq, self.num_layers)  # raises naming the flag
         if self.num_experts is None:
             _require(self.moe_ffn_hidden_size is None, "--moe-ffn-hidden-size needs --num-experts")
             return
+        _require(any(pattern), f"--moe-layer-freq {self.moe_layer_freq!r} leaves no MoE layer")
+        if self.moe_router_group_topk is not None:
+            _require(self.moe_router_num_groups is not None and self.num_experts % self.moe_router_num_groups == 0
+                     and self.moe_router_topk % self.moe_router_group_topk == 0,
+                     f"--moe-router-group-topk {self.moe_router_group_topk} needs --moe-router-num-groups dividing "
+                     f"--num-experts and dividing --moe-router-topk")
         _require(self.num_experts > 0, f"--num-experts must be positive, got {self.num_experts}")
         _require(1 <= self.moe_router_topk <= self.num_experts,
                  f"--moe-router-topk {self.moe_router_topk} must be in [1, --num-experts {self.num_experts}]")
@@ -101,6 +138,33 @@ class ModelArch:
     @property
     def is_moe(self) -> bool:
         return self.num_experts is not None
+
+    @property
+    def moe_layers(self) -> tuple[bool, ...]:
+        """Per layer (0-based): is it an MoE layer (--num-experts and --moe-layer-freq)."""
+        if not self.is_moe:
+            return (False,) * self.num_layers
+        return tuple(bool(x) for x in moe_layer_pattern(self.moe_layer_freq, self.num_layers))
+
+
+def moe_layer_pattern(freq: str, num_layers: int) -> list[int]:
+    """Megatron's --moe-layer-freq as a 0/1 list (moe_utils / arguments.py: an int N is an MoE layer
+    every N layers from layer 0; a list expression such as "([0]*3+[1]*58)" gives each layer). Parsed
+    here without eval: bracketed lists of 0/1, each optionally repeated by *N, joined by +."""
+    text = str(freq).strip().strip("'\"")
+    if text.isdigit():
+        every = int(text)
+        _require(every > 0, f"--moe-layer-freq must be positive, got {freq!r}")
+        return [1 if i % every == 0 else 0 for i in range(num_layers)]
+    inner = text[1:-1] if text.startswith("(") and text.endswith(")") else text
+    out: list[int] = []
+    for term in inner.replace(" ", "").split("+"):
+        match = re.fullmatch(r"\[([01](?:,[01])*)\](?:\*(\d+))?", term)
+        _require(match is not None, f"--moe-layer-freq {freq!r}: expected N or a list such as ([0]*3+[1]*58)")
+        assert match is not None
+        out += [int(x) for x in match[1].split(",")] * int(match[2] or 1)
+    _require(len(out) == num_layers, f"--moe-layer-freq {freq!r} gives {len(out)} layers, --num-layers is {num_layers}")
+    return out
 
 
 _ARCH_DEFAULT = {f.name: f.default for f in dataclasses.fields(ModelArch)}
@@ -147,6 +211,31 @@ class ModelFlags:
     moe_router_load_balancing_type: str = option(_ARCH_DEFAULT["moe_router_load_balancing_type"],
                                                  choices=LOAD_BALANCING)
     moe_aux_loss_coeff: float = option(_ARCH_DEFAULT["moe_aux_loss_coeff"])
+    multi_latent_attention: bool = option(_ARCH_DEFAULT["multi_latent_attention"],
+                                          help="multi-latent attention (DeepSeek-V3, Kimi-K2, Moonlight)")
+    q_lora_rank: int | None = option(_ARCH_DEFAULT["q_lora_rank"], help="MLA: low-rank q; unset: one q projection")
+    kv_lora_rank: int = option(_ARCH_DEFAULT["kv_lora_rank"])
+    qk_head_dim: int = option(_ARCH_DEFAULT["qk_head_dim"], help="MLA: the no-RoPE part of a q / k head")
+    qk_pos_emb_head_dim: int = option(_ARCH_DEFAULT["qk_pos_emb_head_dim"], help="MLA: the RoPE part of a q / k head")
+    v_head_dim: int = option(_ARCH_DEFAULT["v_head_dim"])
+    rope_type: str = option(_ARCH_DEFAULT["rope_type"], choices=ROPE_TYPES)
+    rotary_scaling_factor: float = option(_ARCH_DEFAULT["rotary_scaling_factor"], help="YaRN factor")
+    original_max_position_embeddings: int = option(_ARCH_DEFAULT["original_max_position_embeddings"])
+    beta_fast: float = option(_ARCH_DEFAULT["beta_fast"])
+    beta_slow: float = option(_ARCH_DEFAULT["beta_slow"])
+    mscale: float = option(_ARCH_DEFAULT["mscale"])
+    mscale_all_dim: float = option(_ARCH_DEFAULT["mscale_all_dim"])
+    moe_layer_freq: str = option(_ARCH_DEFAULT["moe_layer_freq"],
+                                 help="N: an MoE layer every N layers; or a list such as ([0]*3+[1]*58)")
+    moe_shared_expert_intermediate_size: int | None = option(_ARCH_DEFAULT["moe_shared_expert_intermediate_size"])
+    moe_router_score_function: str = option(_ARCH_DEFAULT["moe_router_score_function"], choices=SCORE_FUNCTIONS)
+    moe_router_enable_expert_bias: bool = option(
+        _ARCH_DEFAULT["moe_router_enable_expert_bias"],
+        help="a per-expert bias added to the scores for the top-k choice only (DeepSeek-V3); lean_rl keeps it "
+             "as the checkpoint has it (no bias update)")
+    moe_router_num_groups: int | None = option(_ARCH_DEFAULT["moe_router_num_groups"])
+    moe_router_group_topk: int | None = option(_ARCH_DEFAULT["moe_router_group_topk"])
+    moe_router_topk_scaling_factor: float | None = option(_ARCH_DEFAULT["moe_router_topk_scaling_factor"])
     # Not architecture (ModelArch has no such field, arch() ignores them): MegatronConfig takes them.
     transformer_impl: str = option(
         "transformer_engine", choices=TRANSFORMER_IMPLS,

@@ -47,14 +47,22 @@ def _check(condition: bool, family: str, message: str) -> None:
         raise ConfigError(f"{family} config: {message} is not supported")
 
 
-def _rope(config: Mapping[str, Any], family: str, default_partial: float = 1.0) -> tuple[float, float]:
-    """(rope theta, partial rotary factor). transformers >= 5 writes rope_parameters; older configs
-    have rope_theta (+ rope_scaling) and partial_rotary_factor at the top level."""
+def _rope_parameters(config: Mapping[str, Any]) -> dict[str, Any]:
+    """transformers >= 5 writes rope_parameters; older configs have rope_theta and rope_scaling (whose
+    type is `type` in DeepSeek's own configs) at the top level."""
     params = config.get("rope_parameters")
     if params is None:
-        _check(config.get("rope_scaling") is None, family, f"rope_scaling={config.get('rope_scaling')!r}")
-        params = {}
-    _check(params.get("rope_type", "default") == "default", family, f"rope_type={params.get('rope_type')!r}")
+        params = dict(config.get("rope_scaling") or {})
+    params = dict(params)
+    params.setdefault("rope_type", params.pop("type", "default"))
+    return params
+
+
+def _rope(config: Mapping[str, Any], family: str, default_partial: float = 1.0) -> tuple[float, float]:
+    """(rope theta, partial rotary factor); partial_rotary_factor may sit at the top level."""
+    params = _rope_parameters(config)
+    allowed = _ROPE_TYPES.get(family, ("default",))
+    _check(params["rope_type"] in allowed, family, f"rope_type={params['rope_type']!r}")
     theta = params.get("rope_theta", config.get("rope_theta", 10000.0))
     partial = params.get("partial_rotary_factor", config.get("partial_rotary_factor", default_partial))
     return float(theta), float(partial)
@@ -125,9 +133,54 @@ def _glm4(config: Mapping[str, Any], family: str) -> dict[str, Any]:
                 post_self_attn_layernorm=True, post_mlp_layernorm=True)
 
 
+def _deepseek_v3(config: Mapping[str, Any], family: str) -> dict[str, Any]:
+    # transformers' DeepseekV3 (modeling_deepseek_v3.py): MLA with RoPE on interleaved pairs, which
+    # Megatron's MLA de-interleaves the same way (rope_utils.py _apply_rotary_pos_emb_bshd,
+    # multi_latent_attention); YaRN; `first_k_dense_replace` dense layers, then MoE layers with shared
+    # experts and a sigmoid router whose e_score_correction_bias only picks the top-k; group-limited
+    # routing sums the top 2 scores of each group (DeepseekV3TopkRouter), Megatron the top
+    # topk / group_topk (moe_utils.py group_limited_topk): equal when that is 2.
+    _no_attention_bias(config, family)
+    _check(config.get("rope_interleave", True), family, "rope_interleave=false")
+    _check(config.get("scoring_func", "sigmoid") == "sigmoid", family, f"scoring_func={config.get('scoring_func')!r}")
+    _check(config.get("topk_method", "noaux_tc") == "noaux_tc", family, f"topk_method={config.get('topk_method')!r}")
+    _check(int(config.get("moe_layer_freq", 1)) == 1, family, "moe_layer_freq != 1")
+    layers, dense = int(config["num_hidden_layers"]), int(config.get("first_k_dense_replace", 0))
+    experts, topk = int(config["n_routed_experts"]), int(config["num_experts_per_tok"])
+    # Megatron renormalises a sigmoid top-k (k > 1) always (moe_utils.py topk_routing_with_score_function)
+    _check(bool(config.get("norm_topk_prob", True)) or topk == 1, family, "norm_topk_prob=false")
+    groups, group_topk = int(config.get("n_group") or 1), int(config.get("topk_group") or 1)
+    grouped = groups > 1 and group_topk < groups  # else every group is chosen: plain top-k
+    _check(not grouped or topk == 2 * group_topk, family,
+           f"group-limited routing with num_experts_per_tok={topk} != 2 x topk_group={group_topk}")
+    params = _rope_parameters(config)
+    yarn = params["rope_type"] == "yarn"
+    shared = int(config.get("n_shared_experts") or 0)
+    return dict(
+        qk_layernorm=True, multi_latent_attention=True,
+        q_lora_rank=int(config["q_lora_rank"]) if config.get("q_lora_rank") else None,
+        kv_lora_rank=int(config["kv_lora_rank"]), qk_head_dim=int(config["qk_nope_head_dim"]),
+        qk_pos_emb_head_dim=int(config["qk_rope_head_dim"]), v_head_dim=int(config["v_head_dim"]),
+        kv_channels=int(config["v_head_dim"]),  # Megatron's core attention output per head
+        rope_type="yarn" if yarn else "rope",
+        **(dict(rotary_scaling_factor=float(params["factor"]),
+                original_max_position_embeddings=int(params["original_max_position_embeddings"]),
+                beta_fast=float(params.get("beta_fast", 32)), beta_slow=float(params.get("beta_slow", 1)),
+                mscale=float(params.get("mscale", 1)), mscale_all_dim=float(params.get("mscale_all_dim", 0)))
+           if yarn else {}),
+        num_experts=experts, moe_router_topk=topk, moe_ffn_hidden_size=int(config["moe_intermediate_size"]),
+        moe_layer_freq=f"([0]*{dense}+[1]*{layers - dense})" if dense else "1",
+        moe_shared_expert_intermediate_size=shared * int(config["moe_intermediate_size"]) if shared else None,
+        moe_router_score_function="sigmoid", moe_router_enable_expert_bias=True,
+        moe_router_num_groups=groups if grouped else None, moe_router_group_topk=group_topk if grouped else None,
+        moe_router_topk_scaling_factor=float(config.get("routed_scaling_factor") or 1.0),
+    )
+
+
 _FAMILIES = {"llama": _llama, "qwen2": _qwen2, "qwen3": _qwen3, "qwen3_moe": _qwen3_moe, "mistral": _mistral,
-             "glm4": _glm4, "mixtral": _mixtral}
+             "glm4": _glm4, "deepseek_v3": _deepseek_v3, "mixtral": _mixtral}
 _DEFAULT_PARTIAL_ROTARY = {"glm4": 0.5}
+_ROPE_TYPES = {"deepseek_v3": ("default", "yarn")}
 SUPPORTED_HF_FAMILIES = tuple(_FAMILIES)
 
 

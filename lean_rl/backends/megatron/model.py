@@ -14,6 +14,7 @@ from megatron.core.transformer.transformer_config import TransformerConfig
 
 from lean_rl.backends.megatron.compat import uses_te_layer_spec
 from lean_rl.backends.megatron.config import MegatronConfig
+from lean_rl.backends.megatron.mla_moe import layer_block_spec, mla_config, moe_extras
 from lean_rl.backends.megatron.post_norms import layer_submodules, with_post_norms
 
 
@@ -33,8 +34,10 @@ def transformer_config(config: MegatronConfig, device: torch.device) -> Transfor
             moe_aux_loss_coeff=arch.moe_aux_loss_coeff,
             moe_token_dispatcher_type=par.moe_token_dispatcher_type,
             moe_grouped_gemm=False,  # SequentialMLP: per-expert linears, the names the tables use
+            **moe_extras(arch),
         )
-    return TransformerConfig(
+    config_class, mla = mla_config(arch)
+    return config_class(
         num_layers=arch.num_layers,
         hidden_size=arch.hidden_size,
         ffn_hidden_size=arch.ffn_hidden_size,
@@ -68,6 +71,7 @@ def transformer_config(config: MegatronConfig, device: torch.device) -> Transfor
         gradient_accumulation_fusion=False,
         apply_rope_fusion=False,
         **moe,
+        **mla,
         rotary_interleaved=arch.rotary_interleaved,
     )
 
@@ -80,7 +84,9 @@ def build_gpt_model(config: MegatronConfig, device: torch.device) -> GPTModel:
     arch = config.arch
     tconfig = transformer_config(config, device)
     norm: object
-    if uses_te_layer_spec(device, config.transformer_impl):
+    te = uses_te_layer_spec(device, config.transformer_impl)
+    block = layer_block_spec(arch, tconfig, te)  # MLA / dense-then-MoE: one spec per layer
+    if te:
         from megatron.core.extensions.transformer_engine import TENorm
 
         spec = get_gpt_layer_with_transformer_engine_spec(num_experts=arch.num_experts, moe_grouped_gemm=False,
@@ -94,7 +100,7 @@ def build_gpt_model(config: MegatronConfig, device: torch.device) -> GPTModel:
         spec = with_post_norms(spec, norm, arch.post_self_attn_layernorm, arch.post_mlp_layernorm)
     model = GPTModel(
         config=tconfig,
-        transformer_layer_spec=spec,
+        transformer_layer_spec=block if block is not None else spec,
         vocab_size=config.padded_vocab_size,
         max_sequence_length=arch.max_position_embeddings,
         pre_process=parallel_state.is_pipeline_first_stage(),

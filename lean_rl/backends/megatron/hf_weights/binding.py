@@ -15,7 +15,7 @@ from lean_rl.backends.megatron.lora import is_adapter_key
 @dataclass(frozen=True)
 class BoundParam:
     name: str  # as in model.named_parameters()
-    param: torch.nn.Parameter
+    param: torch.Tensor  # a Parameter, or a buffer the checkpoint stores (expert bias)
     rule: WeightRule
     layer: int | None  # global layer index
     expert: int | None  # global expert index
@@ -38,7 +38,11 @@ def bind_params(model: torch.nn.Module, rules: tuple[WeightRule, ...]) -> list[B
     one rule is an error."""
     model = unwrap_model(model)
     bound, unmatched = [], []
-    for name, param in model.named_parameters():
+    # Buffers that are weights of the checkpoint (the router's expert bias, router.py:172) bind too;
+    # other buffers (RoPE tables, token counters) have no rule and are skipped.
+    buffers = [(n, b) for n, b in model.named_buffers()
+               if any(rule.pattern.match(canonical_megatron_name(n)) for rule in rules)]
+    for name, param in [*model.named_parameters(), *buffers]:
         if is_adapter_key(name):
             continue  # a LoRA adapter is no HF tensor: export merges it into its layer's weight
         canonical = canonical_megatron_name(name)

@@ -23,6 +23,8 @@ class WeightRule:
     hf: tuple[str, ...]  # HF tensor-name templates, in the order the layout expects
     layout: Layout
     exported: bool = True  # False: HF does not store it separately (tied output layer)
+    layers: str = "all"  # "dense" / "moe": only in those layers (ModelArch.moe_layers)
+    only_if: str = ""  # a ModelArch field that must be set for the rule to exist (q_lora_rank)
 
     @property
     def per_expert(self) -> bool:
@@ -95,6 +97,38 @@ _GLM4_LAYER = (
     WeightRule(_M + "mlp.post_mlp_layernorm.weight", (_H + "post_mlp_layernorm.weight",), Layout.REPLICATED),
 )
 
+# DeepSeek-V3 (transformers' DeepseekV3, Megatron's MLASelfAttention with the local spec): low-rank q
+# (q_a_proj, its norm, q_b_proj) or one q_proj; the joint k/v down projection [latent; k_rope] and its
+# norm on the latent; the up projection, per head [k_nope; v]. The local spec's down projections are
+# column-parallel (gathered in the forward, multi_latent_attention.py:600), the up projections split by
+# head. Dense layers first, then MoE layers: sigmoid router with its expert bias (a buffer), routed
+# experts and the shared experts (one MLP of n_shared x moe_intermediate_size).
+_DS = _H + "self_attn."
+_MLA = (
+    WeightRule(_M + "input_layernorm.weight", (_H + "input_layernorm.weight",), Layout.REPLICATED),
+    WeightRule(_M + "self_attention.linear_q_down_proj.weight", (_DS + "q_a_proj.weight",), Layout.COLUMN,
+               only_if="q_lora_rank"),
+    WeightRule(_M + "self_attention.q_layernorm.weight", (_DS + "q_a_layernorm.weight",), Layout.REPLICATED,
+               only_if="q_lora_rank"),
+    WeightRule(_M + "self_attention.linear_q_up_proj.weight", (_DS + "q_b_proj.weight",), Layout.COLUMN,
+               only_if="q_lora_rank"),
+    WeightRule(_M + "self_attention.linear_q_proj.weight", (_DS + "q_proj.weight",), Layout.COLUMN,
+               only_if="not q_lora_rank"),
+    WeightRule(_M + "self_attention.linear_kv_down_proj.weight", (_DS + "kv_a_proj_with_mqa.weight",), Layout.COLUMN),
+    WeightRule(_M + "self_attention.kv_layernorm.weight", (_DS + "kv_a_layernorm.weight",), Layout.REPLICATED),
+    WeightRule(_M + "self_attention.linear_kv_up_proj.weight", (_DS + "kv_b_proj.weight",), Layout.COLUMN),
+    WeightRule(_M + "self_attention.linear_proj.weight", (_DS + "o_proj.weight",), Layout.ROW),
+    WeightRule(_M + "pre_mlp_layernorm.weight", (_H + "post_attention_layernorm.weight",), Layout.REPLICATED),
+)
+_S = _M + "mlp.shared_experts."
+_DEEPSEEK_MLP = tuple(WeightRule(r.megatron, r.hf, r.layout, layers="dense") for r in _DENSE_MLP) + tuple(
+    WeightRule(r.megatron, r.hf, r.layout, layers="moe") for r in _MOE_MLP + (
+        WeightRule(_M + "mlp.router.expert_bias", (_H + "mlp.gate.e_score_correction_bias",), Layout.REPLICATED),
+        WeightRule(_S + "linear_fc1.weight",
+                   (_H + "mlp.shared_experts.gate_proj.weight", _H + "mlp.shared_experts.up_proj.weight"),
+                   Layout.GATE_UP),
+        WeightRule(_S + "linear_fc2.weight", (_H + "mlp.shared_experts.down_proj.weight",), Layout.ROW)))
+
 # One entry per family: its layer rules, and what they assume about the architecture (field ->
 # required value, on top of _COMMON_ARCH).
 _DENSE = dict(is_moe=False)
@@ -107,11 +141,15 @@ FAMILY_TABLES: dict[str, tuple[tuple[WeightRule, ...], dict[str, object]]] = {
     "glm4": (_ATTENTION + _QKV_BIAS + _GLM4_LAYER,
              dict(_DENSE, add_qkv_bias=True, qk_layernorm=False, post_self_attn_layernorm=True,
                   post_mlp_layernorm=True)),
+    "deepseek_v3": (_MLA + _DEEPSEEK_MLP,
+                    dict(add_qkv_bias=False, qk_layernorm=True, is_moe=True, multi_latent_attention=True,
+                         moe_router_score_function="sigmoid", moe_router_enable_expert_bias=True)),
     "mixtral": (_ATTENTION + _MIXTRAL_MOE, dict(add_qkv_bias=False, qk_layernorm=False, is_moe=True)),
 }
 LAYER_RULES = {family: rules for family, (rules, _) in FAMILY_TABLES.items()}
 _COMMON_ARCH = dict(normalization="RMSNorm", swiglu=True, add_bias_linear=False, position_embedding_type="rope",
-                    post_self_attn_layernorm=False, post_mlp_layernorm=False)
+                    post_self_attn_layernorm=False, post_mlp_layernorm=False, multi_latent_attention=False,
+                    moe_router_score_function="softmax", moe_router_enable_expert_bias=False)
 
 
 def weight_rules(family: str, arch: ModelArch) -> tuple[WeightRule, ...]:
@@ -123,7 +161,19 @@ def weight_rules(family: str, arch: ModelArch) -> tuple[WeightRule, ...]:
     if wrong:
         raise ValueError(f"the {family} weight table cannot map this architecture: {', '.join(wrong)}")
     output = _OUTPUT if arch.untie_embeddings_and_output_weights else _TIED_OUTPUT
-    return (_EMBEDDING, *LAYER_RULES[family], _FINAL_NORM, output)
+    return (_EMBEDDING, *(r for r in LAYER_RULES[family] if _exists(r, arch)), _FINAL_NORM, output)
+
+
+def _exists(rule: WeightRule, arch: ModelArch) -> bool:
+    if not rule.only_if:
+        return True
+    negated, name = rule.only_if.startswith("not "), rule.only_if.removeprefix("not ")
+    return bool(getattr(arch, name)) != negated
+
+
+def in_layer(rule: WeightRule, arch: ModelArch, layer: int) -> bool:
+    """Whether layer `layer` (0-based, global) has the rule's parameter (dense / MoE layers)."""
+    return rule.layers == "all" or (rule.layers == "moe") == arch.moe_layers[layer]
 
 
 def lora_hf_modules_differ(family: str, targets: dict[str, tuple[str, ...]]) -> str | None:
@@ -153,6 +203,8 @@ def rule_instances(rules: tuple[WeightRule, ...], arch: ModelArch) -> Iterator[t
             yield rule, {}
             continue
         for layer in range(arch.num_layers):
+            if not in_layer(rule, arch, layer):
+                continue
             if rule.per_expert:
                 for expert in range(arch.num_experts):
                     yield rule, {"layer": layer, "expert": expert}
@@ -166,6 +218,9 @@ def rule_instances(rules: tuple[WeightRule, ...], arch: ModelArch) -> Iterator[t
 _TE_ALIASES = (
     (re.compile(r"\.self_attention\.linear_qkv\.layer_norm_weight$"), ".input_layernorm.weight"),
     (re.compile(r"\.mlp\.linear_fc1\.layer_norm_weight$"), ".pre_mlp_layernorm.weight"),
+    # MLA (gpt_layer_specs.py:233): the q and kv latent norms fused into the up projections
+    (re.compile(r"\.self_attention\.linear_q_up_proj\.layer_norm_weight$"), ".self_attention.q_layernorm.weight"),
+    (re.compile(r"\.self_attention\.linear_kv_up_proj\.layer_norm_weight$"), ".self_attention.kv_layernorm.weight"),
 )
 
 
