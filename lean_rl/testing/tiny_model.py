@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-SUPPORTED_ARCHS = ("qwen2", "llama", "qwen3", "qwen3_moe", "mistral", "glm4", "deepseek_v3", "mixtral")
+SUPPORTED_ARCHS = ("qwen2", "llama", "qwen3", "qwen3_moe", "mistral", "glm4", "deepseek_v3", "mixtral", "glm4_moe")
 
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|pad|>"]
 
@@ -149,6 +149,14 @@ def build_config(arch: str, preset: Preset, tokenizer):
             head_dim=head_dim, sliding_window=None, num_local_experts=preset.num_experts,
             num_experts_per_tok=preset.experts_per_token, intermediate_size=preset.moe_intermediate_size,
             router_jitter_noise=0.0, output_router_logits=False)),
+        # GLM-4.5: q/k/v biases, qk norm, half-rotary RoPE (not interleaved), one dense layer then MoE
+        # layers with a shared expert, sigmoid router with expert bias, renormalised and scaled top-k
+        "glm4_moe": (transformers.Glm4MoeConfig, dict(
+            head_dim=head_dim, attention_bias=True, use_qk_norm=True,
+            rope_parameters={**rope, "partial_rotary_factor": 0.5}, n_routed_experts=preset.num_experts,
+            num_experts_per_tok=preset.experts_per_token, moe_intermediate_size=preset.moe_intermediate_size,
+            n_shared_experts=1, first_k_dense_replace=1, n_group=1, topk_group=1, norm_topk_prob=True,
+            routed_scaling_factor=2.5, num_nextn_predict_layers=0)),
     }
     config_class, own = families[arch]
     return config_class(**{**common, **own})
