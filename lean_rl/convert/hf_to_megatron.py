@@ -69,10 +69,12 @@ class RuleInstance:
 
 def ordered_instances(entries: list[DistEntry], arch: ModelArch) -> list[RuleInstance]:
     """Every stored (rule, layer, expert), layer by layer (the order HF checkpoints are written in)."""
-    by_rule = {entry.rule: entry for entry in entries}
-    rules = tuple(by_rule)
+    # one entry per rule, or per (rule, layer) where layers have keys of their own (dist_keys.py)
+    by_rule = {(entry.rule, entry.layer): entry for entry in entries}
+    rules = tuple(dict.fromkeys(entry.rule for entry in entries))
     position = {rule: i for i, rule in enumerate(rules)}
-    instances = [RuleInstance(by_rule[rule], index) for rule, index in rule_instances(rules, arch)]
+    instances = [RuleInstance(by_rule.get((rule, index.get("layer"))) or by_rule[(rule, None)], index)
+                 for rule, index in rule_instances(rules, arch)]
 
     def order(inst: RuleInstance):
         layer = inst.index.get("layer")

@@ -24,8 +24,8 @@ from lean_rl.convert.megatron_to_hf import convert_megatron_to_hf
 
 pytestmark = pytest.mark.integration
 
-NEW_FAMILIES = ("mistral", "glm4", "mixtral", "glm4_moe")
-MOE_FAMILIES = ("mixtral", "glm4_moe")  # Megatron needs sequence parallelism for MoE under TP
+NEW_FAMILIES = ("mistral", "glm4", "deepseek_v3", "mixtral", "glm4_moe")
+MOE_FAMILIES = ("deepseek_v3", "mixtral", "glm4_moe")  # Megatron needs sequence parallelism for MoE under TP
 MAX_LOG_PROB_DIFF = 1e-4  # issue 40's bound; measured ~1e-5 (float32 rounding at logits of +-17)
 
 
