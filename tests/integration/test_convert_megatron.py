@@ -67,6 +67,10 @@ SLOW_CASES = {
     "mixtral-ep2": ("mixtral", ParallelConfig(expert_model_parallel_size=2, moe_token_dispatcher_type="alltoall"), 96),
     "mixtral-tp2-sp": ("mixtral", ParallelConfig(tensor_model_parallel_size=2, sequence_parallel=True), 96),
     "mixtral-pp2": ("mixtral", ParallelConfig(pipeline_model_parallel_size=2), 96),
+    "glm4_moe-ep2": ("glm4_moe", ParallelConfig(expert_model_parallel_size=2, moe_token_dispatcher_type="alltoall"),
+                     96),
+    "glm4_moe-tp2-sp": ("glm4_moe", ParallelConfig(tensor_model_parallel_size=2, sequence_parallel=True), 96),
+    "glm4_moe-pp2": ("glm4_moe", ParallelConfig(pipeline_model_parallel_size=2), 96),  # a dense and a MoE stage
 }
 
 
