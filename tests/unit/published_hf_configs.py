@@ -37,6 +37,19 @@ PUBLISHED = {
         hidden_size=4096, intermediate_size=13696, num_hidden_layers=40, num_attention_heads=32,
         num_key_value_heads=2, max_position_embeddings=32768, partial_rotary_factor=0.5, rms_norm_eps=1e-05,
         rope_theta=10000.0, vocab_size=151552, tie_word_embeddings=False),
+    # deepseek-ai/DeepSeek-V3 (and DeepSeek-R1, the same architecture): the architecture fields of its
+    # config.json as published (its fp8 quantization_config and MTP layer count aside)
+    "deepseek-v3": dict(
+        model_type="deepseek_v3", architectures=["DeepseekV3ForCausalLM"], attention_bias=False,
+        first_k_dense_replace=3, hidden_act="silu", hidden_size=7168, intermediate_size=18432, kv_lora_rank=512,
+        max_position_embeddings=163840, moe_intermediate_size=2048, moe_layer_freq=1, n_group=8,
+        n_routed_experts=256, n_shared_experts=1, norm_topk_prob=True, num_attention_heads=128,
+        num_experts_per_tok=8, num_hidden_layers=61, num_key_value_heads=128, q_lora_rank=1536,
+        qk_nope_head_dim=128, qk_rope_head_dim=64, rms_norm_eps=1e-06,
+        rope_scaling=dict(beta_fast=32, beta_slow=1, factor=40, mscale=1.0, mscale_all_dim=1.0,
+                          original_max_position_embeddings=4096, type="yarn"),
+        rope_theta=10000, routed_scaling_factor=2.5, scoring_func="sigmoid", tie_word_embeddings=False,
+        topk_group=4, topk_method="noaux_tc", v_head_dim=128, vocab_size=129280),
     "mixtral-8x7B-v0.1": dict(  # mistralai/Mixtral-8x7B-v0.1
         model_type="mixtral", architectures=["MixtralForCausalLM"], hidden_act="silu", hidden_size=4096,
         intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,

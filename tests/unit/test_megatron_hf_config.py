@@ -20,13 +20,14 @@ def test_tiny_checkpoints_derive_the_megatron_arch(family, tiny_model_factory):
     path = tiny_model_factory(family)
     arch = arch_from_hf_config(path)
     assert hf_family(path) == family
+    mla = family == "deepseek_v3"  # multi-latent attention: no query groups; kv_channels = v_head_dim
     assert (arch.num_layers, arch.hidden_size, arch.num_attention_heads, arch.num_query_groups, arch.kv_channels) == (
-        2, 64, 4, 2, 16)
+        2, 64, 4, 4 if mla else 2, 16)
     assert (arch.vocab_size, arch.max_position_embeddings, arch.seq_length) == (512, 4096, 4096)
     assert arch.normalization == "RMSNorm" and arch.norm_epsilon == 1e-6 and arch.rotary_base == 10000.0
     assert arch.swiglu and not arch.add_bias_linear and arch.untie_embeddings_and_output_weights
     assert arch.add_qkv_bias == (family in ("qwen2", "glm4", "glm4_moe"))
-    assert arch.qk_layernorm == (family.startswith("qwen3") or family == "glm4_moe")
+    assert arch.qk_layernorm == (family.startswith("qwen3") or mla or family == "glm4_moe")  # MLA: latent norms
     glm4 = family == "glm4"  # half-rotary interleaved RoPE, sandwich norms
     half = 0.5 if family in ("glm4", "glm4_moe") else 1.0  # glm4_moe: the first half by halves, not interleaved
     assert (arch.rotary_percent, arch.rotary_interleaved) == (half, glm4)
@@ -40,6 +41,14 @@ def test_tiny_checkpoints_derive_the_megatron_arch(family, tiny_model_factory):
     elif family in ("qwen3_moe", "mixtral"):  # mixtral: softmax top-k, always renormalised
         assert (arch.num_experts, arch.moe_router_topk, arch.moe_ffn_hidden_size) == (4, 2, 128)
         assert arch.moe_router_pre_softmax is False  # norm_topk_prob: softmax over the top-k logits
+    elif mla:
+        assert (arch.num_experts, arch.moe_router_topk, arch.moe_ffn_hidden_size) == (4, 2, 128)
+        assert arch.moe_layers == (False, True) and arch.moe_shared_expert_intermediate_size == 128
+        assert (arch.q_lora_rank, arch.kv_lora_rank, arch.qk_head_dim, arch.qk_pos_emb_head_dim) == (32, 32, 16, 8)
+        assert (arch.rope_type, arch.rotary_scaling_factor, arch.mscale_all_dim) == ("yarn", 4.0, 1.0)
+        assert (arch.moe_router_score_function, arch.moe_router_enable_expert_bias) == ("sigmoid", True)
+        assert (arch.moe_router_num_groups, arch.moe_router_group_topk, arch.moe_router_topk_scaling_factor) == (
+            2, 1, 2.5)
     else:
         assert arch.num_experts is None
 
@@ -111,3 +120,16 @@ def test_flags_must_match_the_checkpoint(tiny_qwen2, tiny_model_factory):
     check_arch_matches_checkpoint(arch, tiny_qwen2)  # padding multiple and seq length are ours
     with pytest.raises(ConfigError, match=r"--add-qkv-bias: True != False; --qk-layernorm: False != True"):
         check_arch_matches_checkpoint(arch, tiny_model_factory("qwen3"))
+
+
+def test_deepseek_v3_configs_megatron_cannot_reproduce_are_refused():
+    from published_hf_configs import PUBLISHED
+
+    base = PUBLISHED["deepseek-v3"]
+    moonlight_like = arch_from_hf_config({**base, "q_lora_rank": None, "n_group": 1, "topk_group": 1})
+    assert moonlight_like.q_lora_rank is None and moonlight_like.moe_router_group_topk is None
+    for change, field in (({"topk_group": 3}, "group-limited routing"), ({"norm_topk_prob": False}, "norm_topk_prob"),
+                          ({"scoring_func": "softmax"}, "scoring_func"), ({"rope_interleave": False}, "rope_interleave"),
+                          ({"rope_scaling": {"type": "linear", "factor": 2.0}}, "rope_scaling")):
+        with pytest.raises(ConfigError, match=field):
+            arch_from_hf_config({**base, **change})

@@ -28,6 +28,13 @@ _HF_SOURCE = {
     "moe_router_topk": "num_experts_per_tok", "moe_ffn_hidden_size": "moe_intermediate_size",
     "moe_router_pre_softmax": "not norm_topk_prob",
     "rotary_percent": "partial_rotary_factor",
+    # deepseek_v3
+    "q_lora_rank": "q_lora_rank", "kv_lora_rank": "kv_lora_rank", "qk_head_dim": "qk_nope_head_dim",
+    "qk_pos_emb_head_dim": "qk_rope_head_dim", "v_head_dim": "v_head_dim", "rope_type": "rope_scaling type",
+    "rotary_scaling_factor": "rope_scaling factor", "moe_layer_freq": "first_k_dense_replace",
+    "moe_shared_expert_intermediate_size": "n_shared_experts x moe_intermediate_size",
+    "moe_router_num_groups": "n_group", "moe_router_group_topk": "topk_group",
+    "moe_router_topk_scaling_factor": "routed_scaling_factor",
 }
 
 
@@ -46,8 +53,13 @@ _PRINTED = ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads
             "untie_embeddings_and_output_weights", "add_bias_linear", "position_embedding_type", "rotary_base",
             "vocab_size", "max_position_embeddings")
 # Printed only where they differ from Megatron's default (the families that need them).
-_PRINTED_IF_SET = ("rotary_percent", "rotary_interleaved", "post_self_attn_layernorm", "post_mlp_layernorm")
-_PRINTED_MOE = ("num_experts", "moe_router_topk", "moe_ffn_hidden_size", "moe_router_pre_softmax")
+_PRINTED_IF_SET = ("rotary_percent", "rotary_interleaved", "post_self_attn_layernorm", "post_mlp_layernorm",
+                   "multi_latent_attention", "q_lora_rank", "kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim",
+                   "v_head_dim", "rope_type", "rotary_scaling_factor", "original_max_position_embeddings",
+                   "beta_fast", "beta_slow", "mscale", "mscale_all_dim")
+_PRINTED_MOE = ("num_experts", "moe_router_topk", "moe_ffn_hidden_size", "moe_router_pre_softmax", "moe_layer_freq",
+                "moe_shared_expert_intermediate_size", "moe_router_score_function", "moe_router_enable_expert_bias",
+                "moe_router_num_groups", "moe_router_group_topk", "moe_router_topk_scaling_factor")
 
 
 def arch_flags(arch: ModelArch) -> list[list[str]]:
@@ -56,7 +68,8 @@ def arch_flags(arch: ModelArch) -> list[list[str]]:
     printed when it changes its default."""
     defaults, flags = ModelFlags(), []
     optional = tuple(name for name in _PRINTED_IF_SET if getattr(arch, name) != getattr(defaults, name))
-    for name in _PRINTED + optional + (_PRINTED_MOE if arch.is_moe else ()):
+    moe = tuple(name for name in _PRINTED_MOE if name in _PRINTED_MOE[:4] or getattr(arch, name) != getattr(defaults, name))
+    for name in _PRINTED + optional + (moe if arch.is_moe else ()):
         value, flag = getattr(arch, name), flag_of(ModelFlags, name)
         if isinstance(value, bool):
             if value != getattr(defaults, name):

@@ -62,6 +62,8 @@ def _rope(config: Mapping[str, Any], family: str, default_partial: float = 1.0) 
     """(rope theta, partial rotary factor); partial_rotary_factor may sit at the top level."""
     params = _rope_parameters(config)
     allowed = _ROPE_TYPES.get(family, ("default",))
+    if config.get("rope_parameters") is None and config.get("rope_scaling") is not None:
+        _check(params["rope_type"] in allowed, family, f"rope_scaling={config.get('rope_scaling')!r}")
     _check(params["rope_type"] in allowed, family, f"rope_type={params['rope_type']!r}")
     theta = params.get("rope_theta", config.get("rope_theta", 10000.0))
     partial = params.get("partial_rotary_factor", config.get("partial_rotary_factor", default_partial))
