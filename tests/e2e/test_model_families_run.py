@@ -11,7 +11,7 @@ STEPS = 3
 
 # slow: the default test_model_families.py covers each family's mapping and parity; this adds the loop
 @pytest.mark.slow
-@pytest.mark.parametrize("family", ["mistral", "glm4", "mixtral"])
+@pytest.mark.parametrize("family", ["mistral", "glm4", "mixtral", "glm4_moe"])
 def test_three_grpo_steps(family, tiny_model_factory, toy_data, tmp_path):
     flags = run_flags(tiny_model_factory(family), toy_data, tmp_path, "--num-rollout", str(STEPS))
     result = run_lean_rl("lean_rl.train", flags)
