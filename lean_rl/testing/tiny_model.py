@@ -142,7 +142,8 @@ def build_config(arch: str, preset: Preset, tokenizer):
             num_experts_per_tok=preset.experts_per_token, moe_intermediate_size=preset.moe_intermediate_size,
             n_shared_experts=1, first_k_dense_replace=1, n_group=2, topk_group=1, norm_topk_prob=True,
             routed_scaling_factor=2.5, rope_interleave=True, attention_bias=False,
-            moe_layer_freq=1,  # as the published configs have it (SGLang's deepseek_v2.py reads it)
+            # as the published configs have them (SGLang's deepseek_v2.py reads them)
+            moe_layer_freq=1, topk_method="noaux_tc", scoring_func="sigmoid",
             rope_parameters={**rope, "rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 1024,
                              "beta_fast": 32.0, "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0})),
         # experts as wide as intermediate_size (Mixtral has no separate moe_intermediate_size)

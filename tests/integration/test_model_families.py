@@ -1,5 +1,5 @@
-"""The families added after the first four (mistral, glm4, mixtral), all the way through on their tiny random
-checkpoints (built from each family's own transformers config class), in one process of real
+"""The families added after the first four (mistral, glm4, deepseek_v3, mixtral, glm4_moe), all the way through
+on their tiny random checkpoints (built from each family's own transformers config class), in one process of real
 Megatron-core at TP 1 on gloo: HF -> Megatron torch_dist -> HF bit for bit; the HF weights loaded into
 GPTModel reproduce transformers' float32 log-probs; gathering them back gives the checkpoint bit for
 bit; the converter's dist checkpoint loads into the same model (identical logits) and has exactly the

@@ -186,6 +186,9 @@ def apply_cpu_patches() -> None:
     allocate_host_buffers_unpinned()
     serve_lora_without_pinned_memory()
     start_children_by_fork()
+    from lean_rl.backends.sglang.mla_cpu import serve_mla_on_torch_native
+
+    serve_mla_on_torch_native()  # last: it imports SGLang (mla_cpu.py says why)
 
 
 # -- client side: the trainer talking to SGLang ------------------------------------------------------
