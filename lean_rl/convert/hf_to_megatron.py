@@ -14,6 +14,7 @@ asks for it; the writer cuts files at --max-shard-size (default: the largest inp
 from __future__ import annotations
 
 import dataclasses
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
@@ -42,6 +43,15 @@ from lean_rl.options import ConfigError
 # Buffers some exporters write that carry no weights (recomputed by the model).
 _IGNORED_HF_SUFFIXES = ("rotary_emb.inv_freq",)
 TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+def _is_mtp_layer(name: str, hf_config: dict) -> bool:
+    """A tensor of the multi-token-prediction layers (GLM-4.5, DeepSeek-V3: `num_nextn_predict_layers`
+    layers stored after the last decoder layer). They take no part in the model's log-probs, so the
+    converter leaves them out (not converted, not trained)."""
+    match = re.match(r"model\.layers\.(\d+)\.", name)
+    return bool(match and hf_config.get("num_nextn_predict_layers")
+                and int(match[1]) >= int(hf_config["num_hidden_layers"]))
 
 
 def parse_dtype(name: str) -> torch.dtype:
@@ -97,7 +107,8 @@ def _check_source(source: HFSafetensors, instances: list[RuleInstance], config: 
     if missing:
         raise CheckpointError(f"{source.directory}: {len(missing)} tensor(s) the {hf_config['model_type']} table needs "
                               f"are missing: {', '.join(missing[:6])}" + (" ..." if len(missing) > 6 else ""))
-    extra = [n for n in source.tensors if n not in expected and not n.endswith(_IGNORED_HF_SUFFIXES)]
+    extra = [n for n in source.tensors if n not in expected and not n.endswith(_IGNORED_HF_SUFFIXES)
+             and not _is_mtp_layer(n, hf_config)]
     if tied and "lm_head.weight" in extra:
         if not torch.equal(source.read("lm_head.weight"), source.read("model.embed_tokens.weight")):
             raise CheckpointError(f"{source.directory}: tie_word_embeddings is true but lm_head.weight differs "

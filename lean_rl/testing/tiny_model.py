@@ -1,6 +1,7 @@
 """Build small random-weight HF checkpoints (and a locally trained tokenizer) with no hub access.
 
-    python -m lean_rl.testing.tiny_model --out DIR [--arch qwen2|llama|qwen3|qwen3_moe|mistral|glm4|deepseek_v3] [--seed N] [--preset tiny]
+    python -m lean_rl.testing.tiny_model --out DIR [--arch ARCH] [--seed N] [--preset tiny]
+    (ARCH: one of SUPPORTED_ARCHS)
 
 Tests, the demo and the benchmarks all start from these. The tokenizer is the same for every arch and
 seed (trained on a fixed synthetic corpus), so checkpoints of different archs are interchangeable on the
@@ -16,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-SUPPORTED_ARCHS = ("qwen2", "llama", "qwen3", "qwen3_moe", "mistral", "glm4", "deepseek_v3")
+SUPPORTED_ARCHS = ("qwen2", "llama", "qwen3", "qwen3_moe", "mistral", "glm4", "deepseek_v3", "mixtral", "glm4_moe")
 
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|pad|>"]
 
@@ -145,6 +146,19 @@ def build_config(arch: str, preset: Preset, tokenizer):
             moe_layer_freq=1, topk_method="noaux_tc", scoring_func="sigmoid",
             rope_parameters={**rope, "rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 1024,
                              "beta_fast": 32.0, "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0})),
+        # experts as wide as intermediate_size (Mixtral has no separate moe_intermediate_size)
+        "mixtral": (transformers.MixtralConfig, dict(
+            head_dim=head_dim, sliding_window=None, num_local_experts=preset.num_experts,
+            num_experts_per_tok=preset.experts_per_token, intermediate_size=preset.moe_intermediate_size,
+            router_jitter_noise=0.0, output_router_logits=False)),
+        # GLM-4.5: q/k/v biases, qk norm, half-rotary RoPE (not interleaved), one dense layer then MoE
+        # layers with a shared expert, sigmoid router with expert bias, renormalised and scaled top-k
+        "glm4_moe": (transformers.Glm4MoeConfig, dict(
+            head_dim=head_dim, attention_bias=True, use_qk_norm=True,
+            rope_parameters={**rope, "partial_rotary_factor": 0.5}, n_routed_experts=preset.num_experts,
+            num_experts_per_tok=preset.experts_per_token, moe_intermediate_size=preset.moe_intermediate_size,
+            n_shared_experts=1, first_k_dense_replace=1, n_group=1, topk_group=1, norm_topk_prob=True,
+            routed_scaling_factor=2.5, num_nextn_predict_layers=0)),
     }
     config_class, own = families[arch]
     return config_class(**{**common, **own})

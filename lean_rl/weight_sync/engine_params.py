@@ -28,6 +28,10 @@ _FUSED = (  # (HF name pattern, engine name template, parts in the order SGLang 
     (re.compile(r"(?P<p>.*\.mlp\.experts\.)(?P<e>\d+)\.(?P<part>gate|up)_proj\.weight$"), "{p}w13_weight",
      ("gate", "up")),
     (re.compile(r"(?P<p>.*\.mlp\.experts\.)(?P<e>\d+)\.down_proj\.weight$"), "{p}w2_weight", None),
+    # Mixtral (sglang/srt/models/mixtral.py load_weights: w1 gate, w3 up, w2 down)
+    (re.compile(r"(?P<p>.*\.block_sparse_moe\.experts\.)(?P<e>\d+)\.(?P<part>w1|w3)\.weight$"), "{p}w13_weight",
+     ("w1", "w3")),
+    (re.compile(r"(?P<p>.*\.block_sparse_moe\.experts\.)(?P<e>\d+)\.w2\.weight$"), "{p}w2_weight", None),
     (re.compile(r"(?P<p>.*\.)(?P<part>gate|up)_proj\.weight$"), "{p}gate_up_proj.weight", ("gate", "up")),
 )
 

@@ -13,7 +13,7 @@ MOE_FAMILIES = ("deepseek_v3",)
 
 # slow: the default test_model_families.py covers each family's mapping and parity; this adds the loop
 @pytest.mark.slow
-@pytest.mark.parametrize("family", ["mistral", "glm4", "deepseek_v3"])
+@pytest.mark.parametrize("family", ["mistral", "glm4", "deepseek_v3", "mixtral", "glm4_moe"])
 def test_three_grpo_steps(family, tiny_model_factory, toy_data, tmp_path):
     r3 = ("--use-rollout-routing-replay",) if family in MOE_FAMILIES else ()
     flags = run_flags(tiny_model_factory(family), toy_data, tmp_path, "--num-rollout", str(STEPS), *r3)

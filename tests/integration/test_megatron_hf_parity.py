@@ -57,6 +57,12 @@ SLOW_CASES = {
                         96),
     "deepseek_v3-tp2": ("deepseek_v3", ParallelConfig(tensor_model_parallel_size=2, sequence_parallel=True), 96),
     "deepseek_v3-pp2": ("deepseek_v3", ParallelConfig(pipeline_model_parallel_size=2), 96),
+    "mixtral-ep2": ("mixtral", ParallelConfig(expert_model_parallel_size=2, moe_token_dispatcher_type="alltoall"), 96),
+    "mixtral-tp2-sp": ("mixtral", ParallelConfig(tensor_model_parallel_size=2, sequence_parallel=True), 96),
+    "glm4_moe-ep2": ("glm4_moe", ParallelConfig(expert_model_parallel_size=2, moe_token_dispatcher_type="alltoall"),
+                     96),
+    "glm4_moe-tp2-sp": ("glm4_moe", ParallelConfig(tensor_model_parallel_size=2, sequence_parallel=True), 96),
+    "glm4_moe-pp2": ("glm4_moe", ParallelConfig(pipeline_model_parallel_size=2), 96),
 }
 
 
@@ -108,7 +114,8 @@ def test_megatron_matches_transformers(case, ray_cluster, checkpoints):
           f"start+load={start_s:.1f}s forward={forward_s:.2f}s")
     for lp, ref, tokens, start in zip(out.log_probs, expected, sequences, starts):
         assert lp.dtype == torch.float32 and lp.shape == (len(tokens) - start,)
-    bound = NEW_FAMILY_MAX_DIFF if arch in ("mistral", "glm4", "deepseek_v3") else MAX_LOG_PROB_DIFF
+    new_families = ("mistral", "glm4", "deepseek_v3", "mixtral", "glm4_moe")
+    bound = NEW_FAMILY_MAX_DIFF if arch in new_families else MAX_LOG_PROB_DIFF
     assert lp_diff <= bound
     assert plain.entropy is None
     assert all(torch.equal(a, b) for a, b in zip(plain.log_probs, out.log_probs))

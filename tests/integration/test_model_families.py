@@ -1,5 +1,5 @@
-"""The families added after the first four (mistral, glm4, deepseek_v3), all the way through on their tiny random
-checkpoints (built from each family's own transformers config class), in one process of real
+"""The families added after the first four (mistral, glm4, deepseek_v3, mixtral, glm4_moe), all the way through
+on their tiny random checkpoints (built from each family's own transformers config class), in one process of real
 Megatron-core at TP 1 on gloo: HF -> Megatron torch_dist -> HF bit for bit; the HF weights loaded into
 GPTModel reproduce transformers' float32 log-probs; gathering them back gives the checkpoint bit for
 bit; the converter's dist checkpoint loads into the same model (identical logits) and has exactly the
@@ -16,7 +16,7 @@ import torch.multiprocessing as mp
 import transformers
 from hf_reference import reference_log_probs, sample_sequences
 from safetensors.torch import load_file
-from test_convert_megatron import TE_ALIAS, assert_same_hf_checkpoint
+from test_convert_megatron import assert_same_hf_checkpoint, without_te_aliases
 
 from lean_rl.convert.dcp_io import DistCheckpointReader
 from lean_rl.convert.hf_to_megatron import convert_hf_to_megatron
@@ -24,8 +24,8 @@ from lean_rl.convert.megatron_to_hf import convert_megatron_to_hf
 
 pytestmark = pytest.mark.integration
 
-NEW_FAMILIES = ("mistral", "glm4", "deepseek_v3")
-MOE_FAMILIES = ("deepseek_v3",)  # MoE with TP > 1 needs sequence parallel
+NEW_FAMILIES = ("mistral", "glm4", "deepseek_v3", "mixtral", "glm4_moe")
+MOE_FAMILIES = ("deepseek_v3", "mixtral", "glm4_moe")  # Megatron needs sequence parallelism for MoE under TP
 MAX_LOG_PROB_DIFF = 1e-4  # issue 40's bound; measured ~1e-5 (float32 rounding at logits of +-17)
 
 
@@ -97,7 +97,7 @@ def test_new_families_convert_load_and_match_transformers(tiny_model_factory, tm
         assert all(torch.equal(a, b) for a, b in zip(got["from_converted"], got["from_hf"])), family
 
         ours, theirs = DistCheckpointReader(converted), DistCheckpointReader(got["saved"])
-        assert set(theirs.metadata.state_dict_metadata) == set(ours.metadata.state_dict_metadata) - {TE_ALIAS}
+        assert set(theirs.metadata.state_dict_metadata) == without_te_aliases(ours.metadata.state_dict_metadata)
         convert_megatron_to_hf(got["saved"], tmp_path / family / "hf-from-saved")
         assert_same_hf_checkpoint(original, tmp_path / family / "hf-from-saved")
 

@@ -50,4 +50,16 @@ PUBLISHED = {
                           original_max_position_embeddings=4096, type="yarn"),
         rope_theta=10000, routed_scaling_factor=2.5, scoring_func="sigmoid", tie_word_embeddings=False,
         topk_group=4, topk_method="noaux_tc", v_head_dim=128, vocab_size=129280),
+    "mixtral-8x7B-v0.1": dict(  # mistralai/Mixtral-8x7B-v0.1
+        model_type="mixtral", architectures=["MixtralForCausalLM"], hidden_act="silu", hidden_size=4096,
+        intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,
+        max_position_embeddings=32768, rms_norm_eps=1e-05, rope_theta=1000000.0, vocab_size=32000,
+        num_local_experts=8, num_experts_per_tok=2, router_aux_loss_coef=0.02, tie_word_embeddings=False),
+    "glm4.5-air": dict(  # zai-org/GLM-4.5-Air (its MTP layer aside: num_nextn_predict_layers=1)
+        model_type="glm4_moe", architectures=["Glm4MoeForCausalLM"], attention_bias=True, first_k_dense_replace=1,
+        head_dim=128, hidden_act="silu", hidden_size=4096, intermediate_size=10944, max_position_embeddings=131072,
+        moe_intermediate_size=1408, n_group=1, n_routed_experts=128, n_shared_experts=1, norm_topk_prob=True,
+        num_attention_heads=96, num_experts_per_tok=8, num_hidden_layers=46, num_key_value_heads=8,
+        partial_rotary_factor=0.5, rms_norm_eps=1e-05, rope_scaling=None, rope_theta=1000000,
+        routed_scaling_factor=1.0, tie_word_embeddings=False, topk_group=1, use_qk_norm=False, vocab_size=151552),
 }

@@ -134,6 +134,17 @@ def test_tensor_of_another_architecture_is_rejected(hf_copy, tmp_path):
     assert_nothing_written(tmp_path / "out")
 
 
+def test_a_multi_token_prediction_layer_is_left_out_only_where_the_config_declares_it(hf_copy, tmp_path):
+    """GLM-4.5 and DeepSeek-V3 store num_nextn_predict_layers MTP layers after the last decoder layer."""
+    tensors = load_file(str(hf_copy / "model.safetensors"))
+    tensors["model.layers.2.eh_proj.weight"] = torch.ones(64, 128)  # the tiny model has layers 0 and 1
+    save_file(tensors, str(hf_copy / "model.safetensors"), metadata={"format": "pt"})
+    with pytest.raises(CheckpointError, match=r"the qwen2 table does not map .*model.layers.2.eh_proj"):
+        convert_hf_to_megatron(hf_copy, tmp_path / "out")
+    edit_config(hf_copy, num_nextn_predict_layers=1)
+    convert_hf_to_megatron(hf_copy, tmp_path / "out")
+
+
 def test_existing_output_is_not_overwritten(tiny_model_factory, tmp_path):
     (tmp_path / "out").mkdir()
     (tmp_path / "out" / "keep.txt").write_text("mine")

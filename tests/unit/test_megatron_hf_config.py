@@ -26,13 +26,19 @@ def test_tiny_checkpoints_derive_the_megatron_arch(family, tiny_model_factory):
     assert (arch.vocab_size, arch.max_position_embeddings, arch.seq_length) == (512, 4096, 4096)
     assert arch.normalization == "RMSNorm" and arch.norm_epsilon == 1e-6 and arch.rotary_base == 10000.0
     assert arch.swiglu and not arch.add_bias_linear and arch.untie_embeddings_and_output_weights
-    assert arch.add_qkv_bias == (family in ("qwen2", "glm4"))
-    assert arch.qk_layernorm == (family.startswith("qwen3") or mla)  # MLA: the q and kv latent norms
+    assert arch.add_qkv_bias == (family in ("qwen2", "glm4", "glm4_moe"))
+    assert arch.qk_layernorm == (family.startswith("qwen3") or mla or family == "glm4_moe")  # MLA: latent norms
     glm4 = family == "glm4"  # half-rotary interleaved RoPE, sandwich norms
-    assert (arch.rotary_percent, arch.rotary_interleaved) == ((0.5, True) if glm4 else (1.0, False))
+    half = 0.5 if family in ("glm4", "glm4_moe") else 1.0  # glm4_moe: the first half by halves, not interleaved
+    assert (arch.rotary_percent, arch.rotary_interleaved) == (half, glm4)
     assert arch.post_self_attn_layernorm == arch.post_mlp_layernorm == glm4
-    assert arch.ffn_hidden_size == 256
-    if family == "qwen3_moe":
+    assert arch.ffn_hidden_size == (128 if family == "mixtral" else 256)  # mixtral's experts: intermediate_size
+    if family == "glm4_moe":  # one dense layer, then MoE with a shared expert and a sigmoid router
+        assert (arch.num_experts, arch.moe_router_topk, arch.moe_ffn_hidden_size) == (4, 2, 128)
+        assert arch.moe_layers == (False, True) and arch.moe_shared_expert_intermediate_size == 128
+        assert (arch.moe_router_score_function, arch.moe_router_enable_expert_bias) == ("sigmoid", True)
+        assert arch.moe_router_topk_scaling_factor == 2.5 and arch.moe_router_group_topk is None
+    elif family in ("qwen3_moe", "mixtral"):  # mixtral: softmax top-k, always renormalised
         assert (arch.num_experts, arch.moe_router_topk, arch.moe_ffn_hidden_size) == (4, 2, 128)
         assert arch.moe_router_pre_softmax is False  # norm_topk_prob: softmax over the top-k logits
     elif mla:
@@ -57,7 +63,7 @@ def test_the_same_config_as_dict_path_or_file(tiny_qwen2):
 def test_unsupported_model_type_names_the_supported_ones(tiny_qwen2):
     config = {**hf_config(tiny_qwen2), "model_type": "gemma3_text"}
     with pytest.raises(ConfigError, match="'gemma3_text' is not supported; supported: llama, qwen2, qwen3, qwen3_moe, "
-                                          "mistral, glm4, deepseek_v3$"):
+                                          "mistral, glm4, deepseek_v3, mixtral, glm4_moe$"):
         arch_from_hf_config(config)
 
 
@@ -70,6 +76,10 @@ def test_unsupported_model_type_names_the_supported_ones(tiny_qwen2):
     ("qwen3_moe", {"mlp_only_layers": [1]}, "mlp_only_layers"),
     ("qwen3_moe", {"decoder_sparse_step": 2}, "decoder_sparse_step"),
     ("mistral", {"sliding_window": 1024}, "sliding_window=1024"),
+    ("mixtral", {"sliding_window": 1024}, "sliding_window=1024"),
+    ("mixtral", {"router_jitter_noise": 0.01}, "router_jitter_noise"),
+    ("glm4_moe", {"n_group": 2, "topk_group": 1}, "group-limited routing"),
+    ("glm4_moe", {"norm_topk_prob": False}, "norm_topk_prob=false"),
     ("llama", {"rope_parameters": {"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 0.5}},
      "partial_rotary_factor=0.5"),
 ])

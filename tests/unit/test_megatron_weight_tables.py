@@ -19,7 +19,8 @@ from lean_rl.backends.megatron.hf_weights.layouts import Geometry, Layout, hf_sh
 
 def _parallel(family: str, tp: int) -> ParallelConfig:
     # MoE with TP > 1 needs sequence parallel; experts then use expert-TP = TP
-    return ParallelConfig(tensor_model_parallel_size=tp, sequence_parallel=tp > 1 and family in ("qwen3_moe", "deepseek_v3"))
+    moe = family in ("qwen3_moe", "mixtral", "glm4_moe", "deepseek_v3")
+    return ParallelConfig(tensor_model_parallel_size=tp, sequence_parallel=tp > 1 and moe)
 
 
 @pytest.mark.parametrize("tp", [1, 2])

@@ -111,7 +111,12 @@ def test_engine_slots_follow_sglang_fusion():
     assert (w13.engine_name, w13.position, w13.num_parts) == ("model.layers.1.mlp.experts.w13_weight", 5, 8)
     w2 = engine_slot("model.layers.1.mlp.experts.3.down_proj.weight", 4)
     assert (w2.engine_name, w2.position, w2.num_parts) == ("model.layers.1.mlp.experts.w2_weight", 3, 4)
-    for same in ("model.layers.0.mlp.gate.weight", "model.norm.weight", "model.layers.0.mlp.down_proj.weight"):
+    w3 = engine_slot("model.layers.1.block_sparse_moe.experts.2.w3.weight", 4)  # mixtral: w1 gate, w3 up
+    assert (w3.engine_name, w3.position, w3.num_parts) == ("model.layers.1.block_sparse_moe.experts.w13_weight", 5, 8)
+    w2 = engine_slot("model.layers.1.block_sparse_moe.experts.3.w2.weight", 4)
+    assert (w2.engine_name, w2.position, w2.num_parts) == ("model.layers.1.block_sparse_moe.experts.w2_weight", 3, 4)
+    for same in ("model.layers.0.mlp.gate.weight", "model.layers.0.block_sparse_moe.gate.weight", "model.norm.weight",
+                 "model.layers.0.mlp.down_proj.weight"):
         assert engine_slot(same, 4).engine_name == same
     with pytest.raises(ValueError, match="num-experts"):
         engine_slot("model.layers.1.mlp.experts.3.down_proj.weight", None)

@@ -118,6 +118,15 @@ def _qwen3_moe(config: Mapping[str, Any], family: str) -> dict[str, Any]:
     )
 
 
+def _mixtral(config: Mapping[str, Any], family: str) -> dict[str, Any]:
+    # transformers' Mixtral: softmax over all experts, top-k, always renormalised (modeling_mixtral.py
+    # MixtralTopKRouter), i.e. Megatron's softmax over the top-k logits; each expert is intermediate_size wide.
+    _check(not float(config.get("router_jitter_noise") or 0.0), family, "router_jitter_noise != 0")
+    return dict(_mistral(config, family), num_experts=int(config["num_local_experts"]),
+                moe_router_topk=int(config["num_experts_per_tok"]),
+                moe_ffn_hidden_size=int(config["intermediate_size"]), moe_router_pre_softmax=False)
+
+
 def _glm4(config: Mapping[str, Any], family: str) -> dict[str, Any]:
     # transformers' Glm4: q/k/v biases, RoPE on the interleaved pairs of the first half of each head
     # (partial_rotary_factor defaults to 0.5, configuration_glm4.py), and an RMSNorm on the attention
@@ -170,9 +179,32 @@ def _deepseek_v3(config: Mapping[str, Any], family: str) -> dict[str, Any]:
     )
 
 
+def _glm4_moe(config: Mapping[str, Any], family: str) -> dict[str, Any]:
+    # transformers' Glm4Moe (modeling_glm4_moe.py): GQA attention, q/k/v biases if attention_bias, per-head
+    # q/k RMSNorm if use_qk_norm, RoPE on the first partial_rotary_factor of each head by halves (rotate_half,
+    # not glm4's interleaved pairs); first_k_dense_replace dense layers, then MoE layers with shared experts
+    # and a sigmoid router (Glm4MoeTopkRouter) whose e_score_correction_bias only picks the top-k, the top-k
+    # renormalised (norm_topk_prob: Megatron always renormalises a sigmoid top-k, moe_utils.py
+    # topk_routing_with_score_function) and scaled by routed_scaling_factor. The MTP layers
+    # (num_nextn_predict_layers) take no part in the log-probs: not loaded, trained or exported.
+    groups, group_topk = int(config.get("n_group") or 1), int(config.get("topk_group") or 1)
+    _check(group_topk >= groups, family, f"group-limited routing (n_group={groups}, topk_group={group_topk})")
+    layers, dense = int(config["num_hidden_layers"]), int(config.get("first_k_dense_replace", 0))
+    topk, shared = int(config["num_experts_per_tok"]), int(config.get("n_shared_experts") or 0)
+    _check(bool(config.get("norm_topk_prob", True)) or topk == 1, family, "norm_topk_prob=false")
+    return dict(
+        add_qkv_bias=bool(config.get("attention_bias", False)), qk_layernorm=bool(config.get("use_qk_norm", False)),
+        num_experts=int(config["n_routed_experts"]), moe_router_topk=topk,
+        moe_ffn_hidden_size=int(config["moe_intermediate_size"]),
+        moe_layer_freq=f"([0]*{dense}+[1]*{layers - dense})" if dense else "1",
+        moe_shared_expert_intermediate_size=shared * int(config["moe_intermediate_size"]) if shared else None,
+        moe_router_score_function="sigmoid", moe_router_enable_expert_bias=True,
+        moe_router_topk_scaling_factor=float(config.get("routed_scaling_factor") or 1.0))
+
+
 _FAMILIES = {"llama": _llama, "qwen2": _qwen2, "qwen3": _qwen3, "qwen3_moe": _qwen3_moe, "mistral": _mistral,
-             "glm4": _glm4, "deepseek_v3": _deepseek_v3}
-_DEFAULT_PARTIAL_ROTARY = {"glm4": 0.5}
+             "glm4": _glm4, "deepseek_v3": _deepseek_v3, "mixtral": _mixtral, "glm4_moe": _glm4_moe}
+_DEFAULT_PARTIAL_ROTARY = {"glm4": 0.5, "glm4_moe": 0.5}
 _ROPE_TYPES = {"deepseek_v3": ("default", "yarn")}
 SUPPORTED_HF_FAMILIES = tuple(_FAMILIES)
 

@@ -7,6 +7,7 @@ two pre-norms into the following linear; `canonical_megatron_name` maps those na
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from dataclasses import dataclass
 from functools import cached_property
@@ -79,6 +80,13 @@ _MOE_MLP = (
                Layout.GATE_UP),
     WeightRule(_E + "linear_fc2.weight", (_H + "mlp.experts.{expert}.down_proj.weight",), Layout.ROW),
 )
+# Mixtral: the same MoE under block_sparse_moe, experts' gate / down / up as w1 / w2 / w3.
+_MIXTRAL_MOE = (
+    WeightRule(_M + "mlp.router.weight", (_H + "block_sparse_moe.gate.weight",), Layout.REPLICATED),
+    WeightRule(_E + "linear_fc1.weight", (_H + "block_sparse_moe.experts.{expert}.w1.weight",
+                                          _H + "block_sparse_moe.experts.{expert}.w3.weight"), Layout.GATE_UP),
+    WeightRule(_E + "linear_fc2.weight", (_H + "block_sparse_moe.experts.{expert}.w2.weight",), Layout.ROW),
+)
 
 # GLM-4 (transformers' Glm4): sandwich norms (post_attention_layernorm is the pre-MLP norm, as in
 # llama) and one fused [gate; up] tensor; the post norms are modules of post_norms.py.
@@ -122,6 +130,11 @@ _DEEPSEEK_MLP = tuple(WeightRule(r.megatron, r.hf, r.layout, layers="dense") for
                    Layout.GATE_UP),
         WeightRule(_S + "linear_fc2.weight", (_H + "mlp.shared_experts.down_proj.weight",), Layout.ROW)))
 
+# GLM-4.5 (transformers' Glm4Moe): llama-style GQA attention whose q/k/v biases (attention_bias) and
+# per-head q/k norms (use_qk_norm) each a checkpoint may or may not have, then DeepSeek-V3's MLP layers.
+_GLM4_MOE_ATTENTION = _ATTENTION + tuple(dataclasses.replace(r, only_if="add_qkv_bias") for r in _QKV_BIAS) + tuple(
+    dataclasses.replace(r, only_if="qk_layernorm") for r in _QK_NORM)
+
 # One entry per family: its layer rules, and what they assume about the architecture (field ->
 # required value, on top of _COMMON_ARCH).
 _DENSE = dict(is_moe=False)
@@ -137,6 +150,9 @@ FAMILY_TABLES: dict[str, tuple[tuple[WeightRule, ...], dict[str, object]]] = {
     "deepseek_v3": (_MLA + _DEEPSEEK_MLP,
                     dict(add_qkv_bias=False, qk_layernorm=True, is_moe=True, multi_latent_attention=True,
                          moe_router_score_function="sigmoid", moe_router_enable_expert_bias=True)),
+    "mixtral": (_ATTENTION + _MIXTRAL_MOE, dict(add_qkv_bias=False, qk_layernorm=False, is_moe=True)),
+    "glm4_moe": (_GLM4_MOE_ATTENTION + _DEEPSEEK_MLP,
+                 dict(is_moe=True, moe_router_score_function="sigmoid", moe_router_enable_expert_bias=True)),
 }
 LAYER_RULES = {family: rules for family, (rules, _) in FAMILY_TABLES.items()}
 _COMMON_ARCH = dict(normalization="RMSNorm", swiglu=True, add_bias_linear=False, position_embedding_type="rope",
