@@ -159,15 +159,15 @@ class Runtime:
         self.turns.monitor, self.rewarder_engines = self.monitor, started.rewarders
 
     def close(self) -> None:
-        for closer in (
-            *(group.stop for group in self.rewarder_engines),  # the reward model's and the judge's engines
+        stops = [group.stop for group in self.rewarder_engines]  # the reward model's and the judge's engines
+        for closer in stops + [
             self.weight_sync and self.weight_sync.close,
             self.monitor and self.monitor.stop,
             self.engines and self.engines.stop, self.teacher_engines and self.teacher_engines.stop,
             self.trainer and self.trainer.shutdown,
             self.critic and self.critic.shutdown,
             self.logger and self.logger.close,
-        ):
+        ]:
             try:
                 if closer:
                     closer()

@@ -11,7 +11,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from lean_rl.backends.sglang.config import EngineConfig, LiveEndpoints, resolve_ports
+from lean_rl.backends.sglang.config import EngineConfig, LiveEndpoints
+from lean_rl.backends.sglang.ports_and_key import resolve_ports
 from lean_rl.options import ConfigError, option, rebuild
 
 # HF sequence-classification classes that SGLang 0.5.23 serves as reward models (scores from
