@@ -17,9 +17,9 @@ DEFAULT_ROLLOUT = "lean_rl.rollout.default.generate_rollout"
 
 def preference_data(loss_type: str, data: DataConfig) -> DataConfig:
     """The pairs carry no reference answer: --label-key is not read. Every row of --prompt-data is
-    checked now (rollout/preference.read_pairs), so a row without its responses fails the start-up
+    checked now (buffer/preference_pairs.read_pairs), so a row without its responses fails the start-up
     with one line naming the file, the row and the field."""
-    from lean_rl.rollout.preference import read_pairs
+    from lean_rl.buffer.preference_pairs import read_pairs
 
     if data.prompt_data is None:
         raise ConfigError(f"--loss-type {loss_type} reads its pairs from --prompt-data (a jsonl or parquet file)")

@@ -12,7 +12,8 @@ from training_helpers import train_config
 from lean_rl.algorithms.config import AlgorithmConfig
 from lean_rl.backends.megatron.config import ParallelConfig
 from lean_rl.backends.megatron.group import MegatronGroup
-from lean_rl.backends.megatron.train_driver import initialize_for_training, train_on_rollout
+from lean_rl.backends.megatron.train_driver import train_on_rollout
+from lean_rl.backends.megatron.trainer_init import initialize_for_training
 from lean_rl.options import build
 from lean_rl.rollout.preference import CHOSEN, REJECTED, fill_pair_sample, response_tokens
 from lean_rl.sample import Sample

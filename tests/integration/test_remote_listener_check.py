@@ -25,7 +25,7 @@ _DRIVER = textwrap.dedent("""
     from lean_rl.utils.net import find_free_port
     from lean_rl.backends.sglang import listener_agent, listener_check
     from lean_rl.backends.sglang.client import EngineClient, EngineConnectionError, RetryPolicy
-    from lean_rl.backends.sglang.config import CHILD_API_KEY_ENV
+    from lean_rl.backends.sglang.api_keys import CHILD_API_KEY_ENV
     from lean_rl.backends.sglang.health import EngineMonitor
     from lean_rl.backends.sglang.listener_check import ForeignListenerError, require_keyed_listener
     from lean_rl.backends.sglang.router import RouterAdmin, RouterError

@@ -7,7 +7,8 @@ import pytest
 import transformers
 
 from lean_rl.options import ConfigError
-from lean_rl.rollout.preference import fill_pair_sample, read_pairs, response_tokens
+from lean_rl.buffer.preference_pairs import read_pairs
+from lean_rl.rollout.preference import fill_pair_sample, response_tokens
 from lean_rl.sample import Sample
 
 

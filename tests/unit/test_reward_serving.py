@@ -9,7 +9,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from lean_rl.backends.sglang.config import EngineConfig, resolve_api_key, resolve_ports
+from lean_rl.backends.sglang.config import EngineConfig
+from lean_rl.backends.sglang.ports_and_key import resolve_api_key, resolve_ports
 from lean_rl.config import parse_config
 from lean_rl.options import ConfigError, build
 from lean_rl.rollout import judge as judge_module

@@ -17,7 +17,7 @@ from types import SimpleNamespace
 import httpx
 import pytest
 
-from lean_rl.backends.sglang.config import CHILD_API_KEY_ENV
+from lean_rl.backends.sglang.api_keys import CHILD_API_KEY_ENV
 from lean_rl.config import parse_config
 from lean_rl.slime_compat.router_gateway import relayed_text_versions, rollout_args, router_gateway
 from lean_rl.slime_compat.run_state import bind_run, recording
