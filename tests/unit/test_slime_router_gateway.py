@@ -102,10 +102,15 @@ def test_relayed_generate_answers_reach_every_running_slime_call_with_per_token_
     base = f"http://{args.sglang_router_ip}:{args.sglang_router_port}"
 
     async def two_calls():
+        # both calls are running (recording) before either posts, and until both have their answer
+        recording_both, answered_both = asyncio.Barrier(2), asyncio.Barrier(2)
+
         async def call():
             with recording() as answers:
+                await recording_both.wait()
                 async with httpx.AsyncClient(trust_env=False, timeout=30) as client:
                     await client.post(f"{base}/generate", json={"input_ids": [1]})
+                await answered_both.wait()
                 return answers
         return await asyncio.gather(call(), call())
 
