@@ -81,9 +81,10 @@ class BufferDataSource:
         if group is None:
             raise ValueError(f"{self.flag}: sample {s.index} has group_index {s.group_index}, which data_source."
                              "get_samples did not hand out in this call (keep the group_index of the samples you got)")
-        # a held group's samples share slime's index (rollout_buffer's instance id): their tokens tell them apart
-        return next((o for o in group if o.index == s.index), None) or \
-            next((o for o in group if o.tokens == list(s.tokens)), group[0])
+        # a held (finished) group's samples share slime's index (rollout_buffer's instance id), which may also
+        # be another sample's buffer index: their tokens tell them apart, before any index does
+        finished = next((o for o in group if o.response_length and o.tokens == list(s.tokens)), None)
+        return finished or next((o for o in group if o.index == s.index), group[0])
 
     def get_buffer_length(self) -> int:
         """Groups handed in and not handed out yet (slime's RolloutDataSourceWithBuffer counts groups)."""

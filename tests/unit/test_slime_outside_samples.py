@@ -80,6 +80,21 @@ def test_finished_samples_built_outside_are_held_handed_back_and_trained_with_re
     assert fresh[0].prompt == "q0" and fresh[0].response_length == 0
 
 
+def test_held_samples_whose_instance_id_is_another_samples_buffer_index_keep_their_versions(cfg):
+    # rollout_buffer's instance ids are small integers, like the buffer's own indices: a sample is matched
+    # to what it was when held by its tokens, not by an index that may name its group mate
+    buffer = create_data_buffer(cfg)
+    relayed_text_versions.add(" seven is the answer", {2})
+    relayed_text_versions.add(" four", {2})
+    source = BufferDataSource(cfg, buffer, [], FLAG)
+    source.add_samples([[built_outside(cfg, i, " seven is the answer", 1.0), built_outside(cfg, i, " four", 0.0)]
+                        for i in range(3)])
+    for handed in source.get_samples(3):
+        trained = source.lean_group(handed, stopping=False)
+        assert [set(s.weight_versions) for s in trained] == [{2}, {2}]
+        assert [s.reward for s in trained] == [1.0, 0.0]
+
+
 def test_held_groups_and_metadata_survive_a_checkpoint_even_when_handed_out(cfg):
     relayed_text_versions.add(" nine", {5})
     buffer = create_data_buffer(cfg)
