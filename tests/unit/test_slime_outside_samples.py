@@ -84,10 +84,10 @@ def test_held_samples_whose_instance_id_is_another_samples_buffer_index_keep_the
     # rollout_buffer's instance ids are small integers, like the buffer's own indices: a sample is matched
     # to what it was when held by its tokens, not by an index that may name its group mate
     buffer = create_data_buffer(cfg)
-    relayed_text_versions.add(" seven is the answer", {2})
-    relayed_text_versions.add(" four", {2})
+    relayed_text_versions.add(" nine it is", {2})  # texts no other test relays
+    relayed_text_versions.add(" five", {2})
     source = BufferDataSource(cfg, buffer, [], FLAG)
-    source.add_samples([[built_outside(cfg, i, " seven is the answer", 1.0), built_outside(cfg, i, " four", 0.0)]
+    source.add_samples([[built_outside(cfg, i, " nine it is", 1.0), built_outside(cfg, i, " five", 0.0)]
                         for i in range(3)])
     for handed in source.get_samples(3):
         trained = source.lean_group(handed, stopping=False)
