@@ -136,6 +136,14 @@ def _forget(node_id: str) -> None:
             del _agents[known]
 
 
+def _no_answer(node_id: str, ip: str, port: int, exc: Exception) -> ForeignListenerError:
+    """The agent gave no answer (dead, unreachable, past its deadline): forgotten, and the request fails
+    as to a dead server."""
+    _forget(node_id)
+    return ForeignListenerError(f"{ip}:{port}: lean_rl's listener agent on node {node_id[:16]} gave no answer "
+                                f"({type(exc).__name__}): the key was not sent")
+
+
 def require_remote(node_id: str, ip: str, port: int, key: str) -> None:
     """Return when the agent on `node_id` finds (ip, port) held by a process of the run; else
     ForeignListenerError (its answer, or why there is none)."""
@@ -146,9 +154,7 @@ def require_remote(node_id: str, ip: str, port: int, key: str) -> None:
     except ForeignListenerError:
         raise
     except Exception as exc:  # noqa: BLE001 - no answer: as a dead server, the key not sent
-        _forget(node_id)
-        raise ForeignListenerError(f"{ip}:{port}: lean_rl's listener agent on node {node_id[:16]} gave no answer "
-                                   f"({type(exc).__name__}): the key was not sent") from None
+        raise _no_answer(node_id, ip, port, exc) from None
     if answer is not None:
         raise ForeignListenerError(answer)
 
@@ -161,8 +167,6 @@ async def require_remote_async(node_id: str, ip: str, port: int, key: str) -> No
     except ForeignListenerError:
         raise
     except Exception as exc:  # noqa: BLE001 - no answer: as a dead server, the key not sent
-        _forget(node_id)
-        raise ForeignListenerError(f"{ip}:{port}: lean_rl's listener agent on node {node_id[:16]} gave no answer "
-                                   f"({type(exc).__name__}): the key was not sent") from None
+        raise _no_answer(node_id, ip, port, exc) from None
     if answer is not None:
         raise ForeignListenerError(answer)
