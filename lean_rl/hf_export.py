@@ -18,6 +18,10 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from lean_rl.backends.megatron.train_config import CheckpointConfig
 
 logger = logging.getLogger(__name__)
 
@@ -37,9 +41,10 @@ class _Export:
 class HfExports:
     """The HF exports of one run: started after each checkpoint, reaped later, awaited at exit."""
 
-    def __init__(self, save_hf: str | Path, save: str | Path, *, python: str = sys.executable,
-                 deadline_s: float = EXPORT_DEADLINE_S):
+    def __init__(self, save_hf: str | Path, save: str | Path, *, hf_config: str | Path | None = None,
+                 python: str = sys.executable, deadline_s: float = EXPORT_DEADLINE_S):
         self.root, self.save, self.python, self.deadline_s = Path(save_hf), Path(save), python, deadline_s
+        self.hf_config = hf_config  # config.json + tokenizer; None: the checkpoint's own hf_config/ folder
         self.running: list[_Export] = []
         self.failures: list[str] = []  # one line per failed export, in the order they were noticed
         self.written: list[Path] = []
@@ -55,6 +60,8 @@ class HfExports:
         log_path = self.root / f".step_{step}.log"  # the converter's output, kept only when it fails
         command = [self.python, "-m", "lean_rl.convert", "megatron-to-hf", "--load", str(self.save),
                    "--iteration", str(step), "--save", str(target)]
+        if self.hf_config is not None:
+            command += ["--hf-config", str(self.hf_config)]
         with log_path.open("wb") as log:
             process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                        env={**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")})
@@ -107,3 +114,35 @@ def _last_line(path: Path) -> str:
         return ""
     lines = [line.strip() for line in text.splitlines() if line.strip()]
     return lines[-1] if lines else ""
+
+
+class CheckpointHfExports:
+    """--save-hf for the run's checkpoints: the actor's into DIR/step_N, the PPO critic's (a value head:
+    the converter writes its *ForSequenceClassification) into DIR/critic/step_N."""
+
+    def __init__(self, ckpt: CheckpointConfig):
+        if ckpt.save_hf is None or ckpt.save is None:
+            raise ValueError("CheckpointHfExports: needs --save-hf and --save")
+        self.keep_last = ckpt.keep_last_checkpoints
+        # the trainer's checkpoints carry no HF side files: those of the run's --hf-checkpoint
+        self.actor = HfExports(ckpt.save_hf, ckpt.save, hf_config=ckpt.hf_checkpoint)
+        self.critic = HfExports(Path(ckpt.save_hf) / "critic", ckpt.critic_save_dir or Path(ckpt.save) / "critic",
+                                hf_config=ckpt.hf_checkpoint)
+
+    def before_save(self) -> None:
+        """With --keep-last-checkpoints a save deletes old iterations, which a running export may still
+        be reading: those finish first (on the save's thread; the event loop keeps serving)."""
+        if self.keep_last is not None:
+            self.actor.wait_all()
+            self.critic.wait_all()
+
+    def after_save(self, step: int, with_critic: bool) -> None:
+        if with_critic:
+            self.critic.start(step)
+        self.actor.start(step)
+
+    def close(self) -> list[str]:
+        """At exit: waits for the exports still running; returns every failure of the run."""
+        self.actor.wait_all()
+        self.critic.wait_all()
+        return self.critic.failures + self.actor.failures

@@ -4,11 +4,14 @@ one line naming the step and the converter's error, with no DIR/step_N left behi
 
 from __future__ import annotations
 
+import pytest
 import torch
 from safetensors.torch import load_file
 
+from lean_rl.backends.megatron.train_config import CheckpointConfig
 from lean_rl.convert.hf_to_megatron import convert_hf_to_megatron
 from lean_rl.hf_export import HfExports
+from lean_rl.options import ConfigError
 
 
 def test_an_export_appears_whole_under_step_n(tiny_qwen2, tmp_path):
@@ -46,3 +49,8 @@ def test_an_export_past_its_deadline_is_stopped_and_reported(tiny_qwen2, tmp_pat
     failed = exports.wait_all()
     assert len(failed) == 1 and failed[0].endswith("not done after 0s; stopped"), failed
     assert sorted(p.name for p in (tmp_path / "hf").iterdir()) == [".step_1.log"]  # nor a partial dir
+
+
+def test_save_hf_needs_save():
+    with pytest.raises(ConfigError, match=r"^--save-hf needs --save$"):
+        CheckpointConfig(save_hf="/out/hf")
