@@ -9,6 +9,7 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING
 
+from lean_rl.hf_export import CheckpointHfExports
 from lean_rl.preflight import save_filled_the_disk, save_space_error
 
 if TYPE_CHECKING:
@@ -28,6 +29,7 @@ class Checkpoints:
         self.ckpt, self.num_rollout = cfg.train.checkpoint, cfg.run.num_rollout
         self.trainers, self.turns, self.timers = trainers, turns, timers
         self.saved_step: int | None = None  # forgotten by a heal: the steps after its checkpoint are redone
+        self.hf_exports = CheckpointHfExports(self.ckpt) if self.ckpt.save_hf else None  # --save-hf (hf_export.py)
 
     async def maybe_save(self, step: int, buffer: DataBuffer | None, start_step: int) -> None:
         if self.trainers.actor is None or not self.ckpt.should_save(step, last=step == self.num_rollout):
@@ -47,8 +49,17 @@ class Checkpoints:
         self.saved_step = step
         state = {"buffer": buffer.state_dict()} if buffer is not None else {}
         with self.timers("save"):
+            if self.hf_exports is not None:
+                await asyncio.to_thread(self.hf_exports.before_save)
             await asyncio.to_thread(write_checkpoint, self.ckpt, step, state, trainer, self.trainers.critic,
                                     self.turns.turn)
+        if self.hf_exports is not None:
+            self.hf_exports.after_save(step, with_critic=self.trainers.critic is not None)
+
+    def close(self) -> None:
+        """At exit: the run waits for its --save-hf exports (failures are logged as they are noticed)."""
+        if self.hf_exports is not None:
+            self.hf_exports.close()
 
 
 def write_checkpoint(ckpt: CheckpointConfig, step: int, state: dict, trainer: MegatronGroup,

@@ -165,7 +165,7 @@ class Runtime:
             self.monitor and self.monitor.stop,
             self.engines and self.engines.stop, self.teacher_engines and self.teacher_engines.stop,
             self.trainer and self.trainer.shutdown,
-            self.critic and self.critic.shutdown,
+            self.critic and self.critic.shutdown, self.checkpoints.hf_exports and self.checkpoints.close,  # --save-hf
             self.logger and self.logger.close,
         ]:
             try:

@@ -204,6 +204,14 @@ def _rm_type(values: list[str], given: Given) -> list[str]:
     return ["--rm-type", target]
 
 
+def _save_hf(values: list[str], given: Given) -> list[str]:
+    path = _one(values, "--save-hf")
+    if "{" in path:  # slime names each export by a template; lean_rl names them DIR/step_N
+        raise ConfigError(f"--save-hf {path}: lean_rl writes each checkpoint's HF model to DIR/step_N; "
+                          "give the directory DIR, not a {rollout_id} template")
+    return ["--save-hf", path]
+
+
 def _num_epoch(values: list[str], given: Given) -> list[str]:
     epochs = _one(values, "--num-epoch")
     if "--num-rollout" in given:  # slime: --num-rollout wins
@@ -468,7 +476,8 @@ SLIME_FLAGS: dict[str, SlimeFlag] = {
     "--save-interval": same(),
     "--async-save": notice("lean_rl saves synchronously: the same checkpoint"),
     "--no-save-optim": refused("lean_rl always saves the optimizer state, so that a resume is exact"),
-    "--save-hf": refused("python -m lean_rl.convert megatron-to-hf"),
+    "--save-hf": mapped(_save_hf, "`--save-hf DIR`: each checkpoint's HF model in DIR/step_N, written in the "
+                                  "background; slime's `{rollout_id}` path template is refused"),
     "--seed": notice("the trainer's seed: lean_rl seeds prompt order and trainer from --seed "
                      "(slime's --rollout-seed)"),
     "--clip-grad": same(),

@@ -93,8 +93,17 @@ def test_tuning_flags_are_accepted_with_a_notice_and_cp_above_one_refused():
 
 
 def test_a_refused_flag_names_the_lean_rl_way():
-    with pytest.raises(ConfigError, match=r"^slime flag --save-hf: python -m lean_rl.convert megatron-to-hf$"):
-        translate("train.py", BASE + ["--save-hf", "/out"])
+    with pytest.raises(ConfigError, match=r"^slime flag --ref-ckpt-step: lean_rl loads the latest checkpoint of "
+                                          r"--ref-load$"):
+        translate("train.py", BASE + ["--ref-ckpt-step", "3"])
+
+
+def test_save_hf_takes_a_directory_not_slimes_template():
+    _, args, _ = _lean(BASE + ["--save", "/ckpt", "--save-hf", "/out/hf"])
+    assert args.save_hf == "/out/hf"
+    with pytest.raises(ConfigError, match=r"--save-hf /out/iter_\{rollout_id\}: lean_rl writes each checkpoint's "
+                                          r"HF model to DIR/step_N"):
+        translate("train.py", BASE + ["--save", "/ckpt", "--save-hf", "/out/iter_{rollout_id}"])
 
 
 def test_mapped_flags():

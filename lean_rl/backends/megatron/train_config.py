@@ -99,6 +99,10 @@ class CheckpointConfig:
         None, positive=True, metavar="K",
         help="after each successful save, delete all but the newest K checkpoints, never the latest "
              "(PPO's critic keeps K+1; default: keep all)")
+    save_hf: str | None = option(
+        None, metavar="DIR",
+        help="after each checkpoint, its HF model in DIR/step_N (the PPO critic's in DIR/critic/step_N), "
+             "written in the background by `python -m lean_rl.convert megatron-to-hf` (hf_export.py)")
     # HF weights to start from when --load has none: the engines' --hf-checkpoint (one flag for
     # both, as in slime), passed by config.parse_config.
     hf_checkpoint: str | None = None
@@ -107,6 +111,7 @@ class CheckpointConfig:
         _require(self.save_interval is None or self.save_interval >= 1,
                  f"--save-interval must be >= 1, got {self.save_interval}")
         _require(self.save_interval is None or self.save is not None, "--save-interval needs --save")
+        _require(self.save_hf is None or self.save is not None, "--save-hf needs --save")
         _require(self.keep_last_checkpoints is None or self.keep_last_checkpoints >= 1,
                  f"{flag_of(CheckpointConfig, 'keep_last_checkpoints')} must be >= 1, got {self.keep_last_checkpoints}")
 
