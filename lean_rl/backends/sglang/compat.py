@@ -187,6 +187,9 @@ def apply_cpu_patches() -> None:
     serve_lora_without_pinned_memory()
     start_children_by_fork()
     from lean_rl.backends.sglang.mla_cpu import serve_mla_on_torch_native
+    from lean_rl.backends.sglang.vlm_cpu import define_qwen3_5_import_time_ops
+
+    define_qwen3_5_import_time_ops()  # Qwen-VL processors (vlm_cpu.py says why)
 
     serve_mla_on_torch_native()  # last: it imports SGLang (mla_cpu.py says why)
 
