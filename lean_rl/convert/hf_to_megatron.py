@@ -25,11 +25,11 @@ from lean_rl.backends.megatron.arch_flags import check_given_flags
 from lean_rl.backends.megatron.checkpoint_paths import (
     HF_CONFIG_DIR,
     CheckpointError,
-    copy_side_files,
     iteration_dir,
     prepare_temporary_dir,
     publish,
 )
+from lean_rl.backends.megatron.hf_side_files import copy_side_files
 from lean_rl.backends.megatron.config import MegatronConfig, ModelArch, ParallelConfig
 from lean_rl.backends.megatron.hf_config import arch_from_hf_config, checkpoint_dtype, hf_family, load_hf_config
 from lean_rl.backends.megatron.hf_weights.dist_keys import DistEntry, dist_entries, extra_state_keys

@@ -1,5 +1,5 @@
 """Output directories that appear only when complete. (The HF side files that travel with the
-weights, checkpoint_paths.copy_side_files, belong to the checkpoint format.)"""
+weights, hf_side_files.copy_side_files, belong to the checkpoint format.)"""
 
 from __future__ import annotations
 

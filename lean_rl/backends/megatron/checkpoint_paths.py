@@ -54,9 +54,6 @@ TMP_SUFFIX, ASIDE_SUFFIX, TRASH_SUFFIX = ".tmp", ".old", ".del"
 # remove_stale_temporaries touches.
 _LEFTOVER_RE = re.compile(r"^iter_(\d{7})\.(tmp|old|del)$")
 _TRACKER_TMP_RE = re.compile(r"^\." + re.escape(TRACKER) + r"\.tmp-\d+$")
-# Weight files and indexes are never copied as HF "side files": the converters write their own.
-_WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".h5", ".msgpack", ".gguf", ".distcp")
-_WEIGHT_INDEXES = (".safetensors.index.json", ".bin.index.json")
 
 
 class CheckpointError(ValueError):
@@ -300,28 +297,3 @@ def find_checkpoint(path: str | Path, step: int | None = None) -> tuple[int | No
         raise CheckpointError(f"{path}: neither a torch_dist checkpoint ({DCP_METADATA}) nor a checkpoint root with "
                               f"{TRACKER} (half-written iter_*.tmp directories do not count)")
     return step, _published_dir(path, step)
-
-
-def side_files(hf_dir: str | Path) -> list[Path]:
-    """The regular files of an HF checkpoint directory other than weights: config.json, tokenizer
-    files, generation_config.json, chat template, README, ... (what HF_CONFIG_DIR holds)."""
-    out = []
-    for path in sorted(Path(hf_dir).iterdir()):
-        name = path.name
-        if not path.is_file() or name.startswith(".") or name.endswith(_WEIGHT_INDEXES):
-            continue
-        if name.endswith(_WEIGHT_SUFFIXES):
-            continue
-        out.append(path)
-    return out
-
-
-def copy_side_files(hf_dir: str | Path, dest: str | Path, skip: tuple[str, ...] = ()) -> list[str]:
-    dest = Path(dest)
-    dest.mkdir(parents=True, exist_ok=True)
-    copied = []
-    for path in side_files(hf_dir):
-        if path.name not in skip:
-            shutil.copyfile(path, dest / path.name)
-            copied.append(path.name)
-    return copied

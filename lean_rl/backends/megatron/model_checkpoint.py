@@ -30,11 +30,11 @@ from torch.distributed.checkpoint.metadata import Metadata
 from lean_rl.backends.megatron import lora
 from lean_rl.backends.megatron.checkpoint_paths import (
     HF_CONFIG_DIR,
-    copy_side_files,
     find_checkpoint,
     prepare_temporary_dir,
     publish,
 )
+from lean_rl.backends.megatron.hf_side_files import copy_side_files
 from lean_rl.backends.megatron.hf_weights.dist_keys import EXTRA_STATE
 
 MODEL_KEY = "model"
