@@ -69,10 +69,13 @@ def _response_diff(ckpt: str, sample, last: int | None = None) -> float:
     return float(np.max(np.abs(hf[trained] - np.asarray(sample.rollout_log_probs)[trained])))
 
 
-def test_rollout_sends_images_and_records_what_the_engine_saw(vlm):
+def test_rollout_sends_images_and_records_what_the_engine_saw(vlm, tiny_qwen2):
     group, prompts = vlm
     ckpt = group.config.model_path
-    cfg = parse_config(["--hf-checkpoint", ckpt, "--prompt-data", str(prompts), "--multimodal-keys",
+    # parse_config derives the trainer's Megatron architecture from --hf-checkpoint, which knows no
+    # qwen2_5_vl yet (the training side, branch vlm-train): the flags are parsed against the tiny text
+    # model and the engines (whose model_path the rollout, buffer and processor use) are the VLM's.
+    cfg = parse_config(["--hf-checkpoint", str(tiny_qwen2), "--prompt-data", str(prompts), "--multimodal-keys",
                         '{"image": "images"}', "--apply-chat-template", "--rollout-batch-size", "2",
                         "--n-samples-per-prompt", "2", "--rollout-max-response-len", "6",
                         "--custom-rm-path", "shapes_task.shape_count_reward"])
