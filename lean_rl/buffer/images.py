@@ -41,13 +41,15 @@ def check_multimodal_keys(value: str | None) -> str | None:
     try:
         keys = json.loads(value)
     except json.JSONDecodeError as err:
-        raise ConfigError(f"{FLAG}: not JSON ({err.msg} at column {err.colno}); e.g. '{{\"image\": \"images\"}}'") from None
+        raise ConfigError(f"{FLAG}: not JSON ({err.msg} at column {err.colno}); "
+                          "e.g. '{\"image\": \"images\"}'") from None
     if not isinstance(keys, dict) or not keys or not all(isinstance(v, str) and v for v in keys.values()):
         raise ConfigError(f"{FLAG}: must be a JSON object of media type -> column, e.g. '{{\"image\": \"images\"}}', "
                          f"got {value!r}")
     unsupported = sorted(set(keys) - set(SUPPORTED_TYPES))
     if unsupported:
-        raise ConfigError(f"{FLAG}: media type(s) {unsupported} are not supported; lean_rl takes {list(SUPPORTED_TYPES)}")
+        raise ConfigError(f"{FLAG}: media type(s) {unsupported} are not supported; "
+                          f"lean_rl takes {list(SUPPORTED_TYPES)}")
     return value
 
 
@@ -132,7 +134,8 @@ def row_images(row: dict, column: str) -> list[str]:
 
 def with_image_parts(prompt: str | list[dict[str, Any]], n_images: int, column: str) -> list[dict[str, Any]]:
     """The chat with each `<image>` made an image content part (or the images before the first user text)."""
-    messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else [dict(m) for m in prompt]
+    messages: list[dict[str, Any]] = ([{"role": "user", "content": prompt}] if isinstance(prompt, str)
+                                      else [dict(m) for m in prompt])
     placed = 0
     for message in messages:
         if isinstance(message["content"], str) and IMAGE_PLACEHOLDER in message["content"]:

@@ -9,7 +9,7 @@ import json
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator, Protocol
+from typing import Any, Iterator, Protocol, cast
 
 from lean_rl.buffer.config import DataConfig
 from lean_rl.buffer.images import ImageError, image_column, render_image_prompt, row_images
@@ -144,13 +144,14 @@ def _load_prompts(path: Path, data: DataConfig, tokenizer, user_generates: bool 
                 raise BadRowError(f"{data.metadata_key!r} (--metadata-key) must be an object, got "
                                   f"{_json_type(metadata)}")
             tools = row.get(data.tool_key) if data.tool_key else None
-            images = row_images(row, images_key) if images_key else None
+            images = row_images(cast(dict, row), images_key) if images_key else None
             if images is not None:
                 if not isinstance(prompt, (str, list)):
                     raise BadRowError(f"{data.input_key!r} must be text or messages to hold images")
-                tokens = render_image_prompt(prompt, images, images_key, processor, tools)
+                tokens = render_image_prompt(prompt, images, cast(str, images_key), processor, tools)
             # a scalar (tau-bench's task index): kept as it is for the generate function, as slime does; no tokens
-            elif isinstance(prompt, str) or (isinstance(prompt, list) and (data.apply_chat_template or not user_generates)):
+            elif isinstance(prompt, str) or (isinstance(prompt, list)
+                                             and (data.apply_chat_template or not user_generates)):
                 tokens = render_prompt(prompt, data, tokenizer, tools)
             else:
                 tokens = []

@@ -60,10 +60,13 @@ def _images(sample: Sample) -> list:
     return loaded
 
 
-def engine_prompt(model_path: str, sample: Sample) -> EnginePrompt:
-    """What /generate gets for `sample`; computes multimodal_train_inputs when missing (or stale)."""
+def engine_prompt(model_path: str | None, sample: Sample) -> EnginePrompt:
+    """What /generate gets for `sample`; computes multimodal_train_inputs when missing (or stale).
+    `model_path`: the served checkpoint (its processor)."""
     if sample.multimodal_inputs is None:
         return EnginePrompt(sample.tokens)
+    if model_path is None:
+        raise ValueError(f"sample {sample.index} has images but the engines name no checkpoint (processor)")
     processor = load_processor(model_path)
     images = _images(sample)
     train = sample.multimodal_train_inputs

@@ -1,6 +1,6 @@
 """A tiny random Qwen2.5-VL checkpoint (weights, processor, chat template) with no hub access.
 
-    python -m lean_rl.testing.tiny_vlm --out DIR [--seed N]
+    python -c 'from lean_rl.testing.tiny_vlm import make_tiny_vlm; make_tiny_vlm("DIR")'
 
 What tools/vlm_spike.py showed SGLang 0.5.23 serves on CPU (docs/vlm_spike.md): text 2 layers x hidden 64
 (head_dim 16, M-RoPE sections [2, 3, 3]), vision depth 2 x hidden 32, patch 14, merge 2; lean_rl's locally
@@ -10,7 +10,6 @@ The chat template takes content parts ({"type": "image"} / {"type": "text"}) as 
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 
 VISION_TOKENS = ["<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>"]
@@ -70,22 +69,10 @@ def make_tiny_vlm(out: str | Path, seed: int = 0) -> Path:
         vision_end_token_id=ids["<|vision_end|>"], tie_word_embeddings=False, dtype="float32",
     )
     torch.manual_seed(seed)
-    model = Qwen2_5_VLForConditionalGeneration(config).to(torch.float32)
+    model = Qwen2_5_VLForConditionalGeneration(config)  # float32: the config's dtype and torch's default
     _randomize_(model, seed)
     model.save_pretrained(out, safe_serialization=True)
     processor.save_pretrained(out)
     transformers.GenerationConfig(bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
                                   pad_token_id=tok.pad_token_id).save_pretrained(out)
     return out
-
-
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args(argv)
-    print(make_tiny_vlm(args.out, args.seed))
-
-
-if __name__ == "__main__":
-    main()

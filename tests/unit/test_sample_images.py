@@ -43,7 +43,8 @@ def test_json_round_trip_is_bitwise_and_text_samples_are_unchanged():
     back = Sample.from_dict(json.loads(json.dumps(s.to_dict())))
     _same(s, back)
     text = Sample(index=0, group_index=0, prompt="p", tokens=[1])
-    assert text.to_dict()["multimodal_inputs"] is None and Sample.from_dict(text.to_dict()).multimodal_train_inputs is None
+    assert text.to_dict()["multimodal_inputs"] is None
+    assert Sample.from_dict(text.to_dict()).multimodal_train_inputs is None
 
 
 def test_bad_image_fields_are_one_line_naming_the_field():

@@ -151,3 +151,19 @@ def test_shapes_task_data_and_reward(tmp_path, processor):
     assert shapes_task.score("There are 2 red squares", "2") == 1.0
     assert shapes_task.score("two", "2") == 1.0 and shapes_task.score("3 or 2", "2") == 0.0
     assert shapes_task.score("none", "0") == 0.0 and shapes_task.score("", "1") == 0.0
+
+
+def test_the_teacher_and_the_reward_model_refuse_image_samples():
+    """Both read token ids only: an image sample's pads would be read as text, so they refuse it."""
+    import asyncio
+
+    from lean_rl.rollout.distillation import score_with_teacher
+    from lean_rl.rollout.reward_model import classify_body
+    from lean_rl.sample import Sample
+
+    s = Sample(index=0, group_index=0, prompt="<image>q", tokens=[1, 2], multimodal_inputs={"images": ["/a.png"]})
+    s.append_response([3], "r", log_probs=[-1.0], weight_versions=0)
+    with pytest.raises(ValueError, match="reward model .* not images"):
+        classify_body(s, same_tokenizer=True)
+    with pytest.raises(ValueError, match="--use-opd: the teacher scores token ids only"):
+        asyncio.run(score_with_teacher(None, [s]))
