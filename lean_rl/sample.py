@@ -8,6 +8,7 @@ from enum import Enum
 from typing import Any
 
 from lean_rl import routed_experts as routes
+from lean_rl import sample_images as images
 
 # weight_versions entry for tokens the policy did not generate (tool output, environment text).
 NOT_GENERATED = -1
@@ -63,6 +64,11 @@ class Sample:
     # session's call tree, openai_capture/trajectory.py) gives each 1/n, so it weighs as one sample does.
     # Multiplies the sample's token weights in the loss aggregation (algorithms/losses.aggregation_weights).
     loss_weight: float = 1.0
+    # image prompts (--multimodal-keys; lean_rl/sample_images.py): the raw images ({"images": [...]}) and
+    # the processor's outputs for the trainer ({"pixel_values", "image_grid_thw"}); `tokens` hold one
+    # image pad per vision token (the processor's expansion). None: a text sample.
+    multimodal_inputs: dict[str, Any] | None = None
+    multimodal_train_inputs: dict[str, Any] | None = None
 
     @property
     def prompt_length(self) -> int:
@@ -125,6 +131,10 @@ class Sample:
         self.clear_teacher()
         self.routed_experts = None
         self.reward, self.status = None, Status.PENDING
+        if self.multimodal_inputs is not None and "prompt_images" in self.multimodal_inputs:
+            first = self.multimodal_inputs.pop("prompt_images")  # images later turns added go with them
+            self.multimodal_inputs["images"] = self.multimodal_inputs["images"][:first]
+            self.multimodal_train_inputs = None  # the rollout computes them again for the prompt's images
 
     def clear_teacher(self) -> None:
         self.teacher_log_probs, self.teacher_top_ids, self.teacher_top_log_probs = [], [], []
@@ -154,10 +164,14 @@ class Sample:
                 routes.width(self.routed_experts, len(self.tokens) - 1)  # one row per token but the last
             except ValueError as err:
                 raise ValueError(f"sample {self.index}: {err}") from None
+        images.check_images(f"sample {self.index}", self.multimodal_inputs, self.multimodal_train_inputs)
 
     def to_dict(self) -> dict[str, Any]:
+        """JSON-ready (the image arrays as base64, sample_images.py)."""
         out = asdict(self)
         out["status"] = self.status.value
+        if self.multimodal_train_inputs is not None:
+            out["multimodal_train_inputs"] = images.encode_train_inputs(self.multimodal_train_inputs)
         return out
 
     @classmethod
@@ -174,7 +188,7 @@ class Sample:
         data = dict(data)
         for name, (types, element) in _FIELD_TYPES.items():
             value = data.get(name)
-            if name not in data or name == "label" or (value is None and name in ("reward", "routed_experts")):
+            if name not in data or name == "label" or (value is None and name in _NULLABLE):
                 continue
             ok = isinstance(value, types) and not (isinstance(value, bool) and bool not in types)
             if ok and element is not None:
@@ -187,6 +201,9 @@ class Sample:
         except ValueError:
             raise ValueError(f"sample {data['index']}: field 'status' must be one of "
                              f"{[s.value for s in Status]}, got {data['status']!r}") from None
+        if data.get("multimodal_train_inputs") is not None:
+            data["multimodal_train_inputs"] = images.decode_train_inputs(data["multimodal_train_inputs"],
+                                                                         f"sample {data['index']}")
         sample = cls(**data)
         sample.check()
         return sample
@@ -202,7 +219,9 @@ _FIELD_TYPES: dict[str, tuple[tuple[type, ...], Any]] = {
     "metadata": ((dict,), None), "teacher_log_probs": ((list,), (int, float)), "routed_experts": ((str,), None),
     "teacher_top_ids": ((list,), list), "teacher_top_log_probs": ((list,), list),
     "loss_weight": ((int, float), None),
+    "multimodal_inputs": ((dict,), None), "multimodal_train_inputs": ((dict,), None),
 }
+_NULLABLE = ("reward", "routed_experts", "multimodal_inputs", "multimodal_train_inputs")
 _TYPE_NAMES = {"index": "an integer", "group_index": "an integer", "prompt": "text, a list of messages or a number",
                "tokens": "a list of token ids", "response": "text", "response_length": "an integer",
                "label": "anything", "reward": "a number or null", "loss_mask": "a list of 0/1",
@@ -210,4 +229,5 @@ _TYPE_NAMES = {"index": "an integer", "group_index": "an integer", "prompt": "te
                "status": "a status string", "metadata": "an object", "teacher_log_probs": "a list of numbers",
                "teacher_top_ids": "a list of lists of token ids", "teacher_top_log_probs": "a list of lists of numbers",
                "routed_experts": "base64 text or null",
-               "loss_weight": "a number > 0"}
+               "loss_weight": "a number > 0", "multimodal_inputs": "an object or null",
+               "multimodal_train_inputs": "an object or null"}

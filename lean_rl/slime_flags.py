@@ -436,7 +436,7 @@ SLIME_FLAGS: dict[str, SlimeFlag] = {
     "--apply-chat-template-kwargs": notice("lean_rl renders with the template's defaults", allowed=("{}",)),
     "--input-key": same(slime_default=("--input-key", "input")),
     "--label-key": same(slime_default=("--label-key", "")),
-    "--multimodal-keys": refused("lean_rl trains text models"),
+    "--multimodal-keys": same("image rows (lean_rl/buffer/images.py); video and audio are refused"),
     "--metadata-key": same(slime_default=("--metadata-key", "metadata")),
     "--tool-key": same(slime_default=("--tool-key", "tools")),
     "--start-rollout-id": refused("lean_rl starts at the step of the --load checkpoint (0 without one)"),

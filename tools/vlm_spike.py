@@ -23,61 +23,15 @@ import time
 import urllib.request
 from pathlib import Path
 
-VISION_TOKENS = ["<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>"]
-IMAGE_PROMPT = "<|vision_start|><|image_pad|><|vision_end|>"
-# Qwen-style chat with image content parts (enough for the processor and for /v1/chat/completions).
-CHAT_TEMPLATE = (
-    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n"
-    "{% if message['content'] is string %}{{ message['content'] }}{% else %}"
-    "{% for part in message['content'] %}"
-    "{% if part['type'] in ('image', 'image_url') %}" + IMAGE_PROMPT + "{% elif part['type'] == 'text' %}"
-    "{{ part['text'] }}{% endif %}{% endfor %}{% endif %}<|im_end|>\n{% endfor %}"
-    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-)
+from lean_rl.testing.tiny_vlm import IMAGE_PROMPT  # the checkpoint the spike built lives there now
+
 PROMPT = f"<|im_start|>user\n{IMAGE_PROMPT}how many red shapes?<|im_end|>\n<|im_start|>assistant\n"
 
 
 def build_checkpoint(out: Path, seed: int = 0) -> Path:
-    import torch
-    import transformers
-    from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration, Qwen2_5_VLProcessor
-    from transformers import Qwen2VLImageProcessor, Qwen2VLVideoProcessor
+    from lean_rl.testing.tiny_vlm import make_tiny_vlm
 
-    from lean_rl.testing.tiny_model import _randomize_, build_tokenizer
-
-    tok = build_tokenizer(512)
-    tok.add_special_tokens({"additional_special_tokens": VISION_TOKENS})
-    tok.chat_template = CHAT_TEMPLATE
-    ids = {t: tok.convert_tokens_to_ids(t) for t in VISION_TOKENS}
-    text = dict(
-        vocab_size=len(tok), hidden_size=64, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=4096, rms_norm_eps=1e-6, use_sliding_window=False,
-        # head_dim 16: mrope sections (temporal, height, width) sum to head_dim / 2
-        rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3]},
-        bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
-    )
-    vision = dict(depth=2, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64, patch_size=14,
-                  spatial_merge_size=2, temporal_patch_size=2, window_size=56, fullatt_block_indexes=[1])
-    config = Qwen2_5_VLConfig(
-        text_config=text, vision_config=vision, image_token_id=ids["<|image_pad|>"],
-        video_token_id=ids["<|video_pad|>"], vision_start_token_id=ids["<|vision_start|>"],
-        vision_end_token_id=ids["<|vision_end|>"], tie_word_embeddings=False, dtype="float32",
-    )
-    torch.manual_seed(seed)
-    model = Qwen2_5_VLForConditionalGeneration(config).to(torch.float32)
-    _randomize_(model, seed)
-    model.save_pretrained(out, safe_serialization=True)
-    # 56x56 .. 112x112 pixels: 4..16 image tokens after the 2x2 merge
-    size = {"shortest_edge": 56 * 56, "longest_edge": 112 * 112}
-    processor = Qwen2_5_VLProcessor(
-        image_processor=Qwen2VLImageProcessor(size=size, patch_size=14, merge_size=2, temporal_patch_size=2),
-        video_processor=Qwen2VLVideoProcessor(size=size, patch_size=14, merge_size=2, temporal_patch_size=2),
-        tokenizer=tok, chat_template=CHAT_TEMPLATE,
-    )
-    processor.save_pretrained(out)
-    transformers.GenerationConfig(bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
-                                  pad_token_id=tok.pad_token_id).save_pretrained(out)
-    return out
+    return make_tiny_vlm(out, seed)
 
 
 def make_png() -> bytes:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from lean_rl.buffer.images import check_multimodal_keys
 from lean_rl.options import option
 
 
@@ -32,6 +33,11 @@ class DataConfig:
     chosen_key: str = option("chosen", help="column with the preferred response (--loss-type dpo_loss / rm_loss)")
     rejected_key: str = option("rejected", help="column with the dispreferred response (--loss-type dpo_loss / "
                                                 "rm_loss)")
+    # image prompts (issue 44; lean_rl/buffer/images.py)
+    multimodal_keys: str | None = option(
+        None, convert=check_multimodal_keys,
+        help="JSON {media type: column}, e.g. '{\"image\": \"images\"}' (slime's): the column's images (paths, "
+             "file:// URLs or base64) go where the prompt's text says <image>; needs --apply-chat-template")
 
     @property
     def has_prompts(self) -> bool:

@@ -203,7 +203,8 @@ class DataBuffer:
         metadata = copy.deepcopy(record.metadata)
         metadata.update(prompt_row=record.row, epoch=epoch)
         return Sample(index=index, group_index=group_index, prompt=copy.deepcopy(record.prompt),
-                      tokens=list(record.tokens), label=copy.deepcopy(record.label), metadata=metadata)
+                      tokens=list(record.tokens), label=copy.deepcopy(record.label), metadata=metadata,
+                      multimodal_inputs=copy.deepcopy(record.multimodal_inputs))
 
     def _land(self, group: Group) -> None:
         if not group:
@@ -228,6 +229,7 @@ def _reset(sample: Sample) -> Sample:
 def create_data_buffer(cfg, source_factory=None) -> DataBuffer:
     """The run's buffer over --prompt-data, tokenized with the served checkpoint's tokenizer, or over
     the source that --data-source-path makes (`source_factory`: the run's loaded hook)."""
+    from lean_rl.buffer.images import processor_for
     from lean_rl.buffer.prompt_source import load_prompts, load_tokenizer
     from lean_rl.buffer.user_source import make_user_source
 
@@ -239,7 +241,7 @@ def create_data_buffer(cfg, source_factory=None) -> DataBuffer:
     user_generates = any(path and not path.startswith("lean_rl.") for path in (
         cfg.rollout.custom_generate_function_path, cfg.rollout.rollout_function_path))
     records, skipped = load_prompts(cfg.data.prompt_data, cfg.data, load_tokenizer(cfg.engines.model_path),
-                                    user_generates=user_generates)
+                                    user_generates=user_generates, processor=processor_for(cfg.data, cfg.engines.model_path))
     buffer = DataBuffer(PromptSource(records, cfg.data.rollout_shuffle, cfg.data.seed, cfg.data.num_epochs),
                         cfg.rollout.n_samples_per_prompt, cfg.rollout.max_staleness)
     buffer.counters.update({f"prompts_skipped_{reason}": n for reason, n in skipped.items()})

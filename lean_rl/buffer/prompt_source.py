@@ -9,9 +9,10 @@ import json
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator, Protocol
+from typing import Any, Iterator, Protocol, cast
 
 from lean_rl.buffer.config import DataConfig
+from lean_rl.buffer.images import ImageError, image_column, render_image_prompt, row_images
 
 
 @functools.lru_cache(maxsize=8)
@@ -32,6 +33,9 @@ class PromptRecord:
     tokens: tuple[int, ...]  # the rendered prompt, tokenized; () for a scalar prompt (the generate function's)
     label: Any = None
     metadata: dict[str, Any] = field(default_factory=dict)
+    # --multimodal-keys: {"images": [the row's image references]}; `tokens` then hold the processor's
+    # expansion (one image pad per vision token). None: a text prompt.
+    multimodal_inputs: dict[str, Any] | None = None
 
 
 PROMPT_FILE_TYPES = (".jsonl", ".json", ".parquet")
@@ -95,13 +99,14 @@ def render_prompt(record_prompt, data: DataConfig, tokenizer, tools=None) -> lis
 
 
 def load_prompts(path: str | Path, data: DataConfig, tokenizer, flag: str = "--prompt-data",
-                 user_generates: bool = False) -> tuple[list[PromptRecord], collections.Counter]:
+                 user_generates: bool = False, processor=None) -> tuple[list[PromptRecord], collections.Counter]:
     """Every usable row of `path`, plus counters of what was skipped and why. Every error starts with
     `flag` (the option that named the file: --prompt-data, or --eval-prompt-data NAME). With
     `user_generates` (the run's generation is a user's function), a list of messages without
-    --apply-chat-template is kept as it is, without tokens, for that function (slime's hand it over so)."""
+    --apply-chat-template is kept as it is, without tokens, for that function (slime's hand it over so).
+    With --multimodal-keys, `processor` (the checkpoint's AutoProcessor) renders the rows with their images."""
     try:
-        return _load_prompts(Path(path), data, tokenizer, user_generates)
+        return _load_prompts(Path(path), data, tokenizer, user_generates, processor)
     except (OSError, ValueError) as err:
         try:
             named = type(err)(f"{flag}: {err}")
@@ -110,10 +115,15 @@ def load_prompts(path: str | Path, data: DataConfig, tokenizer, flag: str = "--p
         raise named from None
 
 
-def _load_prompts(path: Path, data: DataConfig, tokenizer, user_generates: bool = False
+def _load_prompts(path: Path, data: DataConfig, tokenizer, user_generates: bool = False, processor=None
                   ) -> tuple[list[PromptRecord], collections.Counter]:
     if not path.is_file():
         raise FileNotFoundError(f"prompt data file {str(path)!r} does not exist")
+    images_key = image_column(data.multimodal_keys)
+    if images_key and not data.apply_chat_template:
+        raise ValueError("--multimodal-keys puts images into the chat: pass --apply-chat-template")
+    if images_key and processor is None:
+        raise ValueError("--multimodal-keys needs the checkpoint's processor (processor_config.json)")
     records, skipped = [], collections.Counter()
     for row_number, row, error in _iter_rows(path):
         try:
@@ -134,10 +144,18 @@ def _load_prompts(path: Path, data: DataConfig, tokenizer, user_generates: bool 
                 raise BadRowError(f"{data.metadata_key!r} (--metadata-key) must be an object, got "
                                   f"{_json_type(metadata)}")
             tools = row.get(data.tool_key) if data.tool_key else None
+            images = row_images(cast(dict, row), images_key) if images_key else None
+            if images is not None:
+                if not isinstance(prompt, (str, list)):
+                    raise BadRowError(f"{data.input_key!r} must be text or messages to hold images")
+                tokens = render_image_prompt(prompt, images, cast(str, images_key), processor, tools)
             # a scalar (tau-bench's task index): kept as it is for the generate function, as slime does; no tokens
-            tokens = render_prompt(prompt, data, tokenizer, tools) if isinstance(prompt, str) or (
-                isinstance(prompt, list) and (data.apply_chat_template or not user_generates)) else []
-        except BadRowError as err:
+            elif isinstance(prompt, str) or (isinstance(prompt, list)
+                                             and (data.apply_chat_template or not user_generates)):
+                tokens = render_prompt(prompt, data, tokenizer, tools)
+            else:
+                tokens = []
+        except (BadRowError, ImageError) as err:
             if not data.skip_bad_rows:
                 raise BadRowError(f"{path}:{row_number}: {err} (pass --skip-bad-rows to skip such rows)") from None
             skipped["bad_row"] += 1
@@ -146,7 +164,8 @@ def _load_prompts(path: Path, data: DataConfig, tokenizer, user_generates: bool 
             skipped["prompt_too_long"] += 1
             continue
         label = row.get(data.label_key) if data.label_key else None
-        records.append(PromptRecord(row_number, prompt, tuple(tokens), label, dict(metadata or {})))
+        records.append(PromptRecord(row_number, prompt, tuple(tokens), label, dict(metadata or {}),
+                                    None if images is None else {"images": list(images)}))
     if not records:
         raise ValueError(f"{path}: no usable prompts (skipped: {dict(skipped) or 'none'}"
                          f"{'' if skipped else '; the file has no rows'})")
@@ -203,6 +222,8 @@ class PromptSource:
         digest = hashlib.sha256(f"shuffle={self.shuffle} seed={self.seed}\n".encode())
         for record in self.records:
             digest.update(json.dumps([record.row, record.tokens, record.label], default=str).encode())
+            if record.multimodal_inputs is not None:  # (text prompts keep their older checkpoints' fingerprint)
+                digest.update(json.dumps(record.multimodal_inputs).encode())
         return digest.hexdigest()[:16]
 
     def state_dict(self) -> dict[str, Any]:

@@ -73,6 +73,9 @@ async def score_with_teacher(cfg: Config, samples: list[Sample]) -> int:
     on every sample that did not fail and has a response the teacher has not scored; a sample the teacher could not score becomes FAILED (metadata["teacher_error"]). Returns
     how many failed here."""
     todo = [s for s in samples if s.status != Status.FAILED and s.response_length and not s.teacher_log_probs]
+    if any(s.multimodal_inputs is not None for s in todo):  # its /generate scoring would read the pads as text
+        raise ValueError("--use-opd: the teacher scores token ids only; image samples (--multimodal-keys) are not "
+                         "supported yet (docs/vlm.md)")
     results = await asyncio.gather(*(teacher_scores(cfg, s.tokens) for s in todo), return_exceptions=True)
     failed = 0
     for sample, result in zip(todo, results):

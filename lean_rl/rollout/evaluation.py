@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import copy
 import functools
 import logging
 import math
 from typing import TYPE_CHECKING
 
 from lean_rl.options import rebuild
+from lean_rl.buffer.images import processor_for
 from lean_rl.buffer.prompt_source import PromptRecord, load_prompts, load_tokenizer
 from lean_rl.rollout.base import RolloutOutput, generated_samples
 from lean_rl.rollout.reward_scoring import reward_entry_means, score_group
@@ -34,7 +36,8 @@ def pass_at_k(n: int, correct: int, k: int) -> float:
 
 @functools.lru_cache(maxsize=16)
 def _eval_records(name: str, path: str, data_cfg, tokenizer_path: str) -> tuple[PromptRecord, ...]:
-    records, _ = load_prompts(path, data_cfg, load_tokenizer(tokenizer_path), flag=f"--eval-prompt-data {name}")
+    records, _ = load_prompts(path, data_cfg, load_tokenizer(tokenizer_path), flag=f"--eval-prompt-data {name}",
+                              processor=processor_for(data_cfg, tokenizer_path))
     return tuple(records)
 
 
@@ -97,7 +100,8 @@ async def run_evaluation(cfg: Config, rollout_id: int, extensions: Extensions,
         reward_fn, group_rm = extensions.eval_rewards.get(name, (extensions.reward, extensions.group_reward))
         records = _set_records(cfg, eval_set)
         groups = [[Sample(index=i * n + j, group_index=i, prompt=r.prompt, tokens=list(r.tokens), label=r.label,
-                          metadata=dict(r.metadata)) for j in range(n)] for i, r in enumerate(records)]
+                          metadata=dict(r.metadata), multimodal_inputs=copy.deepcopy(r.multimodal_inputs))
+                   for j in range(n)] for i, r in enumerate(records)]
         attempts = await asyncio.gather(*(asyncio.gather(*(one(s, dict(params)) for s in g)) for g in groups))
         failed = [s for g in attempts for attempt in g for s in attempt if s.status == Status.FAILED]
         check_failed_evaluation(cfg, name, failed, sum(len(attempt) for g in attempts for attempt in g))

@@ -14,6 +14,7 @@ from lean_rl.backends.sglang.client import EngineClient
 from lean_rl.buffer.prompt_source import load_tokenizer
 from lean_rl.rollout.base import (parse_weight_version, policy_client, retry_engine_call, router_client,
                                   serving_engine_urls)
+from lean_rl.rollout.vision import EnginePrompt, engine_prompt
 from lean_rl.sample import Sample, Status
 
 if TYPE_CHECKING:  # not at run time: lean_rl.config imports every flag group
@@ -35,7 +36,8 @@ async def generate(cfg: Config, sample: Sample, sampling_params: dict, evaluatio
     if budget <= 0:
         sample.status = Status.TRUNCATED
         return sample
-    result = await generate_with_retries(cfg, sample.tokens, {**sampling_params, "max_new_tokens": budget},
+    result = await generate_with_retries(cfg, engine_prompt(cfg.engines.model_path, sample),
+                                         {**sampling_params, "max_new_tokens": budget},
                                          rid=f"lean_rl-{sample.index}-{sample.response_length}",
                                          on_retry=lambda err: count_retry(sample, err),
                                          # replay's direct engine calls: a prompt's samples share an engine
@@ -48,7 +50,7 @@ async def generate(cfg: Config, sample: Sample, sampling_params: dict, evaluatio
     return sample
 
 
-async def generate_with_retries(cfg: Config, input_ids: list[int], sampling_params: dict, rid: str,
+async def generate_with_retries(cfg: Config, input_ids: list[int] | EnginePrompt, sampling_params: dict, rid: str,
                                 on_retry=None, routing_key: str | None = None,
                                 engine: EngineClient | None = None) -> GenerateResult:
     """/generate through the router, retried when an engine dies under the request (the router answers
@@ -56,7 +58,9 @@ async def generate_with_retries(cfg: Config, input_ids: list[int], sampling_para
     the retry elsewhere). A failed request returned no tokens, so a retry duplicates nothing.
     `engine`: the first attempt goes to that engine directly (a session's own), retries to the router.
     Under --use-rollout-routing-replay every request asks for the experts of all its tokens, and goes to
-    an engine directly (routes_engine)."""
+    an engine directly (routes_engine). An image prompt comes as an EnginePrompt (rollout/vision.py)."""
+    prompt = input_ids if isinstance(input_ids, EnginePrompt) else EnginePrompt(input_ids)
+
     async def attempt(number: int) -> GenerateResult:
         if engine is not None and number == 0:
             client = engine
@@ -64,8 +68,9 @@ async def generate_with_retries(cfg: Config, input_ids: list[int], sampling_para
             client = await routes_engine(cfg, routing_key or rid, number)
         else:
             client = router_client(cfg)
-        return await client.generate(input_ids, sampling_params, return_logprob=True, rid=rid,
-                                     routing_key=routing_key, return_routed_experts=cfg.engines.return_routed_experts)
+        return await client.generate(prompt.input_ids, sampling_params, return_logprob=True, rid=rid,
+                                     routing_key=routing_key, return_routed_experts=cfg.engines.return_routed_experts,
+                                     image_data=prompt.image_data, image_token_id=prompt.image_token_id)
 
     return await retry_engine_call(cfg, attempt, on_retry)
 

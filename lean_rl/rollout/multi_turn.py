@@ -30,6 +30,7 @@ from lean_rl.buffer.prompt_source import load_tokenizer
 from lean_rl.rollout.base import policy_client, rollout_stopping, serving_engine_urls
 from lean_rl.rollout.blocking import run_blocking
 from lean_rl.rollout.generate import count_retry, generate_with_retries, token_versions
+from lean_rl.rollout.vision import engine_prompt
 from lean_rl.rollout.environment import ObservationRenderer, as_observation, as_step_result
 from lean_rl.sample import Sample, Status
 from lean_rl.rollout.config import MULTI_TURN_GENERATE
@@ -75,7 +76,7 @@ async def generate(cfg: Config, sample: Sample, sampling_params: dict, evaluatio
             max_new = min(left, mt.max_tokens_per_turn or left)
             input_len = len(sample.tokens)
             result = await generate_with_retries(
-                cfg, sample.tokens, {**sampling_params, "max_new_tokens": max_new},
+                cfg, engine_prompt(cfg.engines.model_path, sample), {**sampling_params, "max_new_tokens": max_new},
                 rid=f"lean_rl-{sample.index}-turn{len(turns)}", on_retry=lambda err: count_retry(sample, err),
                 routing_key=f"lean_rl-group-{sample.group_index}",
                 engine=await session_engine(cfg, sample.group_index))

@@ -48,6 +48,9 @@ def _same_tokenizer(policy_dir: str, rm_dir: str) -> bool:
 
 def classify_body(sample: Sample, same_tokenizer: bool) -> dict:
     """/classify's request for the sample's prompt + response: its token ids, or its text."""
+    if sample.multimodal_inputs is not None:  # the ids hold image pads the reward model would read as text
+        raise ValueError("the reward model (--rm-hf-checkpoint) reads token ids or text, not images: image samples "
+                         "(--multimodal-keys) need a rule reward (--rm-type / --custom-rm-path) for now (docs/vlm.md)")
     if same_tokenizer:
         return {"input_ids": list(sample.tokens)}
     if not isinstance(sample.prompt, str):

@@ -145,14 +145,18 @@ class EngineClient:
         timeout_s: float | None = None,
         routing_key: str | None = None,
         return_routed_experts: bool = False,
+        image_data: list[str] | None = None,
+        image_token_id: int | None = None,
     ) -> GenerateResult:
         """Generate from token ids. `rid` names the request for abort_request; with return_logprob the
         result carries one log-prob per output token. `routing_key`: requests with the same key belong
         to one session (the turns of one trajectory); sent to the router as its routing-key header.
         `return_routed_experts` (a server started with --enable-return-routed-experts): the result
-        carries the experts every token of input + output but the last went through."""
+        carries the experts every token of input + output but the last went through. `image_data`: the
+        prompt's images, one `image_token_id` each in input_ids (image_prompt.py)."""
         payload = build_generate_payload(input_ids, sampling_params, return_logprob=return_logprob, rid=rid,
-                                         return_routed_experts=return_routed_experts, adapter=self.adapter)
+                                         return_routed_experts=return_routed_experts, adapter=self.adapter,
+                                         image_data=image_data, image_token_id=image_token_id)
         headers = {ROUTING_KEY_HEADER: routing_key} if routing_key else None
         response = await self.request("POST", "/generate", payload, timeout_s=timeout_s, headers=headers)
         try:

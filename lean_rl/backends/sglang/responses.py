@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 import httpx
 
 from lean_rl import routed_experts as routes
+from lean_rl.backends.sglang.image_prompt import check_one_pad_per_image
 
 FINISH_REASONS = ("stop", "length", "abort")
 
@@ -47,9 +48,11 @@ class GenerateResult:
 
 def build_generate_payload(
     input_ids: list[int], sampling_params: dict | None = None, *, return_logprob: bool = False, rid: str | None = None,
-    return_routed_experts: bool = False, adapter: str | None = None,
+    return_routed_experts: bool = False, adapter: str | None = None, image_data: list[str] | None = None,
+    image_token_id: int | None = None,
 ) -> dict:
-    """`adapter`: the LoRA adapter the request is served with (SGLang's lora_path; None: the plain weights)."""
+    """`adapter`: the LoRA adapter the request is served with (SGLang's lora_path; None: the plain weights).
+    `image_data`: the prompt's images, `input_ids` holding ONE `image_token_id` per image (image_prompt.py)."""
     if isinstance(input_ids, (str, bytes)) or not hasattr(input_ids, "__len__") or len(input_ids) == 0:
         raise ValueError("generate: input_ids must be a non-empty list of token ids")
     try:
@@ -67,6 +70,9 @@ def build_generate_payload(
         payload["rid"] = rid
     if adapter is not None:
         payload["lora_path"] = adapter
+    if image_data:
+        check_one_pad_per_image(ids, len(image_data), image_token_id)
+        payload["image_data"] = list(image_data)
     return payload
 
 

@@ -1,0 +1,128 @@
+"""Image prompts through the real engine: SGLang 0.5.23 on CPU behind sglang-router serves the tiny random
+Qwen2.5-VL (lean_rl/testing/tiny_vlm.py); the default rollout reads the shapes task's image rows
+(--multimodal-keys), sends each /generate the images, and the samples it records are checked against
+transformers: the prompt tokens are the processor's expansion, the pixel values the processor's, and
+the engine's log-probs of the response match a transformers forward over Sample.tokens with those
+pixels (<= 1e-4 fp32), which only holds when the engine expanded the images exactly where the sample's
+tokens say. A second turn adds an image and keeps the first. Slow: its own engine (~1-2 min here)."""
+
+import asyncio
+import dataclasses
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from lean_rl.backends.sglang.client import EngineClient
+from lean_rl.backends.sglang.engines import EngineGroup
+from lean_rl.buffer.data_buffer import create_data_buffer
+from lean_rl.buffer.images import load_image, load_processor
+from lean_rl.config import parse_config
+from lean_rl.extensions import install as install_hooks
+from lean_rl.rollout.default import generate, generate_rollout
+from lean_rl.rollout.vision import append_image_turn, image_token_id
+from lean_rl.sample import Status
+from lean_rl.testing.sglang_engines import engine_config_for_tests
+from lean_rl.testing.tiny_vlm import IMAGE_PROMPT, make_tiny_vlm
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+SHAPES = Path(__file__).resolve().parents[2] / "examples" / "vlm_shapes"
+
+
+@pytest.fixture(scope="module")
+def vlm(tmp_path_factory, ray_cluster):
+    root = tmp_path_factory.mktemp("vlm")
+    ckpt = make_tiny_vlm(root / "ckpt")
+    sys.path.insert(0, str(SHAPES))
+    import shapes_task
+
+    prompts = shapes_task.make_prompts(root / "shapes", 4, seed=0)
+    config = engine_config_for_tests(ckpt, "--rollout-num-engines", "1", "--sglang-enable-multimodal")
+    with EngineGroup(config, root / "engines") as group:
+        yield group, prompts
+    sys.path.remove(str(SHAPES))
+
+
+def _hf_log_probs(ckpt: str, sample) -> np.ndarray:
+    """transformers' log p(token | before) for every token of the sample after the first, with its images."""
+    from transformers import Qwen2_5_VLForConditionalGeneration
+
+    model = Qwen2_5_VLForConditionalGeneration.from_pretrained(ckpt, dtype=torch.float32).eval()
+    ids = torch.tensor([sample.tokens])
+    pad = image_token_id(load_processor(ckpt))
+    train = sample.multimodal_train_inputs
+    with torch.no_grad():
+        logits = model(input_ids=ids, attention_mask=torch.ones_like(ids),
+                       mm_token_type_ids=(ids == pad).long(), pixel_values=torch.from_numpy(train["pixel_values"]),
+                       image_grid_thw=torch.from_numpy(train["image_grid_thw"])).logits[0]
+    lp = torch.log_softmax(logits.float(), -1)
+    return lp[:-1].gather(1, ids[0, 1:, None])[:, 0].numpy()
+
+
+def _response_diff(ckpt: str, sample, last: int | None = None) -> float:
+    hf = _hf_log_probs(ckpt, sample)[sample.prompt_length - 1:]
+    trained = [i for i, m in enumerate(sample.loss_mask) if m][-last if last else 0:]
+    return float(np.max(np.abs(hf[trained] - np.asarray(sample.rollout_log_probs)[trained])))
+
+
+def test_rollout_sends_images_and_records_what_the_engine_saw(vlm, tiny_qwen2):
+    group, prompts = vlm
+    ckpt = group.config.model_path
+    # parse_config derives the trainer's Megatron architecture from --hf-checkpoint, which knows no
+    # qwen2_5_vl yet (the training side, branch vlm-train): the flags are parsed against the tiny text
+    # model and the engines (whose model_path the rollout, buffer and processor use) are the VLM's.
+    cfg = parse_config(["--hf-checkpoint", str(tiny_qwen2), "--prompt-data", str(prompts), "--multimodal-keys",
+                        '{"image": "images"}', "--apply-chat-template", "--rollout-batch-size", "2",
+                        "--n-samples-per-prompt", "2", "--rollout-max-response-len", "6",
+                        "--custom-rm-path", "shapes_task.shape_count_reward"])
+    cfg = dataclasses.replace(cfg, engines=group.config)
+    install_hooks(cfg)
+    buffer = create_data_buffer(cfg)
+    asyncio.run(generate_rollout(cfg, 0, buffer))
+    samples = [s for g in buffer.get_train_groups(10) for s in g]
+    assert len(samples) == 4
+    processor = load_processor(ckpt)
+    for s in samples:
+        s.check()
+        assert s.status in (Status.COMPLETED, Status.TRUNCATED) and s.reward in (0.0, 1.0), s.metadata
+        image = load_image(s.multimodal_inputs["images"][0])
+        text = processor.apply_chat_template([{"role": "user", "content": [{"type": "image"}, {"type": "text",
+                                              "text": s.prompt.replace("<image>", "")}]}],
+                                             tokenize=False, add_generation_prompt=True)
+        expected = processor(text=[text], images=[image], return_tensors="np")
+        assert s.tokens[:s.prompt_length] == expected["input_ids"][0].tolist()  # the processor's expansion
+        assert np.array_equal(s.multimodal_train_inputs["pixel_values"], expected["pixel_values"])
+        assert s.multimodal_train_inputs["image_grid_thw"].tolist() == expected["image_grid_thw"].tolist()
+    diff = _response_diff(ckpt, samples[0])
+    print(f"\nengine vs transformers, response log-probs: max abs diff {diff:.2e}")
+    assert diff <= 1e-4
+
+    # a second turn shows another image; the request carries both, and the log-probs still match
+    sample = samples[0]
+    second = buffer.source.records[1].multimodal_inputs["images"][0]
+    append_image_turn(ckpt, sample, f"<|im_end|>\n<|im_start|>user\n{IMAGE_PROMPT}and here?<|im_end|>\n"
+                                    "<|im_start|>assistant\n", [second])
+    before = sample.response_length
+    sample = asyncio.run(generate(cfg, sample, {"max_new_tokens": before + 4, "temperature": 1.0}))
+    assert sample.response_length == before + 4 and len(sample.multimodal_inputs["images"]) == 2
+    assert sample.multimodal_train_inputs["image_grid_thw"].shape == (2, 3)
+    diff2 = _response_diff(ckpt, sample, last=4)
+    print(f"second turn (2 images): max abs diff {diff2:.2e}")
+    assert diff2 <= 1e-4
+
+
+def test_expanded_pads_are_refused_before_they_reach_the_engine(vlm):
+    """SGLang never answers a request whose ids hold the expansion (docs/vlm_spike.md): refused at once."""
+    group, _ = vlm
+    processor = load_processor(group.config.model_path)
+    pad = image_token_id(processor)
+    client = EngineClient(group.engine_urls[0], timeout_s=30, api_key=group.config.api_key)
+    started = time.monotonic()
+    with pytest.raises(ValueError, match=r"1 image\(s\) but 6 image pad token"):
+        asyncio.run(client.generate([1] + [pad] * 6 + [2], {"max_new_tokens": 2}, image_data=["data:,"],
+                                    image_token_id=pad))
+    assert time.monotonic() - started < 5
