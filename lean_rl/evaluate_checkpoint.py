@@ -154,7 +154,8 @@ def evaluate(cfg: Config) -> RolloutOutput:
         return asyncio.run(one_evaluation())
     finally:
         if started is not None:
-            for stop in (started.monitor.stop, *(g.stop for g in started.rewarders), started.engines.stop,
+            started.stop_rewarders()
+            for stop in (started.monitor.stop, started.engines.stop,
                          *([started.teacher.stop] if started.teacher is not None else [])):
                 try:
                     stop()

@@ -68,6 +68,7 @@ class Runtime:
         self.engines: EngineGroup | None = None
         self.teacher_engines: EngineGroup | None = None  # --use-opd --opd-teacher-hf-checkpoint: the teacher's
         self.rewarder_engines: tuple[EngineGroup, ...] = ()  # --rm-hf-checkpoint / --judge-hf-checkpoint
+        self.rewarder_monitors: tuple[EngineMonitor, ...] = ()  # theirs, stopped before them
         self.monitor: EngineMonitor | None = None
         self.weight_sync: EngineWeights | None = None
         self.logger: MetricsLogger | None = None
@@ -157,9 +158,11 @@ class Runtime:
         started = start_engines(self.cfg, self.output_dir, self.trainer, self.colocated)
         self.engines, self.teacher_engines, self.monitor = started.engines, started.teacher, started.monitor
         self.turns.monitor, self.rewarder_engines = self.monitor, started.rewarders
+        self.rewarder_monitors = started.rewarder_monitors
 
     def close(self) -> None:
-        stops = [group.stop for group in self.rewarder_engines]  # the reward model's and the judge's engines
+        # the reward model's and the judge's engines, their monitors first
+        stops = [*(m.stop for m in self.rewarder_monitors), *(group.stop for group in self.rewarder_engines)]
         for closer in stops + [
             self.weight_sync and self.weight_sync.close,
             self.monitor and self.monitor.stop,
