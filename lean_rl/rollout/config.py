@@ -12,6 +12,7 @@ from typing import Any
 from lean_rl.options import ConfigError, group, option
 from lean_rl.rollout.bwrap import TOOL_SANDBOXES
 from lean_rl.rollout.pass_at_k import ks_of
+from lean_rl.utils.env_keys import api_key_from_env
 from lean_rl.utils.custom_config import CustomConfigFlags
 
 # --rm-type: the rewards of rollout/rewards.py (BUILTIN_REWARDS, which a unit test holds to these names)
@@ -181,10 +182,17 @@ class RewardConfig:
     overlong_filtering: bool = option(False, help=(
         "DAPO's over-long filtering: samples cut off by the response budget (TRUNCATED) are not trained on; "
         "their rewards still count in their group's statistics"))
+    rm_api_key_env: str | None = option(None, metavar="NAME", help=(
+        "the environment variable that holds --rm-url's API key, sent as `Authorization: Bearer` to it alone "
+        "(the key itself never on the command line)"))
 
     def __post_init__(self) -> None:
         if self.rm_type == "remote" and not self.rm_url:
             raise ConfigError("--rm-type remote needs --rm-url")
+        if self.rm_api_key_env is not None:
+            if not self.rm_url:
+                raise ConfigError("--rm-api-key-env names the key of --rm-url: add --rm-url URL")
+            api_key_from_env(self.rm_api_key_env, "--rm-api-key-env")
         if self.rm_type and self.custom_rm_path:
             raise ConfigError("give either --rm-type or --custom-rm-path, not both")
         if self.overlong_penalty_factor < 0:
