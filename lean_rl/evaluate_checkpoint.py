@@ -211,8 +211,10 @@ def evaluate_command(argv: list[str]) -> dict[str, Any]:
     from lean_rl.config import build_parser, parse_config
     from lean_rl.options import add_options
 
-    own, rest = add_options(ArgumentParser(prog="lean_rl.evaluate", allow_abbrev=False), EvaluateOptions) \
-        .parse_known_args(argv)
+    parser = ArgumentParser(prog="lean_rl.evaluate", allow_abbrev=False, description=(
+        "Score a checkpoint (--hf-checkpoint DIR or --load MEGATRON_CKPT) on --eval-config sets with pass@k "
+        "(--eval-pass-k). Every other flag is a run's: python -m lean_rl.train --help; docs/evaluate.md."))
+    own, rest = add_options(parser, EvaluateOptions).parse_known_args(argv)
     options = read_options(EvaluateOptions, own)
     if not options.eval_output:
         raise ConfigError("--eval-output PATH is required (the JSON file of the scores)")
