@@ -28,6 +28,17 @@ class StartedEngines:
     monitor: EngineMonitor
     # --rm-hf-checkpoint / --judge-hf-checkpoint: the reward model's and the judge's groups (no weight updates)
     rewarders: tuple[EngineGroup, ...] = ()
+    # one per rewarder group: a dead or hung server leaves its router and is restarted (it serves its
+    # HF checkpoint, so it rejoins at once); the reward model picks among the router's healthy ones
+    rewarder_monitors: tuple[EngineMonitor, ...] = ()
+
+    def stop_rewarders(self) -> None:
+        """The monitors first (they would restart what is stopped), then the groups; each failure logged."""
+        for stop in [*(m.stop for m in self.rewarder_monitors), *(g.stop for g in self.rewarders)]:
+            try:
+                stop()
+            except Exception:  # noqa: BLE001 - stop everything, report each failure
+                logger.exception("error while stopping a rewarder's engines")
 
 
 def start_engines(cfg: Config, output_dir: Path, trainer: MegatronGroup | None, colocated: bool) -> StartedEngines:
@@ -57,7 +68,8 @@ def start_engines(cfg: Config, output_dir: Path, trainer: MegatronGroup | None, 
         for error in errors:
             if error is not None:
                 raise error
-        return StartedEngines(engines, teacher, EngineMonitor(engines).start(), rewarders)
+        return StartedEngines(engines, teacher, EngineMonitor(engines).start(), rewarders,
+                              tuple(EngineMonitor(group).start() for group in rewarders))
     except BaseException:
         for group in (engines, *others):
             if group is not None:

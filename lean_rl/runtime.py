@@ -26,7 +26,7 @@ from lean_rl.ci_test import check_step
 from lean_rl.config import Config
 from lean_rl.debug_rollout import load_debug_rollout, record_train_groups, replayed_rollout
 from lean_rl.checkpoint_save import Checkpoints
-from lean_rl.engine_start import end_ray, report_placement, start_engines
+from lean_rl.engine_start import StartedEngines, end_ray, report_placement, start_engines
 from lean_rl.preflight import check_before_start, dataset_errors_as_config_errors
 from lean_rl.extensions import install
 from lean_rl.rollout.base import RolloutOutput, call_rollout_function, install_on_close
@@ -67,7 +67,7 @@ class Runtime:
         self.trainers = TrainerGroups(cfg, self.colocated, self.turns)  # the actor and PPO's critic
         self.engines: EngineGroup | None = None
         self.teacher_engines: EngineGroup | None = None  # --use-opd --opd-teacher-hf-checkpoint: the teacher's
-        self.rewarder_engines: tuple[EngineGroup, ...] = ()  # --rm-hf-checkpoint / --judge-hf-checkpoint
+        self.rewarders: StartedEngines | None = None  # their engines (--rm-hf-checkpoint / --judge-*) and monitors
         self.monitor: EngineMonitor | None = None
         self.weight_sync: EngineWeights | None = None
         self.logger: MetricsLogger | None = None
@@ -156,11 +156,11 @@ class Runtime:
     def _start_engines(self) -> None:
         started = start_engines(self.cfg, self.output_dir, self.trainer, self.colocated)
         self.engines, self.teacher_engines, self.monitor = started.engines, started.teacher, started.monitor
-        self.turns.monitor, self.rewarder_engines = self.monitor, started.rewarders
+        self.turns.monitor, self.rewarders = self.monitor, started
 
     def close(self) -> None:
-        stops = [group.stop for group in self.rewarder_engines]  # the reward model's and the judge's engines
-        for closer in stops + [
+        for closer in [
+            self.rewarders and self.rewarders.stop_rewarders,  # the reward model's and the judge's engines
             self.weight_sync and self.weight_sync.close,
             self.monitor and self.monitor.stop,
             self.engines and self.engines.stop, self.teacher_engines and self.teacher_engines.stop,

@@ -211,11 +211,17 @@ _router_workers: dict[str, tuple[float, tuple[str, ...]]] = {}  # router url -> 
 async def serving_engine_urls(cfg: Config) -> tuple[str, ...]:
     """The engines the router serves now (its healthy workers: a restarted engine is listed only once
     it has the trainer's weights), sorted, asked at most every 2 s; () when the router cannot say."""
-    url = cfg.engines.router_url
+    return await healthy_workers(router_client(cfg))
+
+
+async def healthy_workers(router: EngineClient) -> tuple[str, ...]:
+    """The healthy workers of the router `router` talks to (any engine group's: the policy's, the reward
+    model's), sorted, asked at most every 2 s; () when the router cannot say."""
+    url = router.base_url
     fetched_at, workers = _router_workers.get(url, (-1e9, ()))
     if time.monotonic() - fetched_at > _ROUTER_WORKERS_TTL_S:
         try:
-            body = (await router_client(cfg).request("GET", "/workers", timeout_s=5.0)).json()
+            body = (await router.request("GET", "/workers", timeout_s=5.0)).json()
             workers = tuple(sorted(w["url"] for w in body["workers"] if w.get("is_healthy")))
         except (EngineError, ValueError, KeyError, TypeError):
             workers = ()

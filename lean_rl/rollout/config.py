@@ -11,6 +11,8 @@ from typing import Any
 
 from lean_rl.options import ConfigError, group, option
 from lean_rl.rollout.bwrap import TOOL_SANDBOXES
+from lean_rl.rollout.pass_at_k import ks_of
+from lean_rl.utils.env_keys import api_key_from_env
 from lean_rl.utils.custom_config import CustomConfigFlags
 
 # --rm-type: the rewards of rollout/rewards.py (BUILTIN_REWARDS, which a unit test holds to these names)
@@ -180,10 +182,17 @@ class RewardConfig:
     overlong_filtering: bool = option(False, help=(
         "DAPO's over-long filtering: samples cut off by the response budget (TRUNCATED) are not trained on; "
         "their rewards still count in their group's statistics"))
+    rm_api_key_env: str | None = option(None, metavar="NAME", help=(
+        "the environment variable that holds --rm-url's API key, sent as `Authorization: Bearer` to it alone "
+        "(the key itself never on the command line)"))
 
     def __post_init__(self) -> None:
         if self.rm_type == "remote" and not self.rm_url:
             raise ConfigError("--rm-type remote needs --rm-url")
+        if self.rm_api_key_env is not None:
+            if not self.rm_url:
+                raise ConfigError("--rm-api-key-env names the key of --rm-url: add --rm-url URL")
+            api_key_from_env(self.rm_api_key_env, "--rm-api-key-env")
         if self.rm_type and self.custom_rm_path:
             raise ConfigError("give either --rm-type or --custom-rm-path, not both")
         if self.overlong_penalty_factor < 0:
@@ -196,7 +205,7 @@ class RewardConfig:
 EVAL_SET_SAMPLING = ("temperature", "top_p", "top_k", "max_response_len", "stop", "stop_token_ids")  # SamplingConfig's
 EVAL_SET_DATA = ("input_key", "label_key", "metadata_key", "tool_key", "apply_chat_template")
 EVAL_SET_KEYS = ("name", "path", "n_samples_per_eval_prompt", "rm_type", "custom_rm_path", *EVAL_SET_SAMPLING,
-                 *EVAL_SET_DATA)
+                 *EVAL_SET_DATA, "pass_k")
 
 
 @dataclass(frozen=True)
@@ -211,6 +220,11 @@ class EvalSet:
     rm_type: str | None = None
     custom_rm_path: str | None = None
     data_overrides: tuple[tuple[str, Any], ...] = ()  # (DataConfig field, value)
+    pass_ks: tuple[int, ...] = ()  # the k's of its pass@k, each <= n_samples_per_prompt; () means 1 and n
+
+    @property
+    def ks(self) -> tuple[int, ...]:
+        return self.pass_ks or ks_of((), self.n_samples_per_prompt, self.name)
 
 
 @dataclass(frozen=True)
@@ -236,6 +250,9 @@ class EvalConfig:
     max_failed_fraction: float = option(0.5, flag="--eval-max-failed-fraction", help=(
         "an evaluation sample whose generation failed (an engine fault past the retries) is counted "
         "(eval/<name>/failed) and scored by no metric; past this fraction of a set the run stops"))
+    pass_k: tuple[int, ...] = option((), flag="--eval-pass-k", metavar="K", help=(
+        "report eval/<set>/pass@K for each K (1 <= K <= the set's samples per prompt; a set's `pass_k` in "
+        "--eval-config wins); default: 1 and the samples per prompt"))
     # Derived once by config.parse_config (with_rollout_sampling): the rollout's sampling with the two eval overrides.
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
     # Derived once by config.parse_config (with_sets): every set, from --eval-prompt-data or --eval-config
@@ -261,7 +278,9 @@ class EvalConfig:
         taken from the set, else from its `defaults`, else from the run's flags."""
         if eval_config is None:
             return dataclasses.replace(self, sets=tuple(
-                EvalSet(name, path, self.n_samples_per_prompt, self.sampling) for name, path in self.datasets))
+                EvalSet(name, path, self.n_samples_per_prompt, self.sampling,
+                        pass_ks=ks_of(self.pass_k, self.n_samples_per_prompt, f"--eval-pass-k (set {name})"))
+                for name, path in self.datasets))
         where = f"--eval-config {self.config_path}"
         if self.datasets:
             raise ConfigError(f"{where}: give the evaluation sets either there or with --eval-prompt-data, not both")
@@ -286,11 +305,14 @@ class EvalConfig:
             if given.get("rm_type") and given["rm_type"] not in BUILTIN_REWARD_TYPES:
                 raise ConfigError(f"{where}: {entry['name']}: rm_type {given['rm_type']!r}: choose one of "
                                   f"{', '.join(BUILTIN_REWARD_TYPES)}")
+            n = int(given.get("n_samples_per_eval_prompt", self.n_samples_per_prompt))
+            set_ks = given.get("pass_k")
+            ks = ks_of(self.pass_k, n, f"--eval-pass-k (set {entry['name']})") if set_ks is None else \
+                ks_of(set_ks if isinstance(set_ks, list) else [set_ks], n, f"{where}: {entry['name']}: pass_k")
             sets.append(EvalSet(
-                name=str(entry["name"]), path=str(entry["path"]),
-                n_samples_per_prompt=int(given.get("n_samples_per_eval_prompt", self.n_samples_per_prompt)),
+                name=str(entry["name"]), path=str(entry["path"]), n_samples_per_prompt=n,
                 sampling=sampling, rm_type=given.get("rm_type"), custom_rm_path=given.get("custom_rm_path"),
-                data_overrides=tuple((key, given[key]) for key in EVAL_SET_DATA if key in given)))
+                data_overrides=tuple((key, given[key]) for key in EVAL_SET_DATA if key in given), pass_ks=ks))
         names = [s.name for s in sets]
         if len(set(names)) != len(names):
             raise ConfigError(f"{where}: two sets share a name: {names}")

@@ -1,6 +1,6 @@
 """Evaluation rollouts: every prompt of each evaluation set (--eval-prompt-data, or --eval-config with
 per-set sampling, reward and data keys), `--n-samples-per-eval-prompt` times (or the set's own);
-mean reward and pass@k per set. Eval prompts never touch the training buffer."""
+mean reward and pass@k per set (rollout/pass_at_k.py). Eval prompts never touch the training buffer."""
 
 from __future__ import annotations
 
@@ -9,13 +9,13 @@ import collections
 import copy
 import functools
 import logging
-import math
 from typing import TYPE_CHECKING
 
 from lean_rl.options import rebuild
 from lean_rl.buffer.images import processor_for
 from lean_rl.buffer.prompt_source import PromptRecord, load_prompts, load_tokenizer
 from lean_rl.rollout.base import RolloutOutput, generated_samples
+from lean_rl.rollout.pass_at_k import PASS_REWARD, mean_pass_at_k
 from lean_rl.rollout.reward_scoring import reward_entry_means, score_group
 from lean_rl.sample import Sample, Status
 
@@ -25,13 +25,6 @@ if TYPE_CHECKING:  # not at run time: lean_rl.config imports every flag group (M
     from lean_rl.hook_protocols import Extensions, GenerateFunction
 
 logger = logging.getLogger(__name__)
-
-
-def pass_at_k(n: int, correct: int, k: int) -> float:
-    """Unbiased pass@k from n samples with `correct` successes (Chen et al., 2021)."""
-    if n - correct < k:
-        return 1.0
-    return 1.0 - math.comb(n - correct, k) / math.comb(n, k)
 
 
 @functools.lru_cache(maxsize=16)
@@ -122,10 +115,9 @@ async def run_evaluation(cfg: Config, rollout_id: int, extensions: Extensions,
         output.metrics[f"eval/{name}/reward_mean"] = sum(rewards) / len(rewards)
         for key, mean in reward_entry_means([s for g in finished for s in g]).items():
             output.metrics[f"eval/{name}/reward/{key}_mean"] = mean
-        for k in sorted({1, n}):
-            scores = [pass_at_k(len(g), sum(any(s.reward >= 1.0 for s in attempt) for attempt in g), k)
-                      for g in attempts]
-            output.metrics[f"eval/{name}/pass@{k}"] = sum(scores) / len(scores)
+        correct = [sum(any(s.reward >= PASS_REWARD for s in attempt) for attempt in g) for g in attempts]
+        for k in eval_set.ks:  # --eval-pass-k / the set's pass_k, else 1 and n (rollout/pass_at_k.py)
+            output.metrics[f"eval/{name}/pass@{k}"] = mean_pass_at_k(correct, n, k)
         output.metrics[f"eval/{name}/response_len_mean"] = sum(s.response_length for g in finished for s in g) / len(rewards)
         output.samples[name] = [s for g in finished for s in g]
     output.metrics.update({f"eval/{k}": float(v) for k, v in counters.items()})

@@ -1,6 +1,7 @@
 """An LLM judge as a rewarder: a generative model, on engines this run starts (--judge-hf-checkpoint)
 or a server of yours (--judge-url), is asked about each finished sample through its chat endpoint
-(/v1/chat/completions), and its answer is read into a reward.
+(/v1/chat/completions), and its answer is read into a reward. A --judge-url's key comes from the
+environment variable --judge-api-key-env names (utils/env_keys.py), sent as `Authorization: Bearer`.
 
 The question comes from --judge-template and the answer is read by --judge-parser: built-ins of each
 name (score_0_10: "rate 0-10", reward = score / 10; a_or_b: "is the response (A) right or (B) wrong",
@@ -22,6 +23,7 @@ from typing import TYPE_CHECKING
 from lean_rl.backends.sglang.client import EngineError
 from lean_rl.rollout.base import engine_client
 from lean_rl.sample import Sample
+from lean_rl.utils.env_keys import bearer_header
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -135,7 +137,7 @@ class Judge:
             if attempt:
                 await asyncio.sleep(min(2.0 ** (attempt - 1), 10.0))
             try:
-                reply = (await client.request("POST", "/v1/chat/completions", body)).json()
+                reply = (await client.request("POST", "/v1/chat/completions", body, headers=judge_headers(cfg))).json()
                 answer = reply["choices"][0]["message"]["content"] or ""
             except EngineError as err:
                 if getattr(err, "status_code", 500) < 500:  # the judge refuses the request itself: no retry
@@ -172,6 +174,13 @@ async def judge_score(cfg: Config, sample: Sample) -> float:
     if judge is None:
         raise RuntimeError("judge_score needs --judge-hf-checkpoint or --judge-url (no judge was prepared)")
     return await judge(cfg, sample)
+
+
+def judge_headers(cfg: Config) -> dict[str, str] | None:
+    """--judge-url's key (--judge-api-key-env) as a Bearer header; None for a judge this run serves (its
+    client sends the run's key, to listeners proven to be the run's)."""
+    serving = cfg.reward_serving
+    return bearer_header(serving.judge_api_key_env, "--judge-api-key-env") or None
 
 
 def judge_client(cfg: Config):

@@ -5,9 +5,11 @@ Each server runs with --is-embedding, so its /classify answers the score head's 
 sequence (`embedding`: one float per label; label 0 is the reward). sglang-router does not forward
 /classify, so requests go to the servers in turn. The sample is sent as token ids when the reward
 model's tokenizer is the policy's (the exact sequence generated), else as text (prompt + response),
-which the reward model's own tokenizer reads. A server that cannot answer (after
---rollout-request-retries) is a fault: the reward raises, and rewards.score_group marks the sample
-FAILED (metadata["reward_error"]); it never becomes a reward.
+which the reward model's own tokenizer reads. The servers are watched like the policy's (an
+EngineMonitor per group, engine_start.py: a dead or hung one leaves the router and is restarted) and
+each request goes to one the router lists as healthy. A reward model that cannot answer (after
+--rollout-request-retries) is a fault: RewardModelError, which rewards.score_group turns into a FAILED
+sample (metadata["reward_error"], rollout/reward_failed); it never becomes a reward.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import math
 from typing import TYPE_CHECKING
 
 from lean_rl.backends.sglang.client import EngineError
-from lean_rl.rollout.base import engine_client, retry_engine_call
+from lean_rl.rollout.base import engine_client, healthy_workers, retry_engine_call
 from lean_rl.sample import Sample
 
 if TYPE_CHECKING:
@@ -70,16 +72,25 @@ def read_score(payload: object) -> float:
     return score
 
 
+class RewardModelError(RuntimeError):
+    """The served reward model gave no score for a sample (every server unreachable, hung or failing,
+    past --rollout-request-retries): the sample fails (rewards.score_group), it is never a reward."""
+
+
 async def reward_model_score(cfg: Config, sample: Sample) -> float:
-    """The reward model's score of the sample's prompt + response, retried like generation."""
+    """The reward model's score of the sample's prompt + response, retried like generation. Each try
+    goes to a server the reward model's router lists as healthy (its engine monitor, engine_start.py,
+    takes a dead or hung server out and restarts it), to any server when the router cannot say.
+    RewardModelError, naming the servers and the last error, when no try answered."""
     engines = cfg.reward_serving.rm_engines
     if engines is None:
         raise RuntimeError("reward_model_score needs --rm-hf-checkpoint (this run serves no reward model)")
     same = _same_tokenizer(cfg.engines.model_path, engines.model_path)
     body = classify_body(sample, same)
-    urls = engines.engine_urls
 
     async def attempt(number: int) -> float:
+        router = engine_client(engines.router_url, engines.request_timeout_s, engines.api_key)
+        urls = await healthy_workers(router) or engines.engine_urls
         url = urls[next(_turns) % len(urls)]  # another server on each try
         client = engine_client(url, engines.request_timeout_s, engines.api_key)
         response = await client.request("POST", "/classify", body)
@@ -88,7 +99,12 @@ async def reward_model_score(cfg: Config, sample: Sample) -> float:
         except ValueError as err:
             raise EngineError(url, "/classify", str(err)) from None
 
-    return await retry_engine_call(cfg, attempt)
+    try:
+        return await retry_engine_call(cfg, attempt)
+    except EngineError as err:
+        raise RewardModelError(f"the reward model (--rm-hf-checkpoint {engines.model_path}, servers "
+                               f"{', '.join(engines.engine_urls)}) gave no score in {cfg.rollout.request_retries + 1} "
+                               f"tries (--rollout-request-retries): {err}") from None
 
 
 async def reward_model_reward(cfg: Config, sample: Sample) -> float:

@@ -14,6 +14,7 @@ from typing import Any
 from lean_rl.backends.sglang.config import EngineConfig, LiveEndpoints
 from lean_rl.backends.sglang.ports_and_key import resolve_ports
 from lean_rl.options import ConfigError, option, rebuild
+from lean_rl.utils.env_keys import api_key_from_env
 
 # HF sequence-classification classes that SGLang 0.5.23 serves as reward models (scores from
 # /classify, one per label): sglang/srt/configs/model_config.py is_generation_model lists them among
@@ -38,7 +39,8 @@ class RewardServingConfig:
         "HF checkpoint of a generative LLM judge, served by SGLang engines this run starts; each finished sample is "
         "put to it with --judge-template and its answer read by --judge-parser"))
     judge_url: str | None = option(None, metavar="URL", help=(
-        "instead of --judge-hf-checkpoint: an OpenAI-compatible server of yours (/v1/chat/completions, no API key)"))
+        "instead of --judge-hf-checkpoint: an OpenAI-compatible server of yours (/v1/chat/completions; its key: "
+        "--judge-api-key-env)"))
     judge_num_engines: int | None = option(None, positive=True, help="SGLang servers for --judge-hf-checkpoint (default 1)")
     judge_template: str = option("score_0_10", metavar="NAME|PATH", help=(
         "the judge's prompt: a built-in (" + ", ".join(JUDGE_BUILTINS) + ") or the dotted path of "
@@ -55,6 +57,9 @@ class RewardServingConfig:
     reward_routes: str | None = option(None, metavar="YAML", help=(
         "route each sample to a rewarder by a field of its data row (rollout/reward_routing.py; docs/rewards.md): "
         "field, routes {value: {reward, concurrency}}, default"))
+    judge_api_key_env: str | None = option(None, metavar="NAME", help=(
+        "the environment variable that holds --judge-url's API key, sent as `Authorization: Bearer` to the judge "
+        "alone (the key itself never on the command line)"))
     # derived (config.parse_config: with_engines): the servers this run starts for them; once their
     # groups run (Runtime), the groups' configs, which carry the reported URLs
     rm_engines: EngineConfig | None = field(default=None, kw_only=True)
@@ -86,6 +91,11 @@ class RewardServingConfig:
         if self.judge_parser is None and self.judge_template not in JUDGE_BUILTINS:
             raise ConfigError(f"--judge-template {self.judge_template}: a template of yours needs --judge-parser "
                               f"(a built-in: {', '.join(JUDGE_BUILTINS)}, or the dotted path of parse(text))")
+        if self.judge_api_key_env is not None:
+            if self.judge_url is None:
+                raise ConfigError("--judge-api-key-env names the key of a remote judge: add --judge-url URL (a judge "
+                                  "this run serves uses the run's own key)")
+            api_key_from_env(self.judge_api_key_env, "--judge-api-key-env")
         if self.judge_temperature < 0:
             raise ConfigError(f"--judge-temperature must be >= 0, got {self.judge_temperature}")
 

@@ -24,6 +24,7 @@ import httpx
 # score_group lives in reward_scoring.py; a user's rollout function imports it from here (docs/extending.md)
 from lean_rl.rollout.reward_scoring import score_group  # noqa: F401
 from lean_rl.sample import Sample
+from lean_rl.utils.env_keys import bearer_header
 
 if TYPE_CHECKING:  # not at run time: lean_rl.config imports every flag group (Megatron's included)
     from lean_rl.config import Config
@@ -140,13 +141,15 @@ async def f1_reward(cfg: Config, sample: Sample) -> float:
 
 # ---------------------------------------------------------------- remote reward model
 async def remote_reward(cfg: Config, sample: Sample) -> float:
-    """POST {prompt, response, label, metadata} to --rm-url; the server answers a number or {"reward": x}."""
+    """POST {prompt, response, label, metadata} to --rm-url (with --rm-api-key-env's key as a Bearer
+    header); the server answers a number or {"reward": x}."""
     body = {"prompt": sample.prompt, "response": sample.response, "label": sample.label, "metadata": sample.metadata}
     last_error: Exception | None = None
+    headers = bearer_header(cfg.reward.rm_api_key_env, "--rm-api-key-env")  # the key to --rm-url alone
     async with httpx.AsyncClient(timeout=cfg.reward.rm_timeout) as client:
         for attempt in range(cfg.reward.rm_retries + 1):
             try:
-                reply = await client.post(cfg.reward.rm_url, json=body)
+                reply = await client.post(cfg.reward.rm_url, json=body, headers=headers)
                 reply.raise_for_status()
                 data = reply.json()
                 return float(data["reward"] if isinstance(data, dict) else data)

@@ -23,7 +23,9 @@ ROOT = Path(lean_rl.__file__).resolve().parent
 PACKAGES = ("lean_rl.algorithms", "lean_rl.buffer", "lean_rl.rollout", "lean_rl.backends.sglang",
             "lean_rl.backends.megatron", "lean_rl.weight_sync", "lean_rl.convert", "lean_rl.utils",
             "lean_rl.testing", "lean_rl.slime_compat")
-LOOP_MODULES = ("lean_rl.train", "lean_rl.train_async", "lean_rl.run_loop", "lean_rl.runtime", "lean_rl.config")
+# python -m lean_rl.evaluate is a loop of its own (one evaluation rollout, no trainer: evaluate_checkpoint.py)
+LOOP_MODULES = ("lean_rl.train", "lean_rl.train_async", "lean_rl.run_loop", "lean_rl.runtime", "lean_rl.config",
+                "lean_rl.evaluate", "lean_rl.evaluate_checkpoint")
 # Who may import a loop module: the loops themselves, slime's launcher (it runs train / train_async
 # with a slime script's flags), the test helpers and the parity harness.
 LOOP_IMPORTERS = (*LOOP_MODULES, "lean_rl.slime_launch", "lean_rl.testing", "lean_rl.parity")

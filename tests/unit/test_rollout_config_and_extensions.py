@@ -8,7 +8,7 @@ from lean_rl.config import parse_config
 from lean_rl.options import ConfigError
 from lean_rl.extensions import load_extensions
 from lean_rl.rollout.base import parse_weight_version
-from lean_rl.rollout.evaluation import pass_at_k
+from lean_rl.rollout.pass_at_k import pass_at_k
 from lean_rl.utils.plugins import PluginError
 
 
