@@ -11,6 +11,7 @@ runs at DP 1 (TP / PP as flagged); the engines serve the base with the adapter l
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import os
 import sys
@@ -30,6 +31,8 @@ def _server_flags(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--future-deadline", type=float, default=1800.0,
                         help="seconds a training or sampling call may take before its future fails")
+    parser.add_argument("--max-sampler-adapters", type=int, default=8,
+                        help="sampler weights (adapters) each engine holds at once; the oldest is unloaded first")
     return parser.parse_known_args(argv)
 
 
@@ -45,6 +48,11 @@ def main(argv: list[str]) -> None:
     if not cfg.train.lora.enabled or cfg.engines.adapter is None:
         raise ConfigError("lean_rl.serve_tinker trains LoRA training clients: pass --lora-rank N (and keep "
                           "--lora-sync adapter / auto)")
+    if flags.max_sampler_adapters < 1:
+        raise ConfigError(f"--max-sampler-adapters must be >= 1, got {flags.max_sampler_adapters}")
+    # one more place on the engines: the run's own adapter, which the start-up sync loads and probes
+    adapter = dataclasses.replace(cfg.engines.adapter, max_loaded=flags.max_sampler_adapters + 1)
+    cfg = dataclasses.replace(cfg, engines=dataclasses.replace(cfg.engines, adapter=adapter))
     if cfg.run.colocate:
         raise ConfigError("--colocate: the Tinker client interleaves training and sampling; serve with the "
                           "engines apart from the trainer")

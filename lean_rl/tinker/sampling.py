@@ -4,8 +4,10 @@ each with its sampled tokens' log-probs; optionally the prompt's log-probs (comp
 from __future__ import annotations
 
 import asyncio
+from typing import cast
 
 from lean_rl.backends.sglang.client import EngineClient
+from lean_rl.backends.sglang.responses import GenerateResult, ScoreResult
 from lean_rl.tinker.futures import UserError
 from lean_rl.tinker.wire import Sequence, encode_sample_response
 
@@ -43,7 +45,7 @@ def sglang_params(params: dict) -> dict:
     return out
 
 
-async def sample(client: EngineClient, request: dict, expected_version: str | None) -> bytes:
+async def sample(client: EngineClient, request: dict) -> bytes:
     refused = [k for k in _REFUSED if request.get(k)]
     refused += [k for k in ("topk_prompt_logprobs", "topk_sample_logprobs", "prompt_alt_tokens_k") if request.get(k)]
     if refused:
@@ -56,11 +58,8 @@ async def sample(client: EngineClient, request: dict, expected_version: str | No
     jobs = [client.generate(tokens, params, return_logprob=True) for _ in range(count)]
     score = client.score(tokens) if request.get("prompt_logprobs") else None
     results = await asyncio.gather(*jobs, *([score] if score is not None else []))
-    generated, scored = results[:count], (results[count] if score is not None else None)
-    for result in [*generated, *([scored] if scored is not None else [])]:
-        if expected_version is not None and result.weight_version != expected_version:
-            raise UserError(f"the engines moved to weights version {result.weight_version} while sampling "
-                            f"version {expected_version}: create a new sampling client")
+    generated = cast(list[GenerateResult], results[:count])
+    scored = cast(ScoreResult, results[count]) if score is not None else None
     sequences = []
     for result in generated:
         if result.finish_reason == "abort":

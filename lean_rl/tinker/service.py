@@ -5,12 +5,13 @@ Trainer calls (create_model, forward_backward, optim_step, save_weights_for_samp
 in the order they arrived, on one worker thread: the event loop stays free for polls and heartbeats.
 Sampling runs on the loop, concurrently, through the router.
 
-Sampler weights: each save_weights_for_sampler bumps the version and syncs the adapter to the engines
-(the sync's probe checks them against the trainer). A sampling session is bound to the version it was
-made for; the engines hold one adapter, so a session of an older version is refused (a user error),
-never served the newer weights. A session of the base model is served the base (no adapter).
-
-One training client at a time: a second create_model while one is live is refused (docs/tinker.md)."""
+Several training clients at once: each is a LoRA adapter of the one base, trained on the actor in
+turn with its own optimizer state (backends/megatron/adapter_slots.py). Sampler weights: each
+save_weights_for_sampler loads that client's adapter on every engine under a name of its own
+(`a<client>v<version>`), beside the base and the other adapters, and a sampling session is bound to
+that name: it keeps sampling its snapshot exactly while its trainer goes on. The engines hold
+--max-sampler-adapters of them; the oldest is unloaded first, after which its sessions are refused (a
+user error). A session of the base model is served the base (no adapter)."""
 
 from __future__ import annotations
 
@@ -19,16 +20,21 @@ import concurrent.futures
 import os
 import threading
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from lean_rl.algorithms.tinker_losses import check_loss
 from lean_rl.backends.megatron.tinker_rank import RankTinker
 from lean_rl.backends.sglang.client import EngineClient
+from lean_rl.weight_sync.transports.adapter import adapter_payload
 from lean_rl.runtime import Runtime
 from lean_rl.tinker.batches import build_micro_batches, per_datum_logprobs
 from lean_rl.tinker.futures import UserError
 from lean_rl.tinker.sampling import sample
 from lean_rl.tinker.wire import ForwardBackwardCall, encode_forward_backward_output
+
+if TYPE_CHECKING:
+    from lean_rl.backends.megatron.group import MegatronGroup
+    from lean_rl.backends.sglang.lora import ServedAdapter
 
 BASE = "base"
 _ADAM_DEFAULTS = {"learning_rate": 1e-4, "beta1": 0.9, "beta2": 0.95, "eps": 1e-12, "weight_decay": 0.0,
@@ -39,28 +45,38 @@ _ADAM_DEFAULTS = {"learning_rate": 1e-4, "beta1": 0.9, "beta2": 0.95, "eps": 1e-
 class _Model:
     model_id: str
     session_id: str
+    index: int  # names its adapters on the engines
     version: int = 0  # of the sampler weights it last saved
-    named: dict[str, int] = field(default_factory=dict)  # sampler_weights name -> version
+    named: dict[str, str] = field(default_factory=dict)  # sampler_weights name -> engine adapter name
 
 
 class TinkerService:
     def __init__(self, runtime: Runtime):
         self.runtime = runtime
         cfg = runtime.cfg
-        if runtime.trainer is None or runtime.engines is None:
-            raise RuntimeError("serve_tinker: the runtime started no trainer or no engines")
-        self.base_model = cfg.engines.model_path
+        if runtime.trainer is None or runtime.engines is None or cfg.engines.adapter is None:
+            raise RuntimeError("serve_tinker: the runtime started no trainer, no engines or no served adapter")
+        self.trainer: MegatronGroup = runtime.trainer
+        self.engine_urls = list(runtime.engines.engine_urls)
+        self.adapter: ServedAdapter = cfg.engines.adapter
+        self.family: str = self.trainer.family or ""
+        self.base_model: str = str(cfg.engines.model_path)
         self.lora_rank = cfg.train.lora.lora_rank
         self.rows = cfg.train.batch.micro_batch_size
         self.vocab_size = cfg.megatron.arch.vocab_size
         self._worker = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="tinker-trainer")
         self._lock = threading.Lock()
         self.models: dict[str, _Model] = {}
-        self.version = runtime.start_step  # what the engines' adapter is
-        self.samplers: dict[str, int | str] = {}  # sampling session id -> version, or BASE
-        self.policy = runtime.engines.router_client()  # names the run's adapter
-        self.base = EngineClient(self.policy.base_url, timeout_s=self.policy.timeout_s, api_key=cfg.engines.api_key)
-        runtime.trainer.attach(RankTinker)
+        self._count = 0
+        self.samplers: dict[str, str] = {}  # sampling session id -> engine adapter name, or BASE
+        self.loaded: list[str] = []  # engine adapter names, oldest first
+        self.router_url, self.timeout_s = runtime.engines.router_url, cfg.engines.request_timeout_s
+        self.api_key = cfg.engines.api_key
+        self.tp_size = cfg.engines.gpus_per_engine
+        self.trainer.attach(RankTinker)
+
+    def client(self, adapter: str | None) -> EngineClient:
+        return EngineClient(self.router_url, timeout_s=self.timeout_s, api_key=self.api_key, adapter=adapter)
 
     def close(self) -> None:
         self._worker.shutdown(wait=False, cancel_futures=True)
@@ -83,11 +99,9 @@ class TinkerService:
             raise UserError(f"lora_config.rank {lora.get('rank')}: this server trains rank {self.lora_rank} "
                             "adapters (--lora-rank)")
         with self._lock:
-            if self.models and model_id not in self.models:
-                raise UserError(f"a training client ({next(iter(self.models))}) is live: this server trains one "
-                                "LoRA training client at a time (docs/tinker.md)")
-            self.models[model_id] = _Model(model_id, session_id)
-        self.runtime.trainer.call_all(RankTinker.reset)
+            if model_id not in self.models:
+                self._count += 1
+                self.models[model_id] = _Model(model_id, session_id, self._count)
         return {"model_id": model_id}
 
     def model(self, model_id: str) -> _Model:
@@ -97,9 +111,14 @@ class TinkerService:
         return found
 
     def drop_session(self, session_id: str) -> None:
+        """The session finished: its training clients' adapters leave the actor (their sampler weights
+        stay on the engines until pushed out)."""
         with self._lock:
-            for model_id in [m.model_id for m in self.models.values() if m.session_id == session_id]:
+            gone = [m.model_id for m in self.models.values() if m.session_id == session_id]
+            for model_id in gone:
                 del self.models[model_id]
+        for model_id in gone:
+            self._worker.submit(self.trainer.call_all, RankTinker.drop, model_id)
 
     def info(self, model_id: str) -> dict:
         self.model(model_id)
@@ -111,13 +130,16 @@ class TinkerService:
         self.model(call.model_id)
         names = set(call.data[0].inputs) - {"target_tokens"}
         try:
-            check_loss(call.loss_fn, names if not call.forward_only else names | {"weights", "logprobs", "advantages"},
-                       {} if call.forward_only else call.loss_config)
+            check_loss(call.loss_fn, names, call.loss_config)
+            with_loss = True
         except ValueError as err:
-            raise UserError(str(err)) from None
+            if not call.forward_only:
+                raise UserError(str(err)) from None
+            with_loss = False  # forward(): log-probs without the loss's inputs; loss:sum 0
         batches = build_micro_batches(call.data, self.rows, self.vocab_size)
-        results = self.runtime.trainer.call_all(RankTinker.forward_backward, batches, call.loss_fn,
-                                                call.loss_config, call.forward_only)
+        results = self.trainer.call_all(RankTinker.forward_backward, call.model_id, batches,
+                                                call.loss_fn if with_loss else None, call.loss_config,
+                                                call.forward_only)
         logprobs, loss = next(r for r in results if r is not None)
         return encode_forward_backward_output(per_datum_logprobs(logprobs, call.data, self.rows),
                                               {"loss:sum": loss})
@@ -125,24 +147,41 @@ class TinkerService:
     def optim_step(self, model_id: str, adam: dict[str, Any] | None) -> dict:
         self.model(model_id)
         params = {**_ADAM_DEFAULTS, **{k: float(v) for k, v in (adam or {}).items() if k in _ADAM_DEFAULTS}}
-        results = self.runtime.trainer.call_all(RankTinker.optim_step, params)
+        results = self.trainer.call_all(RankTinker.optim_step, model_id, params)
         metrics = next(r for r in results if r is not None)
         return {"metrics": {f"{k}:mean": v for k, v in metrics.items()}}
 
     def save_for_sampler(self, model_id: str, name: str | None, session_key: str | None) -> dict:
-        """Sync the adapter to the engines as a new version; a named save becomes a tinker:// path, an
-        unnamed one (save_weights_and_get_sampling_client) a sampling session."""
+        """Load the client's adapter as it is now on every engine, under a new name; a named save
+        becomes a tinker:// path, an unnamed one (save_weights_and_get_sampling_client) a session."""
         model = self.model(model_id)
-        version = self.version + 1
-        self.runtime.sync_weights(version)  # with the probe: the engines now serve what the trainer holds
-        self.version = model.version = version
+        if name is not None and not name.replace("-", "").replace("_", "").replace(".", "").isalnum():
+            raise UserError(f"path {name!r}: a sampler weights name is letters, digits, '-', '_', '.'")
+        model.version += 1
+        adapter = f"a{model.index}v{model.version}"
+        tensors: dict = {}
+        for part in self.trainer.call_all(RankTinker.adapter_tensors, model_id, self.family):
+            tensors.update(part)
+        asyncio.run(self._load_on_engines(adapter, adapter_payload(tensors)))
         if name is not None:
-            if not name.replace("-", "").replace("_", "").replace(".", "").isalnum():
-                raise UserError(f"path {name!r}: a sampler weights name is letters, digits, '-', '_', '.'")
-            model.named[name] = version
+            model.named[name] = adapter
             return {"path": f"tinker://{model_id}/sampler_weights/{name}"}
-        self.samplers[session_key or f"{model_id}:v{version}"] = version
-        return {"sampling_session_id": session_key or f"{model_id}:v{version}"}
+        self.samplers[session_key or adapter] = adapter
+        return {"sampling_session_id": session_key or adapter}
+
+    async def _load_on_engines(self, adapter: str, payload: str) -> None:
+        engines = [EngineClient(url, timeout_s=self.timeout_s, api_key=self.api_key)
+                   for url in self.engine_urls]
+        while len(self.loaded) >= self.adapter.max_loaded - 1:  # one place stays the run's own adapter's
+            oldest = self.loaded.pop(0)
+            for engine in engines:
+                await engine.request("POST", "/unload_lora_adapter", {"lora_name": oldest})
+        body = {"lora_name": adapter, "config_dict": self.adapter.peft_config(),
+                "serialized_named_tensors": [payload] * self.tp_size}
+        await asyncio.gather(*(e.request("POST", "/load_lora_adapter_from_tensors", body) for e in engines))
+        self.loaded.append(adapter)
+        for engine in engines:
+            await engine.aclose()
 
     # -- sampling ---------------------------------------------------------------------------------
     def open_sampler(self, session_key: str, base_model: str | None, model_path: str | None) -> str:
@@ -166,9 +205,11 @@ class TinkerService:
         bound = self.samplers.get(session_id)
         if bound is None:
             raise UserError(f"sampling_session_id {session_id!r}: unknown (create a sampling client first)")
-        if bound != BASE and bound != self.version:
-            raise UserError(f"this sampling client holds sampler weights version {bound}; the engines serve "
-                            f"version {self.version} now and keep one version (docs/tinker.md): create a new "
-                            "sampling client")
-        client = self.base if bound == BASE else self.policy
-        return await sample(client, request, None if bound == BASE else str(bound))
+        if bound != BASE and bound not in self.loaded:
+            raise UserError(f"this sampling client's sampler weights ({bound}) were unloaded: the engines keep the "
+                            f"last {self.adapter.max_loaded - 1} (--max-sampler-adapters); create a new sampling client")
+        client = self.client(None if bound == BASE else bound)
+        try:
+            return await sample(client, request)
+        finally:
+            await client.aclose()

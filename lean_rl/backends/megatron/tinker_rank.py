@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 from functools import partial
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -23,7 +24,7 @@ from megatron.core.pipeline_parallel import get_forward_backward_func
 from megatron.core.utils import get_model_config
 
 from lean_rl.algorithms.tinker_losses import tinker_loss
-from lean_rl.backends.megatron import lora
+from lean_rl.backends.megatron.adapter_slots import AdapterSlots
 from lean_rl.backends.megatron.forward_only import StepContext, log_probs_from_output, model_output_mode
 from lean_rl.backends.megatron.chunked_logprobs import output_weight
 from lean_rl.backends.megatron.rank_trainer import RankTrainer
@@ -35,7 +36,7 @@ def _loss(ctx: StepContext, micro_batch: dict[str, torch.Tensor], loss: tuple[st
           weight, output: torch.Tensor):
     logp, _ = log_probs_from_output(output, micro_batch["targets"], ctx, entropy_grad=False, weight=weight)
     mask = micro_batch["mask"]
-    if loss is None:  # forward only: Megatron still calls the loss function, its value unused
+    if loss is None:  # forward() without the loss's inputs: log-probs only
         value = (logp * 0).sum()
     else:
         inputs = {k: v for k, v in micro_batch.items() if k not in _LAYOUT}
@@ -53,18 +54,37 @@ def _forward(ctx: StepContext, loss, scale: float, data_iterator, model):
 
 
 class RankTinker:
+    """Every call names the training client's adapter (adapter_slots.py: several share the actor)."""
+
     def __init__(self, rank):
         self.rank = rank
+        self._slots: AdapterSlots | None = None
 
     @property
     def _trainer(self) -> RankTrainer:
         return self.rank.hosted[RankTrainer]
 
-    def forward_backward(self, micro_batches: list[dict[str, np.ndarray]], loss_fn: str, loss_config: dict,
-                         forward_only: bool) -> tuple[list[np.ndarray], float] | None:
+    def _use(self, adapter: str) -> None:
+        if self._slots is None:
+            self._slots = AdapterSlots(self._trainer.model, self._trainer.bundle.optimizer)
+        self._slots.use(adapter)
+
+    def drop(self, adapter: str) -> None:
+        if self._slots is not None:
+            self._slots.drop(adapter)
+
+    def adapter_tensors(self, adapter: str, family: str) -> dict[str, torch.Tensor]:
+        """{PEFT name: CPU tensor} of `adapter` on this rank's stage (collective within the stage's TP
+        group); the driver joins the stages'."""
+        self._use(adapter)
+        return {name: t.detach().to("cpu", copy=True) for name, t in self.rank.named_hf_adapter_tensors(family)}
+
+    def forward_backward(self, adapter: str, micro_batches: list[dict[str, np.ndarray]], loss_fn: str | None,
+                         loss_config: dict, forward_only: bool) -> tuple[list[np.ndarray], float] | None:
         """Per micro-batch the [n, L] log-probs of the targets (0 on padding) and the summed loss, on the
         last stage's TP rank 0 (None elsewhere); unless forward_only, the loss's gradients are added to
         those of the calls since the last optim_step."""
+        self._use(adapter)
         trainer = self._trainer
         ctx = dataclasses.replace(trainer.ctx, temperature=1.0)  # Tinker trains and scores at T = 1
         batches = [{k: torch.as_tensor(v).to(ctx.device) for k, v in mb.items()} for mb in micro_batches]
@@ -75,7 +95,7 @@ class RankTinker:
         try:
             with model_output_mode(ddp, ctx), torch.set_grad_enabled(not forward_only):
                 results = get_forward_backward_func()(
-                    forward_step_func=partial(_forward, ctx, None if forward_only else (loss_fn, loss_config),
+                    forward_step_func=partial(_forward, ctx, None if loss_fn is None else (loss_fn, loss_config),
                                               float(len(batches))),
                     data_iterator=iter(batches), model=[ddp], num_microbatches=len(batches),
                     seq_length=int(batches[0]["tokens"].shape[1]),
@@ -87,11 +107,12 @@ class RankTinker:
             return None
         return [r["logprobs"].numpy() for r in results], float(sum(float(r["loss"]) for r in results))
 
-    def optim_step(self, adam: dict[str, float]) -> dict[str, float] | None:
+    def optim_step(self, adapter: str, adam: dict[str, float]) -> dict[str, float] | None:
         """One Adam step on the gradients accumulated since the last one, with these parameters
         (learning_rate, beta1, beta2, eps, weight_decay, grad_clip_norm; 0: no clipping); then zero."""
+        self._use(adapter)
         trainer = self._trainer
-        ddp, optimizer = trainer.bundle.ddp, trainer.bundle.optimizer
+        ddp, optimizer = trainer.bundle.ddp, cast(Any, trainer.bundle.optimizer)  # a MegatronOptimizer
         finalize = get_model_config(ddp).finalize_model_grads_func
         if finalize is not None:
             finalize([ddp])
@@ -110,21 +131,3 @@ class RankTinker:
         trainer.counters["optimizer_steps"] += 1
         last = parallel_state.is_pipeline_last_stage() and parallel_state.get_tensor_model_parallel_rank() == 0
         return {"grad_norm": float(grad_norm or 0.0)} if last else None
-
-    def reset(self) -> int:
-        """A new training client: B = 0 (the adapted model is the base model again; A keeps its values
-        from --seed) and no Adam state. Returns the number of adapter tensors."""
-        trainer = self._trainer
-        model = trainer.model
-        with torch.no_grad():
-            for name, module in lora._unwrap(model).named_modules():
-                if isinstance(module, lora.LoraAdapter):
-                    module.b.zero_()
-        trainer.bundle.ddp.zero_grad_buffer()
-        trainer.bundle.optimizer.zero_grad()
-        reload = getattr(trainer.bundle.optimizer, "reload_model_params", None)
-        if reload is not None:  # 16-bit: the optimizer's float32 main copy of B follows
-            reload()
-        for inner in getattr(trainer.bundle.optimizer, "chained_optimizers", [trainer.bundle.optimizer]):
-            inner.optimizer.state.clear()
-        return len(lora.trainable_parameters(model))
