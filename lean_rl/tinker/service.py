@@ -72,7 +72,7 @@ class TinkerService:
         self.loaded: list[str] = []  # engine adapter names, oldest first
         self.router_url, self.timeout_s = runtime.engines.router_url, cfg.engines.request_timeout_s
         self.api_key = cfg.engines.api_key
-        self.tp_size = cfg.engines.gpus_per_engine
+        self.tp_size = max(1, cfg.engines.gpus_per_engine)  # one payload per engine TP rank (0 on CPU)
         self.trainer.attach(RankTinker)
 
     def client(self, adapter: str | None) -> EngineClient:
