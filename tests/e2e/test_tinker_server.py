@@ -171,9 +171,10 @@ def two_clients(tinker, types, model: str) -> list[float]:
     return b_losses
 
 
-def reinforcement(tinker, types, model: str, steps: int = 10) -> list[float]:
+def reinforcement(tinker, types, model: str, steps: int = 12) -> list[float]:
     """rl_loop's body on the toy task: sample, centred rewards, importance_sampling (target 0 on the prompt)."""
-    prompts = [("answer in digits: cat sat", "digits"), ("answer in letters: dog ran", "letters")] * 2
+    words = ["cat sat", "dog ran", "red mat", "big blue world"]
+    prompts = [(f"answer in {kind}: {w}", kind) for w in words for kind in ("digits", "letters")]
     rewards = []
     with tinker.ServiceClient() as service:
         trainer = service.create_lora_training_client(base_model=model, rank=8).result()
@@ -199,7 +200,7 @@ def reinforcement(tinker, types, model: str, steps: int = 10) -> list[float]:
                         "advantages": np.array([0.0] * n_prompt + [r - mean] * len(s.tokens), np.float32)}))
             loss = "importance_sampling" if step < steps - 2 else ("ppo", "cispo")[step - steps + 2]
             trainer.forward_backward(data, loss).result()
-            trainer.optim_step(types.AdamParams(learning_rate=2e-2)).result()
+            trainer.optim_step(types.AdamParams(learning_rate=1e-2)).result()
             rewards.append(sum(step_rewards) / len(step_rewards))
     return rewards
 
