@@ -73,10 +73,16 @@ def create_app(service, api_key: str, deadline_s: float = 1800.0) -> FastAPI:
 
     @app.post(f"{v1}/create_session")
     async def create_session():
-        return {"type": "create_session", "session_id": f"session-{uuid.uuid4().hex[:12]}"}
+        session_id = f"session-{uuid.uuid4().hex[:12]}"
+        if service is not None:
+            service.beat(session_id)
+        return {"type": "create_session", "session_id": session_id}
 
     @app.post(f"{v1}/session_heartbeat")
-    async def heartbeat():
+    async def heartbeat(request: Request):
+        body = await request.json()
+        if service is not None:
+            service.beat(str(body.get("session_id")))
         return {"type": "session_heartbeat"}
 
     @app.post(f"{v1}/sessions/{{session_id}}/finish")

@@ -19,6 +19,7 @@ import asyncio
 import concurrent.futures
 import os
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -37,6 +38,7 @@ if TYPE_CHECKING:
     from lean_rl.backends.sglang.lora import ServedAdapter
 
 BASE = "base"
+SESSION_TIMEOUT_S = 120.0  # the client beats every 10 s: a session silent this long has gone
 _ADAM_DEFAULTS = {"learning_rate": 1e-4, "beta1": 0.9, "beta2": 0.95, "eps": 1e-12, "weight_decay": 0.0,
                   "grad_clip_norm": 0.0}
 
@@ -68,6 +70,7 @@ class TinkerService:
         self._lock = threading.Lock()
         self.models: dict[str, _Model] = {}
         self._count = 0
+        self._last_beat: dict[str, float] = {}  # session id -> monotonic time of its last heartbeat
         self.samplers: dict[str, str] = {}  # sampling session id -> engine adapter name, or BASE
         self.loaded: list[str] = []  # engine adapter names, oldest first
         self.router_url, self.timeout_s = runtime.engines.router_url, cfg.engines.request_timeout_s
@@ -91,6 +94,23 @@ class TinkerService:
             raise UserError(f"base_model {base_model!r}: this server serves {self.base_model!r} only "
                             "(--hf-checkpoint)")
 
+    def beat(self, session_id: str) -> None:
+        self._last_beat[session_id] = time.monotonic()
+
+    def _drop_silent_sessions(self) -> None:
+        """The adapters of clients that died without closing their session leave the actor."""
+        now = time.monotonic()
+        with self._lock:
+            silent = {m.session_id for m in self.models.values()
+                      if now - self._last_beat.get(m.session_id, now) > SESSION_TIMEOUT_S}
+            gone = [m.model_id for m in self.models.values() if m.session_id in silent]
+            for model_id in gone:
+                del self.models[model_id]
+            for session_id in silent:
+                self._last_beat.pop(session_id, None)
+        for model_id in gone:
+            self.trainer.call_all(RankTinker.drop, model_id)
+
     def create_model(self, session_id: str, model_id: str, base_model: str, lora: dict | None) -> dict:
         self.check_base(base_model)
         if lora is None:
@@ -98,6 +118,7 @@ class TinkerService:
         if int(lora.get("rank", 0)) != self.lora_rank:
             raise UserError(f"lora_config.rank {lora.get('rank')}: this server trains rank {self.lora_rank} "
                             "adapters (--lora-rank)")
+        self._drop_silent_sessions()  # on the trainer's thread, as every call that touches the actor
         with self._lock:
             if model_id not in self.models:
                 self._count += 1
