@@ -190,7 +190,8 @@ def _ipc_unserved(layout: TrainerLayout, parallel: ParallelConfig, engines: Engi
     return ipc_refusal(ipc)
 
 
-def parse_config(argv: list[str]) -> Config:
+def parse_config(argv: list[str], serving: bool = False) -> Config:
+    """serving: a server whose clients send the data (lean_rl.serve_tinker): no --prompt-data."""
     parser = build_parser()
     args, unknown = parser.parse_known_args(argv)
     passthrough = split_passthrough(unknown)
@@ -216,7 +217,7 @@ def parse_config(argv: list[str]) -> Config:
                 check_prompt_file_type(path)
             except ValueError as err:
                 raise ConfigError(f"{flag}: {err}") from None
-    if not data.prompt_data and not data.data_source_path and not run.debug_train_only:
+    if not data.prompt_data and not data.data_source_path and not run.debug_train_only and not serving:
         raise ConfigError("--prompt-data is required (or --data-source-path)")
     if args.loss_type in PAIRWISE_LOSS_TYPES:  # every pair checked now; no --label-key
         data = preference_data(args.loss_type, data)

@@ -27,12 +27,13 @@ class ServedAdapter:
     alpha: float  # the update is alpha / rank * B A, as PEFT's lora_alpha
     target_modules: tuple[str, ...]  # HF module names (q_proj, ..., down_proj)
     name: str = ADAPTER_NAME
+    max_loaded: int = 1  # adapters held at once (lean_rl.serve_tinker: one per training client and snapshot)
 
     def server_flags(self, device: str) -> dict[str, list[str]]:
         flags = {"--enable-lora": [], "--max-lora-rank": [str(self.rank)],
                  "--lora-target-modules": list(self.target_modules),
-                 # one adapter at a time: the old version is unloaded before the new one loads
-                 "--max-loaded-loras": ["1"], "--max-loras-per-batch": ["1"]}
+                 # a run: one adapter at a time, the old version unloaded before the new one loads
+                 "--max-loaded-loras": [str(self.max_loaded)], "--max-loras-per-batch": [str(self.max_loaded)]}
         if device == "cpu":
             flags["--lora-backend"] = ["torch_native"]
         return flags

@@ -1,0 +1,80 @@
+"""A Tinker-compatible training service on lean_rl (docs/tinker.md):
+
+    TINKER_API_KEY=tml-... python -m lean_rl.serve_tinker --hf-checkpoint DIR --port 8000 --lora-rank 8 [lean_rl flags]
+
+The unmodified `tinker` SDK (0.38) then trains LoRA adapters of DIR against it: ServiceClient(base_url=
+"http://127.0.0.1:8000"), create_lora_training_client(base_model=DIR, rank=8). lean_rl's own flags set
+the layout and engines as for a training run (no --prompt-data: the client sends the data). The trainer
+runs at DP 1 (TP / PP as flagged); the engines serve the base with the adapter loaded apart (--lora-rank
+> 0, --lora-sync adapter). The server binds loopback unless --host names this node's address."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import logging
+import os
+import sys
+
+from lean_rl.cli import run_command
+from lean_rl.config import parse_config
+from lean_rl.options import ConfigError
+from lean_rl.runtime import Runtime
+from lean_rl.utils.metrics import setup_logging
+
+logger = logging.getLogger(__name__)
+
+
+def _server_flags(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
+    parser = argparse.ArgumentParser(prog="lean_rl.serve_tinker", add_help=False, allow_abbrev=False)
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--future-deadline", type=float, default=1800.0,
+                        help="seconds a training or sampling call may take before its future fails")
+    parser.add_argument("--max-sampler-adapters", type=int, default=8,
+                        help="sampler weights (adapters) each engine holds at once; the oldest is unloaded first")
+    return parser.parse_known_args(argv)
+
+
+def main(argv: list[str]) -> None:
+    setup_logging()
+    flags, rest = _server_flags(argv)
+    api_key = os.environ.get("TINKER_API_KEY", "")
+    if not api_key.startswith("tml-"):
+        raise ConfigError("TINKER_API_KEY: set it to the key clients will send (it must start with 'tml-')")
+    if flags.host == "0.0.0.0":
+        raise ConfigError("--host 0.0.0.0: bind loopback or this node's own address")
+    cfg = parse_config(rest, serving=True)
+    if not cfg.train.lora.enabled or cfg.engines.adapter is None:
+        raise ConfigError("lean_rl.serve_tinker trains LoRA training clients: pass --lora-rank N (and keep "
+                          "--lora-sync adapter / auto)")
+    if flags.max_sampler_adapters < 1:
+        raise ConfigError(f"--max-sampler-adapters must be >= 1, got {flags.max_sampler_adapters}")
+    # one more place on the engines: the run's own adapter, which the start-up sync loads and probes
+    adapter = dataclasses.replace(cfg.engines.adapter, max_loaded=flags.max_sampler_adapters + 1)
+    cfg = dataclasses.replace(cfg, engines=dataclasses.replace(cfg.engines, adapter=adapter))
+    if cfg.run.colocate:
+        raise ConfigError("--colocate: the Tinker client interleaves training and sampling; serve with the "
+                          "engines apart from the trainer")
+    import uvicorn
+
+    from lean_rl.tinker.server import create_app
+    from lean_rl.tinker.service import TinkerService
+
+    runtime = Runtime(cfg).start()
+    try:
+        if runtime.trainer is None or runtime.trainer.data_parallel_size != 1:
+            raise ConfigError("lean_rl.serve_tinker runs the trainer at data parallel size 1: give as many "
+                              "trainer ranks as TP x PP")
+        service = TinkerService(runtime)
+        app = create_app(service, api_key, deadline_s=flags.future_deadline)
+        logger.info("Tinker server on http://%s:%d (base_model %s, LoRA rank %d)", flags.host, flags.port,
+                    service.base_model, service.lora_rank)
+        uvicorn.run(app, host=flags.host, port=flags.port, log_level="warning")
+        service.close()
+    finally:
+        runtime.close()
+
+
+if __name__ == "__main__":  # the guard matters: Megatron's checkpointing spawns processes that re-import __main__
+    sys.exit(run_command("lean_rl.serve_tinker", main, sys.argv[1:]))

@@ -1,0 +1,216 @@
+"""`python -m lean_rl.serve_tinker` driven by the unmodified tinker 0.38 client, on the tiny model with
+real Megatron, SGLang and router: supervised steps (the loss falls; log-probs of arbitrary targets come
+back per token), the sampler serves the trained adapter (its log-probs are the trainer's), an older
+sampler keeps its snapshot, the base model is served beside; two training clients at once, their
+calls interleaved and gradients accumulated across calls, each exactly as if alone; RL with
+importance_sampling on the toy task (the reward rises) and one ppo / cispo step; refusals (an
+unsupported loss or call) as clear client errors."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+
+from lean_rl.testing.toy_task import kind_fraction
+from lean_rl.utils.net import find_free_port
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+REPO = Path(__file__).resolve().parents[2]
+KEY = "tml-e2e-test"
+
+
+@pytest.fixture(scope="module")
+def server(tiny_qwen2, tmp_path_factory):
+    out = tmp_path_factory.mktemp("tinker")
+    port = find_free_port()
+    log = open(out / "server.log", "w")
+    env = {**os.environ, "TINKER_API_KEY": KEY, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "lean_rl.serve_tinker", "--port", str(port), "--hf-checkpoint", str(tiny_qwen2),
+         "--output-dir", str(out / "run"), "--no-tensorboard", "--lora-rank", "8", "--micro-batch-size", "8",
+         "--rollout-num-engines", "1", "--sglang-max-total-tokens", "8192", "--sglang-dtype", "float32",
+         "--engine-start-timeout", "300"],
+        cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 400
+    while True:
+        if proc.poll() is not None:
+            pytest.fail(f"serve_tinker exited {proc.returncode}:\n{(out / 'server.log').read_text()[-4000:]}")
+        try:
+            if httpx.get(f"{url}/api/v1/healthz", timeout=2).status_code == 200:
+                break
+        except httpx.HTTPError:
+            pass
+        if time.monotonic() > deadline:
+            os.killpg(proc.pid, signal.SIGKILL)
+            pytest.fail(f"serve_tinker not up in 400 s:\n{(out / 'server.log').read_text()[-4000:]}")
+        time.sleep(2)
+    os.environ.update(TINKER_BASE_URL=url, TINKER_API_KEY=KEY, TINKER_TELEMETRY="0")
+    yield {"url": url, "model": str(tiny_qwen2), "log": out / "server.log"}
+    proc.terminate()  # the server alone: it stops its engines, trainer and Ray (in its group) itself
+    try:
+        proc.wait(120)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+    log.close()
+
+
+def sl_datum(types, tok, prompt: str, completion: str):
+    p, c = tok.encode(prompt), tok.encode(completion)
+    tokens = p + c
+    weights = [0.0] * (len(p) - 1) + [1.0] * len(c)
+    return types.Datum(model_input=types.ModelInput.from_ints(tokens[:-1]),
+                       loss_fn_inputs={"target_tokens": np.array(tokens[1:], np.int64),
+                                       "weights": np.array(weights, np.float32)})
+
+
+def supervised(tinker, types, model: str) -> None:
+    with tinker.ServiceClient() as service:
+        trainer = service.create_lora_training_client(base_model=model, rank=8).result()
+        tok = trainer.get_tokenizer()
+        data = [sl_datum(types, tok, "hello there", " general kenobi"), sl_datum(types, tok, "the sky is", " blue")]
+        # arbitrary targets: token 7 everywhere, weight on the last position only
+        odd = types.Datum(model_input=data[0].model_input,
+                          loss_fn_inputs={"target_tokens": np.full(data[0].model_input.length, 7, np.int64),
+                                          "weights": np.eye(1, data[0].model_input.length, data[0].model_input.length - 1,
+                                                            dtype=np.float32)[0]})
+        forward = trainer.forward(data + [odd], "cross_entropy").result()
+        lengths = [len(o["logprobs"].data) for o in forward.loss_fn_outputs]
+        assert lengths == [d.model_input.length for d in data + [odd]]
+        # the loss is -sum(w * logp) over the log-probs handed back, the odd targets' included
+        weighted = sum(float(np.dot(o["logprobs"].data, d.loss_fn_inputs["weights"].data))
+                       for o, d in zip(forward.loss_fn_outputs, data + [odd]))
+        assert forward.metrics["loss:sum"] == pytest.approx(-weighted, rel=1e-4)
+        assert forward.loss_fn_outputs[2]["logprobs"].data[-1] != pytest.approx(
+            forward.loss_fn_outputs[0]["logprobs"].data[-1], abs=1e-6)
+        losses = []
+        for _ in range(6):
+            out = trainer.forward_backward(data, "cross_entropy").result()
+            step = trainer.optim_step(types.AdamParams(learning_rate=1e-2)).result()
+            losses.append(out.metrics["loss:sum"])
+            assert step.metrics["grad_norm:mean"] > 0
+        assert losses[-1] < losses[0] / 2, losses
+        # the sampler serves what the trainer holds: its sampled tokens' log-probs are the trainer's
+        sampler = trainer.save_weights_and_get_sampling_client()
+        prompt = tok.encode("hello there")
+        seq = sampler.sample(types.ModelInput.from_ints(prompt), 1, types.SamplingParams(max_tokens=6)).result().sequences[0]
+        full = prompt + list(seq.tokens)
+        scored = trainer.forward([types.Datum(model_input=types.ModelInput.from_ints(full[:-1]),
+                                              loss_fn_inputs={"target_tokens": np.array(full[1:], np.int64),
+                                                              "weights": np.zeros(len(full) - 1, np.float32)})],
+                                 "cross_entropy").result()
+        trainer_lp = scored.loss_fn_outputs[0]["logprobs"].data[len(prompt) - 1:]
+        assert np.allclose(trainer_lp, seq.logprobs, atol=1e-3), (trainer_lp, seq.logprobs)
+        # a sampler of the base model is served the base, beside the trained adapter
+        base = service.create_sampling_client(base_model=model)
+        base_lp = base.compute_logprobs(types.ModelInput.from_ints(full)).result()
+        assert base_lp[0] is None and not np.allclose(base_lp[len(prompt):], seq.logprobs, atol=1e-3)
+        # an older sampler keeps its snapshot exactly while the trainer goes on (its adapter stays loaded)
+        before = sampler.compute_logprobs(types.ModelInput.from_ints(full)).result()
+        trainer.forward_backward(data, "cross_entropy").result()
+        trainer.optim_step(types.AdamParams(learning_rate=1e-2)).result()
+        newer = trainer.save_weights_and_get_sampling_client()
+        kept = sampler.compute_logprobs(types.ModelInput.from_ints(full)).result()
+        assert kept[0] is None and np.allclose(kept[1:], before[1:], atol=1e-5)
+        assert not np.allclose(newer.compute_logprobs(types.ModelInput.from_ints(full)).result()[1:], before[1:])
+        # refusals: an unsupported loss, an unsupported call
+        with pytest.raises(tinker.RequestFailedError, match="loss_fn 'dro' is not supported"):
+            trainer.forward_backward(data, "dro").result()
+        with pytest.raises(tinker.NotFoundError, match="not supported by lean_rl's Tinker server: save_state"):
+            trainer.save_state("s0").result()
+
+
+def two_clients(tinker, types, model: str) -> list[float]:
+    """Client A alone for 3 steps; then A' (A's data) and B (other data) on the server at once, their
+    calls interleaved and A's gradients accumulated over two calls with B's call between: A' must
+    reproduce A's losses and grad norms exactly (neither loses or shares a step), and B learns."""
+    def data_of(tok, offset):
+        return [sl_datum(types, tok, f"count {i}", f" {i} {i + 1} {i + 2}") for i in range(offset, offset + 6)]
+
+    def step(trainer, parts):
+        losses = [trainer.forward_backward(part, "cross_entropy") for part in parts]
+        return sum(f.result().metrics["loss:sum"] for f in losses)
+
+    alone = []
+    with tinker.ServiceClient() as service:
+        a = service.create_lora_training_client(base_model=model, rank=8).result()
+        data_a = data_of(a.get_tokenizer(), 0)
+        for _ in range(3):
+            loss = step(a, [data_a])
+            alone.append((loss, a.optim_step(types.AdamParams(learning_rate=1e-2)).result().metrics["grad_norm:mean"]))
+    together, b_losses = [], []
+    with tinker.ServiceClient() as service_a, tinker.ServiceClient() as service_b:
+        a = service_a.create_lora_training_client(base_model=model, rank=8).result()
+        b = service_b.create_lora_training_client(base_model=model, rank=8).result()
+        data_b = data_of(b.get_tokenizer(), 20)
+        for _ in range(3):
+            first = a.forward_backward(data_a[:2], "cross_entropy")
+            b_loss = b.forward_backward(data_b, "cross_entropy")
+            second = a.forward_backward(data_a[2:], "cross_entropy")
+            b_step = b.optim_step(types.AdamParams(learning_rate=1e-2))
+            a_step = a.optim_step(types.AdamParams(learning_rate=1e-2))
+            together.append((first.result().metrics["loss:sum"] + second.result().metrics["loss:sum"],
+                             a_step.result().metrics["grad_norm:mean"]))
+            b_losses.append(b_loss.result().metrics["loss:sum"])
+            b_step.result()
+        # each client samples its own adapter
+        prompt = types.ModelInput.from_ints(a.get_tokenizer().encode("count 1"))
+        lp_a = a.save_weights_and_get_sampling_client().compute_logprobs(prompt).result()
+        lp_b = b.save_weights_and_get_sampling_client().compute_logprobs(prompt).result()
+        assert lp_a[1:] != pytest.approx(lp_b[1:], abs=1e-4)
+    assert np.allclose(np.array(together), np.array(alone), rtol=1e-4), (together, alone)
+    assert b_losses[-1] < b_losses[0], b_losses
+    return b_losses
+
+
+def reinforcement(tinker, types, model: str, steps: int = 12) -> list[float]:
+    """rl_loop's body on the toy task: sample, centred rewards, importance_sampling (target 0 on the prompt)."""
+    words = ["cat sat", "dog ran", "red mat", "big blue world"]
+    prompts = [(f"answer in {kind}: {w}", kind) for w in words for kind in ("digits", "letters")]
+    rewards = []
+    with tinker.ServiceClient() as service:
+        trainer = service.create_lora_training_client(base_model=model, rank=8).result()
+        tok = trainer.get_tokenizer()
+        for step in range(steps):
+            sampler = trainer.save_weights_and_get_sampling_client()
+            data, step_rewards = [], []
+            futures = [(sampler.sample(types.ModelInput.from_ints(tok.encode(p)), 8,
+                                       types.SamplingParams(max_tokens=8, temperature=1.0)), p, kind)
+                       for p, kind in prompts]
+            for fut, p, kind in futures:
+                seqs = fut.result().sequences
+                group = [kind_fraction([tok.decode([t]) for t in s.tokens], kind) for s in seqs]
+                mean = sum(group) / len(group)
+                step_rewards += group
+                prompt = tok.encode(p)
+                for s, r in zip(seqs, group):
+                    full = prompt + list(s.tokens)
+                    n_prompt = len(prompt) - 1
+                    data.append(types.Datum(model_input=types.ModelInput.from_ints(full[:-1]), loss_fn_inputs={
+                        "target_tokens": np.array([0] * n_prompt + list(s.tokens), np.int64),
+                        "logprobs": np.array([0.0] * n_prompt + list(s.logprobs), np.float32),
+                        "advantages": np.array([0.0] * n_prompt + [r - mean] * len(s.tokens), np.float32)}))
+            loss = "importance_sampling" if step < steps - 2 else ("ppo", "cispo")[step - steps + 2]
+            trainer.forward_backward(data, loss).result()
+            trainer.optim_step(types.AdamParams(learning_rate=1e-2)).result()
+            rewards.append(sum(step_rewards) / len(step_rewards))
+    return rewards
+
+
+def test_the_tinker_client_trains_and_samples_against_serve_tinker(server):
+    import tinker
+    from tinker import types
+
+    supervised(tinker, types, server["model"])
+    two_clients(tinker, types, server["model"])
+    rewards = reinforcement(tinker, types, server["model"])
+    first, last = sum(rewards[:2]) / 2, sum(rewards[-2:]) / 2
+    assert last - first >= 0.3, rewards
