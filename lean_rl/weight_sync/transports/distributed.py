@@ -143,12 +143,15 @@ class DistributedTransport(StreamedTransport):
             final = final_stage and index == len(layout) - 1
             what = f"update_weights_from_distributed (stage {export.stage}, {len(specs)} tensors)"
             try:
+                assert self.group is not None, "send_stage before connect_stage"
                 calls = self._post_bucket(rank, export.stage, specs, version if final else None, final)
                 stream = BroadcastStream(self.group, calls, plan.timeout_s, what)
                 for spec in specs:
-                    name, tensor = next(items, (None, None))
-                    if tensor is None or spec_of(name, tensor) != spec:
-                        found = None if tensor is None else spec_of(name, tensor)
+                    item = next(items, None)
+                    found = None if item is None else spec_of(*item)
+                    if item is not None and found == spec:
+                        tensor = item[1]
+                    else:
                         error = error or f"the stage's tensors changed since its last sync: expected {spec}, got {found}"
                         tensor = torch.zeros(spec.shape, dtype=getattr(torch, spec.dtype), device=rank.worker.device)
                     total, count = total + tensor.numel() * tensor.element_size(), count + 1
