@@ -52,24 +52,52 @@ def broadcast_to_engines(pg: dist.ProcessGroup, tensors: Sequence[torch.Tensor],
     so there is no round trip between tensors. Fails fast when one of those calls fails (the engine
     will never join the broadcast) or when the deadline passes; after a failure the group is unusable
     (its broadcasts stay pending)."""
-    deadline = time.monotonic() + timeout_s
-    works = [dist.broadcast(t, group=pg, group_src=0, async_op=True) for t in tensors]
-    done = 0  # gloo may run queued collectives on several threads: watch each, not just the last
-    while True:
-        while done < len(works) and works[done].is_completed():
-            done += 1
-        if done == len(works):
-            break
-        for url, future in calls:
+    stream = BroadcastStream(pg, calls, timeout_s, what)
+    for tensor in tensors:
+        stream.send(tensor)
+    stream.finish()
+
+
+class BroadcastStream:
+    """Broadcasts from rank 0 queued one tensor at a time while the engines' HTTP calls for them are
+    in flight: the caller may go on producing the next tensor (the stage's export) while gloo / NCCL
+    sends the ones queued, so export and transfer overlap. Each tensor is kept alive until `finish`
+    has seen its broadcast complete."""
+
+    def __init__(self, pg: dist.ProcessGroup, calls: Sequence[tuple[str, Future]], timeout_s: float, what: str):
+        self.pg, self.calls, self.timeout_s, self.what = pg, calls, timeout_s, what
+        self.deadline = time.monotonic() + timeout_s
+        self.works: list = []
+        self.tensors: list[torch.Tensor] = []
+
+    def send(self, tensor: torch.Tensor) -> None:
+        self._raise_if_a_call_failed()
+        self.works.append(dist.broadcast(tensor, group=self.pg, group_src=0, async_op=True))
+        self.tensors.append(tensor)
+
+    def finish(self) -> None:
+        """Return once every queued broadcast completed; WeightSyncError when an engine's call failed
+        first (it will never receive them) or the deadline passed."""
+        done = 0  # gloo may run queued collectives on several threads: watch each, not just the last
+        while True:
+            while done < len(self.works) and self.works[done].is_completed():
+                done += 1
+            if done == len(self.works):
+                break
+            self._raise_if_a_call_failed()
+            if time.monotonic() > self.deadline:
+                raise WeightSyncError(f"{self.what}: broadcast not received by every engine within "
+                                      f"{self.timeout_s:.0f}s (engines: {', '.join(url for url, _ in self.calls)})")
+            time.sleep(_POLL_S)
+        for work in self.works:
+            work.wait()  # raises the backend's error, if any
+        self.works, self.tensors = [], []
+
+    def _raise_if_a_call_failed(self) -> None:
+        for url, future in self.calls:
             if future.done() and future.exception() is not None:
-                raise WeightSyncError(f"{what}: {url} failed before receiving the broadcast: "
+                raise WeightSyncError(f"{self.what}: {url} failed before receiving the broadcast: "
                                       f"{future.exception()}") from future.exception()
-        if time.monotonic() > deadline:
-            raise WeightSyncError(f"{what}: broadcast not received by every engine within {timeout_s:.0f}s "
-                                  f"(engines: {', '.join(url for url, _ in calls)})")
-        time.sleep(_POLL_S)
-    for work in works:
-        work.wait()  # raises the backend's error, if any
 
 
 def abort_group(pg: dist.ProcessGroup | None) -> bool:

@@ -231,13 +231,19 @@ def test_every_transport_delivers_the_trainers_weights(trainer, engines, engine_
             if transport == "distributed":  # the group's store (and gloo pairs) on loopback only
                 assert opened and {ip for ip, _ in opened} == {"127.0.0.1"}, opened
             report = sync.update(step * 10)
+            # the second sync of a WeightSync is another path (distributed: pipelined from the layout
+            # the first one recorded): seed 0 back on the engines, then the trainer's weights again
+            restore(engines, tiny_qwen2)
+            again = sync.update(step * 10 + 1)
+        assert again.probe.max_abs_diff <= 1e-3
+        assert (again.tensors, again.bytes, again.buckets) == (report.tensors, report.bytes, report.buckets)
+        for client in engines:
+            assert max_diff_to_transformers(client, check_sequence) < 1e-4, (transport, client.base_url)
         assert report.transport == transport
         assert report.tensors == len(seed1) and report.bytes == sum(t.numel() * 4 for t in seed1.values())
         assert report.buckets > 1 and report.seconds > 0
         assert report.probe.max_abs_diff <= 1e-3 and report.probe.version == str(step * 10)
-        assert [c.weight_version() for c in engines] == [str(step * 10)] * len(engines)
-        for client in engines:  # and independently of the probe: the engines now compute the seed-1 model
-            assert max_diff_to_transformers(client, check_sequence) < 1e-4, (transport, client.base_url)
+        assert [c.weight_version() for c in engines] == [str(step * 10 + 1)] * len(engines)
 
 
 @pytest.mark.slow

@@ -161,3 +161,17 @@ def test_bad_generate_answers_name_the_url_and_endpoint(monkeypatch, status, con
     message = _client_answering(monkeypatch, status, content)
     assert message.startswith("http://router.test:30000/generate: "), message
     assert __import__("re").search(match, message), message
+
+
+def test_request_bodies_encode_as_json_dumps_reads_them():
+    import json
+
+    from lean_rl.backends.sglang.responses import encode_json_body
+
+    body = {"input_ids": [np.int64(3), 4], "sampling_params": {"temperature": np.float64(0.5), "top_p": 1.0,
+                                                                "stop": ("a", "b")}, "rid": None, "flag": True}
+    assert json.loads(encode_json_body(body)) == {"input_ids": [3, 4], "rid": None, "flag": True,
+                                                  "sampling_params": {"temperature": 0.5, "top_p": 1.0,
+                                                                      "stop": ["a", "b"]}}
+    with pytest.raises(TypeError, match="not JSON serializable"):
+        encode_json_body({"bad": object()})

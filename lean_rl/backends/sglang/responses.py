@@ -7,11 +7,27 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import httpx
+import orjson
 
 from lean_rl import routed_experts as routes
 from lean_rl.backends.sglang.image_prompt import check_one_pad_per_image
 
 FINISH_REASONS = ("stop", "length", "abort")
+
+
+def encode_json_body(body: object) -> bytes:
+    """A request body as JSON bytes, by orjson: httpx's json.dumps took 8x as long on an inline weight
+    payload (4.6 s vs 0.55 s for 100 MB of base64, docs/performance.md). numpy scalars are written as
+    numbers, and other subclasses of float / int as json.dumps writes them."""
+    return orjson.dumps(body, default=_plain_number, option=orjson.OPT_SERIALIZE_NUMPY)
+
+
+def _plain_number(value: object) -> float | int:
+    if isinstance(value, float):
+        return float(value)
+    if isinstance(value, int):
+        return int(value)
+    raise TypeError(f"{type(value).__name__} is not JSON serializable")
 
 
 @dataclass(frozen=True)
