@@ -1,0 +1,122 @@
+"""Real Megatron ranks for the vision-language tests and the VLM checkpoint converter: `run_ranks` starts
+`world_size` processes (spawn, gloo on CPU), each initialises torch.distributed + parallel_state as a
+trainer rank does, builds VisionLanguageModel from an HF checkpoint and runs `job(model, config)`; rank
+0's return value comes back. No Ray: these ranks own nothing but the model."""
+
+from __future__ import annotations
+
+import io
+import queue as queue_module
+import socket
+import traceback
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+import torch.multiprocessing as mp
+
+from lean_rl.backends.megatron.config import MegatronConfig, ParallelConfig
+
+Job = Callable[[Any, MegatronConfig], Any]
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _rank_main(rank: int, world_size: int, port: int, parallel: ParallelConfig, checkpoint: str,
+               divisible_by: int, freeze_vision_tower: bool, job: Job, results) -> None:
+    try:
+        value = run_in_this_process(rank, world_size, port, parallel, checkpoint, divisible_by,
+                                    freeze_vision_tower, job)
+        # bytes, not tensors: torch's queue pickler hands tensors over as fds of a process about to exit
+        buffer = io.BytesIO()
+        torch.save(value, buffer)
+        results.put((rank, "ok", buffer.getvalue()))
+    except BaseException:
+        results.put((rank, "error", traceback.format_exc()))
+
+
+def run_in_this_process(rank: int, world_size: int, port: int, parallel: ParallelConfig, checkpoint: str,
+                        divisible_by: int, freeze_vision_tower: bool, job: Job, timeout_s: float = 300.0) -> Any:
+    import datetime
+
+    import torch.distributed as dist
+
+    from lean_rl.backends.megatron import compat
+    from lean_rl.backends.megatron.compat_cpu import megatron_thread_mode
+    from lean_rl.backends.megatron.distributed import destroy_distributed, init_distributed
+    from lean_rl.backends.megatron.hf_config import load_hf_config
+    from lean_rl.backends.megatron.vlm_family import vlm_arch
+    from lean_rl.backends.megatron.vlm_model import build_vlm_model
+    from lean_rl.backends.megatron.vlm_weights import load_vlm_weights
+
+    torch.set_num_threads(1)
+    device = torch.device("cpu")
+    compat.apply_compat(device)
+    store = dist.TCPStore("127.0.0.1", port, world_size, is_master=rank == 0,
+                          timeout=datetime.timedelta(seconds=timeout_s))
+    with megatron_thread_mode(device):
+        init_distributed(rank, world_size, store, parallel, device, seed=1234, timeout_s=timeout_s)
+        try:
+            hf_config = load_hf_config(checkpoint)
+            config = MegatronConfig(arch=vlm_arch(hf_config, divisible_by), parallel=parallel)
+            model = build_vlm_model(config, hf_config, device, freeze_vision_tower)
+            load_vlm_weights(model, checkpoint, config)
+            return job(model, config)
+        finally:
+            destroy_distributed()
+
+
+def run_ranks(checkpoint: str | Path, job: Job, parallel: ParallelConfig = ParallelConfig(),
+              divisible_by: int = 128, freeze_vision_tower: bool = False, timeout_s: float = 300.0) -> Any:
+    """`job(model, config)` on every rank of a fresh group; rank 0's result. A rank's exception is raised
+    here with its traceback; ranks that outlive `timeout_s` are killed."""
+    world = parallel.tensor_model_parallel_size * parallel.pipeline_model_parallel_size
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    port = _free_port()
+    procs = [ctx.Process(target=_rank_main, args=(rank, world, port, parallel, str(checkpoint), divisible_by,
+                                                   freeze_vision_tower, job, results), daemon=True)
+             for rank in range(world)]
+    for proc in procs:
+        proc.start()
+    try:
+        outcome: dict[int, tuple[str, Any]] = {}
+        while len(outcome) < world:
+            try:
+                rank, status, value = results.get(timeout=timeout_s)
+            except queue_module.Empty:
+                raise TimeoutError(f"VLM ranks gave no result within {timeout_s}s") from None
+            outcome[rank] = (status, value)
+            if status == "error":
+                raise RuntimeError(f"VLM rank {rank} failed:\n{value}")
+        return torch.load(io.BytesIO(outcome[0][1]), weights_only=False)
+    finally:
+        for proc in procs:
+            proc.join(timeout=10)
+            if proc.is_alive():
+                proc.kill()
+
+
+def log_probs_job(tokens: torch.Tensor, per_row: list, model, config: MegatronConfig) -> torch.Tensor | None:
+    """[b, s-1] float32 log p(tokens[:, 1:]) on rank 0 (the last stage; PP 1 here), None elsewhere."""
+    from megatron.core import parallel_state
+
+    from lean_rl.backends.megatron.logprobs import vocab_parallel_log_probs
+    from lean_rl.backends.megatron.vlm_batch import stack_image_inputs
+
+    merge = int(model.hf_config["vision_config"]["spatial_merge_size"])
+    model.set_images(stack_image_inputs(per_row, tokens, model.image_token_id, merge))
+    with torch.no_grad():
+        logits = model(tokens, None)
+    log_probs, _ = vocab_parallel_log_probs(logits[:, :-1], tokens[:, 1:], config.arch.vocab_size)
+    return log_probs if parallel_state.get_tensor_model_parallel_rank() == 0 else None
+
+
+def gather_job(model, config: MegatronConfig) -> dict | None:
+    from lean_rl.backends.megatron.vlm_weights import gather_vlm_hf_state_dict
+
+    return gather_vlm_hf_state_dict(model, config)
