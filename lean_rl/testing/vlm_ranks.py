@@ -10,14 +10,13 @@ import queue as queue_module
 import socket
 import traceback
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 import torch.multiprocessing as mp
 
 from lean_rl.backends.megatron.config import MegatronConfig, ParallelConfig
-
-Job = Callable[[Any, MegatronConfig], Any]
+from lean_rl.backends.megatron.vlm_local import Job, run_vlm_rank
 
 
 def _free_port() -> int:
@@ -29,45 +28,15 @@ def _free_port() -> int:
 def _rank_main(rank: int, world_size: int, port: int, parallel: ParallelConfig, checkpoint: str,
                divisible_by: int, freeze_vision_tower: bool, job: Job, results) -> None:
     try:
-        value = run_in_this_process(rank, world_size, port, parallel, checkpoint, divisible_by,
-                                    freeze_vision_tower, job)
+        torch.set_num_threads(1)
+        value = run_vlm_rank(job, checkpoint, rank=rank, world_size=world_size, port=port, parallel=parallel,
+                             divisible_by=divisible_by, freeze_vision_tower=freeze_vision_tower)
         # bytes, not tensors: torch's queue pickler hands tensors over as fds of a process about to exit
         buffer = io.BytesIO()
         torch.save(value, buffer)
         results.put((rank, "ok", buffer.getvalue()))
     except BaseException:
         results.put((rank, "error", traceback.format_exc()))
-
-
-def run_in_this_process(rank: int, world_size: int, port: int, parallel: ParallelConfig, checkpoint: str,
-                        divisible_by: int, freeze_vision_tower: bool, job: Job, timeout_s: float = 300.0) -> Any:
-    import datetime
-
-    import torch.distributed as dist
-
-    from lean_rl.backends.megatron import compat
-    from lean_rl.backends.megatron.compat_cpu import megatron_thread_mode
-    from lean_rl.backends.megatron.distributed import destroy_distributed, init_distributed
-    from lean_rl.backends.megatron.hf_config import load_hf_config
-    from lean_rl.backends.megatron.vlm_family import vlm_arch
-    from lean_rl.backends.megatron.vlm_model import build_vlm_model
-    from lean_rl.backends.megatron.vlm_weights import load_vlm_weights
-
-    torch.set_num_threads(1)
-    device = torch.device("cpu")
-    compat.apply_compat(device)
-    store = dist.TCPStore("127.0.0.1", port, world_size, is_master=rank == 0,
-                          timeout=datetime.timedelta(seconds=timeout_s))
-    with megatron_thread_mode(device):
-        init_distributed(rank, world_size, store, parallel, device, seed=1234, timeout_s=timeout_s)
-        try:
-            hf_config = load_hf_config(checkpoint)
-            config = MegatronConfig(arch=vlm_arch(hf_config, divisible_by), parallel=parallel)
-            model = build_vlm_model(config, hf_config, device, freeze_vision_tower)
-            load_vlm_weights(model, checkpoint, config)
-            return job(model, config)
-        finally:
-            destroy_distributed()
 
 
 def run_ranks(checkpoint: str | Path, job: Job, parallel: ParallelConfig = ParallelConfig(),

@@ -22,7 +22,8 @@ from megatron.core.models.gpt import GPTModel
 from lean_rl.backends.megatron.config import MegatronConfig
 from lean_rl.backends.megatron.model import build_gpt_model
 from lean_rl.backends.megatron.vlm_batch import ImageInputs, mrope_position_ids
-from lean_rl.backends.megatron.vlm_family import build_vision_tower, image_token_id, mrope_section
+from lean_rl.backends.megatron.vlm_family import (LANGUAGE_PREFIX, VISION_PREFIX, build_vision_tower, image_token_id,
+                                                  mrope_section)
 
 
 class VisionLanguageModel(torch.nn.Module):
@@ -45,6 +46,18 @@ class VisionLanguageModel(torch.nn.Module):
 
     def set_input_tensor(self, input_tensor) -> None:  # pipeline stages after the first
         self.language_model.set_input_tensor(input_tensor)
+
+    def sharded_state_dict(self, prefix: str = "", sharded_offsets: tuple = (), metadata: dict | None = None) -> dict:
+        """Megatron's dist-checkpoint view: GPTModel's own under language_model., the tower's tensors
+        replicated (Megatron's default for plain torch modules) under vision_model."""
+        from megatron.core.transformer.utils import sharded_state_dict_default
+
+        state = self.language_model.sharded_state_dict(prefix=prefix + LANGUAGE_PREFIX,
+                                                       sharded_offsets=sharded_offsets, metadata=metadata)
+        if self.vision_model is not None:
+            state.update(sharded_state_dict_default(self.vision_model, prefix + VISION_PREFIX, sharded_offsets,
+                                                    metadata))
+        return state
 
     def image_embeddings(self, images: ImageInputs) -> torch.Tensor:
         """[n_image_tokens, hidden]: the tower's merged patch embeddings, images one after another."""
