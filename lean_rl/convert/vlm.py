@@ -54,7 +54,7 @@ def convert_vlm_megatron_to_hf(load: str | Path, save: str | Path, *, iteration:
     vlm_family(load_hf_config(hf_dir))
 
     def job(model, config) -> Path:
-        load_model_checkpoint(model, directory)
+        load_model_checkpoint(model, directory, vocab_size=config.arch.vocab_size)  # any vocab padding
         state = gather_vlm_hf_state_dict(model, config)
         assert state is not None  # one rank: rank 0
         with atomic_output_dir(save) as out:

@@ -128,5 +128,5 @@ def load_and_gather_job(megatron_dir: str, model, config: MegatronConfig) -> dic
     """Load a Megatron checkpoint of the VLM (resharded to this layout) and gather its HF tensors."""
     from lean_rl.backends.megatron.model_checkpoint import load_model_checkpoint
 
-    load_model_checkpoint(model, megatron_dir)
+    load_model_checkpoint(model, megatron_dir, vocab_size=config.arch.vocab_size)  # any vocab padding
     return gather_job(model, config)

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import partial
 from types import SimpleNamespace
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping, Sequence, cast
 
 import numpy as np
 import torch
@@ -64,12 +64,17 @@ def mrope_position_ids(tokens: torch.Tensor, image_grid_thw: torch.Tensor | None
 
     config = Qwen2_5_VLConfig(**{k: v for k, v in hf_config.items() if k in ("vision_config", "image_token_id")})
     holder = SimpleNamespace(config=config,
-                             get_vision_position_ids=partial(Qwen2_5_VLModel.get_vision_position_ids, None))
+                             # it reads no state of `self`
+                             get_vision_position_ids=partial(Qwen2_5_VLModel.get_vision_position_ids,
+                                                             None))  # type: ignore[arg-type]
     image_token_id = int(hf_config["image_token_id"])
     token_types = (tokens == image_token_id).to(torch.int32)  # 1: image, 0: text (no video)
     if image_grid_thw is None or image_grid_thw.numel() == 0:
         token_types.zero_()
         image_grid_thw = None
-    positions, _ = Qwen2_5_VLModel.get_rope_index(holder, tokens, token_types, image_grid_thw=image_grid_thw,
+    # transformers annotates Int/LongTensor (legacy tensor types): plain tensors of those dtypes
+    positions, _ = Qwen2_5_VLModel.get_rope_index(holder, tokens,  # type: ignore[arg-type]
+                                                  cast(torch.IntTensor, token_types),
+                                                  image_grid_thw=cast("torch.LongTensor | None", image_grid_thw),
                                                   attention_mask=attention_mask)
     return positions
