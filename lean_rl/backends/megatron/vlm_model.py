@@ -48,15 +48,21 @@ class VisionLanguageModel(torch.nn.Module):
         self.language_model.set_input_tensor(input_tensor)
 
     def sharded_state_dict(self, prefix: str = "", sharded_offsets: tuple = (), metadata: dict | None = None) -> dict:
-        """Megatron's dist-checkpoint view: GPTModel's own under language_model., the tower's tensors
-        replicated (Megatron's default for plain torch modules) under vision_model."""
+        """Megatron's dist-checkpoint view. The LM's stored keys are GPTModel's own (those of a text
+        checkpoint: the loader's vocab-padding and alias rules, model_checkpoint.py, apply unchanged), under
+        state-dict names prefixed language_model.; the tower's tensors are replicated (Megatron's default for
+        plain torch modules) under vision_model."""
         from megatron.core.transformer.utils import sharded_state_dict_default
 
-        state = self.language_model.sharded_state_dict(prefix=prefix + LANGUAGE_PREFIX,
-                                                       sharded_offsets=sharded_offsets, metadata=metadata)
+        language = self.language_model.sharded_state_dict(prefix=prefix, sharded_offsets=sharded_offsets,
+                                                          metadata=metadata)
+        state = {LANGUAGE_PREFIX + name: item for name, item in language.items()}
         if self.vision_model is not None:
+            # tp_group named: with a dp group in `metadata` and no tp_group, megatron-core 0.16.1
+            # (transformer/utils.py:111) leaves the TP group unset and every TP rank claims replica 0
+            tp_group = parallel_state.get_tensor_model_parallel_group()
             state.update(sharded_state_dict_default(self.vision_model, prefix + VISION_PREFIX, sharded_offsets,
-                                                    metadata))
+                                                    metadata, tp_group=tp_group))
         return state
 
     def image_embeddings(self, images: ImageInputs) -> torch.Tensor:
