@@ -66,6 +66,8 @@ def _megatron_to_hf_parser() -> argparse.ArgumentParser:
 
 
 def hf_to_megatron_main(argv: list[str]) -> int:
+    from lean_rl.backends.megatron.vlm_family import is_vlm_config
+    from lean_rl.convert.vlm import convert_vlm_hf_to_megatron
     from lean_rl.convert.hf_to_megatron import convert_hf_to_megatron, parse_dtype
 
     args, rest = _hf_to_megatron_parser().parse_known_args(argv)
@@ -80,6 +82,12 @@ def hf_to_megatron_main(argv: list[str]) -> int:
         return 0
     if not args.save:
         raise ConfigError("--save is required (unless --print-megatron-args)")
+    if is_vlm_config(args.hf):  # vision-language: through the model (convert/vlm.py)
+        started = time.monotonic()
+        out = convert_vlm_hf_to_megatron(args.hf, args.save, iteration=args.iteration,
+                                         make_vocab_size_divisible_by=flags.get("make_vocab_size_divisible_by", 128))
+        print(f"wrote {out} in {time.monotonic() - started:.1f}s")
+        return 0
     parallel = ParallelConfig(**{k: flags[k] for k in _PARALLEL_DESTS if k in flags})
     model_flags = {k: v for k, v in flags.items() if k not in _PARALLEL_DESTS}
     started = time.monotonic()
@@ -94,11 +102,19 @@ def hf_to_megatron_main(argv: list[str]) -> int:
 
 
 def megatron_to_hf_main(argv: list[str]) -> int:
+    from lean_rl.backends.megatron.checkpoint_paths import HF_CONFIG_DIR, find_checkpoint
+    from lean_rl.backends.megatron.vlm_family import is_vlm_config
+    from lean_rl.convert.vlm import convert_vlm_megatron_to_hf
     from lean_rl.convert.hf_to_megatron import parse_dtype
     from lean_rl.convert.megatron_to_hf import convert_megatron_to_hf
 
     args = _megatron_to_hf_parser().parse_args(argv)
     started = time.monotonic()
+    side = find_checkpoint(args.load, args.iteration)[1] / HF_CONFIG_DIR / "config.json"
+    if args.hf_config is None and side.is_file() and is_vlm_config(side):
+        out = convert_vlm_megatron_to_hf(args.load, args.save, iteration=args.iteration)
+        print(f"wrote {out} in {time.monotonic() - started:.1f}s")
+        return 0
     out = convert_megatron_to_hf(args.load, args.save, hf_config=args.hf_config, iteration=args.iteration,
                                  dtype=parse_dtype(args.dtype) if args.dtype else None,
                                  max_shard_bytes=parse_size(args.max_shard_size))

@@ -79,13 +79,15 @@ def transformer_config(config: MegatronConfig, device: torch.device) -> Transfor
     )
 
 
-def build_gpt_model(config: MegatronConfig, device: torch.device) -> GPTModel:
+def build_gpt_model(config: MegatronConfig, device: torch.device, mrope_section: list[int] | None = None) -> GPTModel:
     """This rank's pipeline stage of the model (pre/post process from parallel_state), on `device`,
     in eval mode, its weights in config.params_dtype. Not wrapped in Megatron's Float16Module: the
     inputs are token ids and every consumer of the logits casts them to float32 itself (logprobs.py,
     logits.py, the value head). Weights are Megatron's random init until an HF checkpoint is loaded."""
     arch = config.arch
     tconfig = transformer_config(config, device)
+    if mrope_section is not None:  # a vision-language model's LM (vlm_model.py): M-RoPE, positions [3, b, s]
+        tconfig.mrope_section = list(mrope_section)
     norm: object
     te = uses_te_layer_spec(device, config.transformer_impl)
     block = layer_block_spec(arch, tconfig, te)  # MLA / dense-then-MoE: one spec per layer
@@ -111,7 +113,7 @@ def build_gpt_model(config: MegatronConfig, device: torch.device) -> GPTModel:
         post_process=parallel_state.is_pipeline_last_stage(),
         parallel_output=True,  # logits stay vocab-parallel [b, s, V/tp]; logprobs.py reduces them
         share_embeddings_and_output_weights=not arch.untie_embeddings_and_output_weights,
-        position_embedding_type=arch.position_embedding_type,
+        position_embedding_type="mrope" if mrope_section is not None else arch.position_embedding_type,
         rotary_base=arch.rotary_base,
         rotary_percent=arch.rotary_percent,
     )
