@@ -15,25 +15,36 @@ import dataclasses
 import logging
 import os
 import sys
+from dataclasses import dataclass
 
 from lean_rl.cli import run_command
 from lean_rl.config import parse_config
-from lean_rl.options import ConfigError
+from lean_rl.options import ConfigError, add_options, option, read_options
 from lean_rl.runtime import Runtime
 from lean_rl.utils.metrics import setup_logging
 
 logger = logging.getLogger(__name__)
 
 
-def _server_flags(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
+@dataclass(frozen=True)
+class TinkerServerOptions:
+    """The flags of `python -m lean_rl.serve_tinker` beside a run's own."""
+
+    port: int | None = option(None, metavar="N", help="serve_tinker: the port the Tinker API listens on (required)")
+    host: str = option("127.0.0.1", help="serve_tinker: the address to bind (loopback, or this node's own address)")
+    future_deadline: float = option(1800.0, help="serve_tinker: seconds a training or sampling call may take "
+                                                 "before its future fails")
+    max_sampler_adapters: int = option(8, help="serve_tinker: sampler weights (adapters) each engine holds at "
+                                               "once; the oldest is unloaded first")
+
+
+def _server_flags(argv: list[str]) -> tuple[TinkerServerOptions, list[str]]:
     parser = argparse.ArgumentParser(prog="lean_rl.serve_tinker", add_help=False, allow_abbrev=False)
-    parser.add_argument("--port", type=int, required=True)
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--future-deadline", type=float, default=1800.0,
-                        help="seconds a training or sampling call may take before its future fails")
-    parser.add_argument("--max-sampler-adapters", type=int, default=8,
-                        help="sampler weights (adapters) each engine holds at once; the oldest is unloaded first")
-    return parser.parse_known_args(argv)
+    own, rest = add_options(parser, TinkerServerOptions).parse_known_args(argv)
+    flags = read_options(TinkerServerOptions, own)
+    if flags.port is None:
+        raise ConfigError("--port N is required (the port the Tinker API listens on)")
+    return flags, rest
 
 
 def main(argv: list[str]) -> None:
