@@ -38,18 +38,18 @@ class TinkerServerOptions:
                                                "once; the oldest is unloaded first")
 
 
-def _server_flags(argv: list[str]) -> tuple[TinkerServerOptions, list[str]]:
+def _server_flags(argv: list[str]) -> tuple[TinkerServerOptions, int, list[str]]:
     parser = argparse.ArgumentParser(prog="lean_rl.serve_tinker", add_help=False, allow_abbrev=False)
     own, rest = add_options(parser, TinkerServerOptions).parse_known_args(argv)
     flags = read_options(TinkerServerOptions, own)
     if flags.port is None:
         raise ConfigError("--port N is required (the port the Tinker API listens on)")
-    return flags, rest
+    return flags, flags.port, rest
 
 
 def main(argv: list[str]) -> None:
     setup_logging()
-    flags, rest = _server_flags(argv)
+    flags, port, rest = _server_flags(argv)
     api_key = os.environ.get("TINKER_API_KEY", "")
     if not api_key.startswith("tml-"):
         raise ConfigError("TINKER_API_KEY: set it to the key clients will send (it must start with 'tml-')")
@@ -79,9 +79,9 @@ def main(argv: list[str]) -> None:
                               "trainer ranks as TP x PP")
         service = TinkerService(runtime)
         app = create_app(service, api_key, deadline_s=flags.future_deadline)
-        logger.info("Tinker server on http://%s:%d (base_model %s, LoRA rank %d)", flags.host, flags.port,
+        logger.info("Tinker server on http://%s:%d (base_model %s, LoRA rank %d)", flags.host, port,
                     service.base_model, service.lora_rank)
-        uvicorn.run(app, host=flags.host, port=flags.port, log_level="warning")
+        uvicorn.run(app, host=flags.host, port=port, log_level="warning")
         service.close()
     finally:
         runtime.close()
