@@ -25,8 +25,9 @@ PACKAGES = ("lean_rl.algorithms", "lean_rl.buffer", "lean_rl.rollout", "lean_rl.
             "lean_rl.testing", "lean_rl.slime_compat")
 LOOP_MODULES = ("lean_rl.train", "lean_rl.train_async", "lean_rl.run_loop", "lean_rl.runtime", "lean_rl.config")
 # Who may import a loop module: the loops themselves, slime's launcher (it runs train / train_async
-# with a slime script's flags), the test helpers and the parity harness.
-LOOP_IMPORTERS = (*LOOP_MODULES, "lean_rl.slime_launch", "lean_rl.testing", "lean_rl.parity")
+# with a slime script's flags), the Python API (it runs them from keyword arguments), the test helpers
+# and the parity harness.
+LOOP_IMPORTERS = (*LOOP_MODULES, "lean_rl.slime_launch", "lean_rl.api", "lean_rl.testing", "lean_rl.parity")
 
 
 @dataclass(frozen=True)
