@@ -25,6 +25,8 @@ import argparse
 import asyncio
 import difflib
 import os
+import signal
+import threading
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
@@ -75,30 +77,75 @@ def train(cfg: Config) -> list[dict[str, float]]:
     --async-mode one-step / full: the code the commands run) and return its steps' metrics, one dict per
     step trained by this call, as metrics.jsonl has them. Everything the run started (Ray when it
     started it, engines, trainer) is closed on return, so a second call starts afresh. A SIGINT /
-    SIGTERM stops at a step boundary and raises SystemExit(128 + signal), as the commands exit."""
+    SIGTERM stops at a step boundary and raises SystemExit(128 + signal), as the commands exit.
+    Called where an event loop runs (a Jupyter cell), the run goes on a thread of its own, and an
+    interrupt of the caller (KeyboardInterrupt) is relayed to it as a SIGINT."""
     from lean_rl.utils.metrics import setup_logging
 
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        pass
-    else:
-        raise RuntimeError("lean_rl.api.train runs its own event loop and handles SIGINT on the main thread; it "
-                           "cannot run inside a running one (a Jupyter cell): run the script with python, or in "
-                           "a notebook `!python examples/python_api.py`")
     setup_logging()
     loop = _loop_of(cfg)
     rows: dict[int, dict[str, float]] = {}  # by step: a step redone after a trainer heal replaces its row
+    started: list[Runtime] = []
 
     class RecordingRuntime(Runtime):
+        def __init__(self, cfg: Config):
+            super().__init__(cfg)
+            started.append(self)
+
         def start(self) -> Runtime:
             super().start()
             if self.logger is not None:
                 self.logger.on_row = lambda row: rows.__setitem__(int(row["step"]), row)
             return self
 
-    run(cfg, loop, RecordingRuntime)
+    try:
+        if _event_loop_running():
+            _run_on_a_thread(lambda: run(cfg, loop, RecordingRuntime), started)
+        else:
+            run(cfg, loop, RecordingRuntime)
+    finally:
+        watchdog = started[0].stop.watchdog if started else None
+        if watchdog is not None:  # armed by a signal to end a command within --stop-timeout; the run has ended
+            watchdog.cancel()
     return [rows[step] for step in sorted(rows)]
+
+
+def _event_loop_running() -> bool:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True
+
+
+def _run_on_a_thread(call: Callable[[], None], started: list[Runtime]) -> None:
+    """`call()` on a thread (asyncio.run cannot run inside a running loop), its outcome raised here.
+    Python delivers signals to the main thread only: an interrupt while waiting becomes the run's SIGINT."""
+    outcome: list[BaseException] = []
+    done = threading.Event()
+
+    def target() -> None:
+        try:
+            call()
+        except BaseException as err:  # noqa: BLE001 - SystemExit of a stopped run included: raised by the caller
+            outcome.append(err)
+        finally:
+            done.set()
+
+    thread = threading.Thread(target=target, name="lean_rl-api-train")
+    thread.start()
+    interrupts = relayed = 0
+    while not done.is_set():  # not Thread.join: interrupted, it can leave the thread marked ended (Python 3.11)
+        try:
+            done.wait(0.2)
+        except KeyboardInterrupt:
+            interrupts += 1
+        while started and relayed < interrupts:  # the second one exits at once, as a second signal does
+            started[0].stop.request_stop(signal.SIGINT)
+            relayed += 1
+    thread.join()
+    if outcome:
+        raise outcome[0]
 
 
 def _loop_of(cfg: Config) -> Callable[[Runtime], Awaitable[None]]:

@@ -1,5 +1,6 @@
 """The Python API as a notebook uses it: examples/python_api.py's main called twice in one process (the
-synchronous loop, then the one-step async one), each starting and closing its own Ray, SGLang engine,
+synchronous loop, then the one-step async one from inside a running event loop, as a Jupyter cell
+calls it), each starting and closing its own Ray, SGLang engine,
 router and Megatron trainer on the tiny model, with the reward and the loss given as Python functions
 (the loss a lambda that runs on the trainer's Ray actor). Slow (tests/slow_tiers.py, "e2e"): two runs."""
 
@@ -16,13 +17,17 @@ pytestmark = pytest.mark.e2e
 
 
 @pytest.mark.slow
-def test_python_api_example_runs_twice_in_one_process(tmp_path):
+def test_python_api_example_runs_twice_in_one_process_once_inside_an_event_loop(tmp_path):
     script = textwrap.dedent(f"""
-        import json, runpy
+        import asyncio, json, runpy
         example = runpy.run_path("examples/python_api.py", run_name="python_api_example")
+
+        async def in_a_notebook():  # a Jupyter cell runs inside an event loop: train() runs on a thread
+            return example["main"](["--num-rollout", "2", "--out", {str(tmp_path / 'async')!r},
+                                    "--async-mode", "one-step"])
+
         runs = [example["main"](["--num-rollout", "2", "--out", {str(tmp_path / 'sync')!r}]),
-                example["main"](["--num-rollout", "2", "--out", {str(tmp_path / 'async')!r},
-                                 "--async-mode", "one-step"])]
+                asyncio.run(in_a_notebook())]
         open({str(tmp_path / 'runs.json')!r}, "w").write(json.dumps(runs))
     """)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}

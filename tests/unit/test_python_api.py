@@ -2,17 +2,23 @@
 bad keywords are refused in one line naming them, and hooks given as functions reach the loader and
 cross a process boundary by value (utils/python_hooks.py). The run itself: tests/e2e/test_python_api_run.py."""
 
+import asyncio
 import dataclasses
+import os
 import pickle
+import signal
 import subprocess
 import sys
 import textwrap
+import threading
+import types
 
 import pytest
 
 from lean_rl import api
 from lean_rl.config import build_parser, parse_config
 from lean_rl.options import ConfigError
+from lean_rl.stop import RunStopped, StopSignals
 from lean_rl.testing.toy_task import write_dataset
 from lean_rl.utils.plugins import PluginError, load_function
 from lean_rl.utils.python_hooks import PythonHook, python_hook
@@ -131,3 +137,24 @@ def test_a_lambda_defined_in_main_travels_by_value(tmp_path):
     out = subprocess.run([sys.executable, "-c", load], check=True, timeout=120, capture_output=True, text=True)
     assert out.stdout.split() == ["__main__.<lambda>", "42"]
     assert pickle.loads(pickle.dumps(python_hook(toy_reward))).function is toy_reward  # importable: by reference
+
+
+def test_an_interrupt_of_the_caller_stops_a_run_on_a_thread():
+    """train() inside a running event loop (a Jupyter cell) runs on a thread; Python gives SIGINT to the
+    main thread, which relays it to the run's StopSignals: the run stops at its next boundary."""
+    stop = StopSignals(timeout_s=60)
+
+    def run_on_the_thread():
+        async def loop():
+            stop.install()  # off the main thread: no OS handlers, the caller relays
+            assert await stop.unless_stopped(asyncio.sleep(60)) is None  # cancelled by the relayed SIGINT
+            stop.check(3)
+        asyncio.run(loop())
+
+    threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGINT)).start()
+    try:
+        with pytest.raises(RunStopped, match="stopped by SIGINT with 3 rollouts trained"):
+            api._run_on_a_thread(run_on_the_thread, [types.SimpleNamespace(stop=stop)])
+    finally:
+        if stop.watchdog is not None:
+            stop.watchdog.cancel()
