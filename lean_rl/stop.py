@@ -62,8 +62,8 @@ class StopSignals:
         on the main thread: Python sets signal handlers only there)."""
         self._loop = asyncio.get_running_loop()
         self._event = asyncio.Event()
-        if self._pipe is not None:
-            return
+        if self._pipe is not None or threading.current_thread() is not threading.main_thread():
+            return  # off the main thread (lean_rl/api.py beside a notebook's loop): the caller relays (request_stop)
         read_fd, write_fd = os.pipe()
         os.set_blocking(write_fd, False)  # the C handler must never block on a full pipe
         self._pipe = (read_fd, write_fd)
@@ -118,8 +118,12 @@ class StopSignals:
         finally:
             os.close(read_fd)
 
+    def request_stop(self, signum: int) -> None:
+        """As if `signum` had come (from any thread): a caller that receives the signals itself relays them."""
+        self._on_signal(signum)
+
     def _on_signal(self, signum: int) -> None:
-        """On the watcher thread."""
+        """On the watcher thread, or the thread of request_stop."""
         name = signal.Signals(signum).name
         if self.signum is not None:
             logger.error("%s again: exiting now (the last checkpoint is where a rerun resumes)", name)

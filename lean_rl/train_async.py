@@ -19,11 +19,12 @@ import asyncio
 import logging
 import sys
 import time
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
 from lean_rl.backends.megatron.rank_errors import MegatronGroupError
 from lean_rl.cli import run_command
-from lean_rl.config import parse_config
+from lean_rl.config import Config, parse_config
 from lean_rl.options import ConfigError
 from lean_rl.rollout.base import RolloutOutput
 from lean_rl.rollout.continuous import ContinuousGenerator
@@ -199,15 +200,20 @@ async def fully_async_step(rt: Runtime, step: int, generator: ContinuousGenerato
     rt.stop.check(step + 1)
 
 
-def main(argv: list[str]) -> None:
-    setup_logging()
-    cfg = parse_config(argv)
+def async_loop(cfg: Config) -> Callable[[Runtime], Awaitable[None]]:
+    """The loop of cfg's --async-mode (also lean_rl/api.py's)."""
     if cfg.run.async_mode == "off":
         raise ConfigError("--async-mode off: run python -m lean_rl.train (or pass --async-mode one-step|full)")
     if cfg.run.debug_rollout_only or cfg.run.debug_train_only:
         raise ConfigError("--debug-rollout-only / --debug-train-only run one side alone: use python -m lean_rl.train "
                           "(the async modes overlap generation and training)")
-    run(cfg, train_fully_async if cfg.run.async_mode == "full" else train_one_step_off)
+    return train_fully_async if cfg.run.async_mode == "full" else train_one_step_off
+
+
+def main(argv: list[str]) -> None:
+    setup_logging()
+    cfg = parse_config(argv)
+    run(cfg, async_loop(cfg))
 
 
 if __name__ == "__main__":  # the guard matters: checkpointing spawns processes that re-import __main__

@@ -5,10 +5,15 @@ from __future__ import annotations
 import functools
 import importlib
 
+from lean_rl.utils.python_hooks import PythonHook
+
 
 @functools.cache
 def load_function(path: str):
-    """The object at dotted `path` ("package.module.name"), imported once."""
+    """The object at dotted `path` ("package.module.name"), imported once; a function given in Python
+    (lean_rl/api.py) as it is."""
+    if isinstance(path, PythonHook):
+        return path.function
     module_name, _, attr = path.rpartition(".")
     return getattr(importlib.import_module(module_name), attr)
 

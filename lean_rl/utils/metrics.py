@@ -16,6 +16,7 @@ import os
 import secrets
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
 from typing import Iterator
 
@@ -72,6 +73,7 @@ class MetricsLogger:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.path = self.run_dir / "metrics.jsonl"
         self._truncate_from(resume_step)
+        self.on_row: Callable[[dict[str, float]], None] | None = None  # each row as written (lean_rl/api.py)
         self._console = None
         if console:
             from rich.console import Console
@@ -116,6 +118,8 @@ class MetricsLogger:
             f.write(json.dumps(row) + "\n")
             f.flush()
             os.fsync(f.fileno())
+        if self.on_row is not None:
+            self.on_row(row)
         if self._tb is not None:
             for key, value in row.items():
                 if key != "step":

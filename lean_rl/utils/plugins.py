@@ -8,6 +8,7 @@ import sys
 from typing import Any, Callable
 
 from lean_rl.options import ConfigError
+from lean_rl.utils.python_hooks import PythonHook
 from lean_rl.utils.slime_finder import COMPAT_PREFIX, install_slime_finder
 
 
@@ -16,7 +17,10 @@ class PluginError(ConfigError):
 
 
 def import_object(path: str, flag: str) -> Any:
-    """What the dotted path `pkg.module.attr` names, imported; a PluginError naming `flag` when it cannot be."""
+    """What the dotted path `pkg.module.attr` names, imported; a PluginError naming `flag` when it cannot be.
+    A function given in Python (lean_rl/api.py) is returned as it is."""
+    if isinstance(path, PythonHook):
+        return path.function
     module_name, _, attr = path.rpartition(".")
     if not module_name or not attr:
         raise PluginError(f"{flag} {path!r}: expected a dotted path 'package.module.function'")

@@ -27,9 +27,10 @@ PACKAGES = ("lean_rl.algorithms", "lean_rl.buffer", "lean_rl.rollout", "lean_rl.
 LOOP_MODULES = ("lean_rl.train", "lean_rl.train_async", "lean_rl.run_loop", "lean_rl.runtime", "lean_rl.config",
                 "lean_rl.evaluate", "lean_rl.evaluate_checkpoint")
 # Who may import a loop module: the loops themselves, slime's launcher (it runs train / train_async
-# with a slime script's flags), the test helpers, the parity harness, and the Tinker server (its
-# clients' calls are its loop: it starts a Runtime as the loops do).
-LOOP_IMPORTERS = (*LOOP_MODULES, "lean_rl.slime_launch", "lean_rl.testing", "lean_rl.parity",
+# with a slime script's flags), the Python API (it runs them from keyword arguments), the test helpers,
+# the parity harness, and the Tinker server (its clients' calls are its loop: it starts a Runtime as the
+# loops do).
+LOOP_IMPORTERS = (*LOOP_MODULES, "lean_rl.slime_launch", "lean_rl.api", "lean_rl.testing", "lean_rl.parity",
                   "lean_rl.serve_tinker", "lean_rl.tinker")
 
 
