@@ -30,12 +30,16 @@ MODES = {
     "sync": ("lean_rl.train", []),
     "one-step": ("lean_rl.train_async", ["--async-mode", "one-step"]),
     "full": ("lean_rl.train_async", ["--async-mode", "full", "--max-staleness", "2"]),
+    # the same bound, with as many prompt groups in flight as it admits ((max_staleness + 1) x 8): with 8, the
+    # engine's batch thins out while the tail of each group finishes (continuous.py: max_in_flight)
+    "full, 24 in flight": ("lean_rl.train_async", ["--async-mode", "full", "--max-staleness", "2",
+                                                   "--over-sampling-batch-size", "24"]),
 }
 
 
 def run_mode(name: str, work: Path, model: Path, data: Path, args) -> list[dict]:
     module, extra = MODES[name]
-    out = work / name
+    out = work / name.replace(",", "").replace(" ", "_")
     flags = ["--hf-checkpoint", str(model), "--output-dir", str(out), "--no-tensorboard",
              "--prompt-data", str(data), "--rollout-shuffle", "--num-rollout", str(args.steps),
              "--custom-rm-path", "lean_rl.testing.toy_task.kind_fraction_reward",
@@ -70,18 +74,21 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--preset", default="tiny", choices=sorted(PRESETS), help="tiny-model preset")
     parser.add_argument("--max-response-len", type=at_least(1), default=256)
     parser.add_argument("--timeout", type=at_least(1), default=1800, help="seconds per mode's run")
+    parser.add_argument("--modes", nargs="+", default=list(MODES), choices=list(MODES),
+                        help="which modes besides sync (always run: the speedups are over it)")
     args = parse_bench_args(parser, argv)
     work = Path(tempfile.mkdtemp(prefix="lean_rl_bench_async_"))
     model = make_tiny_model(work / "model", preset=args.preset)
     data = write_dataset(work / "train.jsonl", 512, seed=0)
-    results = {name: summarize(run_mode(name, work, model, data, args)) for name in MODES}
+    results = {name: summarize(run_mode(name, work, model, data, args)) for name in MODES
+               if name == "sync" or name in args.modes}
     base = results["sync"]["wall_s"]
     print(f"\n{args.steps - 1} steps each (first excluded), {args.preset} model, Pareto response lengths <= "
           f"{args.max_response_len} tokens, 8 prompts x 8 samples per step")
-    print(f"{'mode':10s} {'wall s':>8s} {'speedup':>8s} {'trainer idle':>13s} {'engine idle':>12s} "
+    print(f"{'mode':20s} {'wall s':>8s} {'speedup':>8s} {'trainer idle':>13s} {'engine idle':>12s} "
           f"{'overhead':>9s} {'train s':>8s} {'tokens':>8s}")
     for name, r in results.items():
-        print(f"{name:10s} {r['wall_s']:8.1f} {base / r['wall_s']:7.2f}x {r['trainer_idle']:12.1%} "
+        print(f"{name:20s} {r['wall_s']:8.1f} {base / r['wall_s']:7.2f}x {r['trainer_idle']:12.1%} "
               f"{r['engine_idle']:11.1%} {r['overhead']:8.2%} {r['train_s']:8.1f} {r['tokens']:8.0f}")
     workload = (f"{args.preset}, Pareto response lengths <= {args.max_response_len}, 8 prompts × 8 samples, "
                 f"{args.steps - 1} steps")
