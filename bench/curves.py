@@ -24,7 +24,6 @@ import asyncio
 import dataclasses
 import json
 import statistics
-import tempfile
 from pathlib import Path
 
 from bench_common import NO_GOAL, at_least, bench_parser, command_line, parse_bench_args, row, run_bench, work_dir_with_ray, write_rows
@@ -229,19 +228,25 @@ def main(argv: list[str]) -> int:
     args = parse_bench_args(parser, argv)
     work = work_dir_with_ray(None, "lean_rl_bench_curves_")
     curves: dict = {}
+    points = work / "curves.json"  # after each curve, so that a run stopped halfway keeps what it measured
+
+    def done(update: dict) -> None:
+        curves.update(update)
+        points.write_text(json.dumps(curves))
+        plot_curves(curves, Path(args.png))
+
     if args.sizes:
-        curves.update(sync_curves(args, work))
+        done(sync_curves(args, work))
     if args.convert_sizes:
-        curves["convert"] = convert_curve(args, work)
+        done({"convert": convert_curve(args, work)})
     if args.concurrency:
-        curves["rollout"] = rollout_curve(args, work)
+        done({"rollout": rollout_curve(args, work)})
     if args.nodes:
         import ray
 
         ray.shutdown()  # the node runs start clusters of their own
-        curves["nodes"] = nodes_curve(args, work)
-    (Path(tempfile.gettempdir()) / "lean_rl_bench_curves.json").write_text(json.dumps(curves))
-    plot_curves(curves, Path(args.png))
+        done({"nodes": nodes_curve(args, work)})
+    print(f"points: {points}")
     print(f"\ncurves: {args.png}")
     rows = rows_of(curves, args, command_line("curves", argv))
     for r in rows:
