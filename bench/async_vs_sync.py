@@ -24,7 +24,9 @@ from lean_rl.testing.toy_task import write_dataset
 
 REPO = Path(__file__).resolve().parents[1]
 QUICK = {"steps": 5, "max_response_len": 128}
-SPEEDUP_GOAL = ">= 1"  # async must not be slower than sync on the same workload
+WIDE = "; 24 prompt groups in flight: all that --max-staleness 2 admits, --over-sampling-batch-size 24"
+SPEEDUP_GOAL = ">= 1"
+WIDE_GOAL = ">= 2.77 (AReaL's, where generation dominates)"  # async must not be slower than sync on the same workload
 OVERHEAD_GOAL = 0.05  # of step time
 MODES = {
     "sync": ("lean_rl.train", []),
@@ -32,14 +34,14 @@ MODES = {
     "full": ("lean_rl.train_async", ["--async-mode", "full", "--max-staleness", "2"]),
     # the same bound, with as many prompt groups in flight as it admits ((max_staleness + 1) x 8): with 8, the
     # engine's batch thins out while the tail of each group finishes (continuous.py: max_in_flight)
-    "full, 24 in flight": ("lean_rl.train_async", ["--async-mode", "full", "--max-staleness", "2",
-                                                   "--over-sampling-batch-size", "24"]),
+    "full-wide": ("lean_rl.train_async", ["--async-mode", "full", "--max-staleness", "2",
+                                          "--over-sampling-batch-size", "24"]),
 }
 
 
 def run_mode(name: str, work: Path, model: Path, data: Path, args) -> list[dict]:
     module, extra = MODES[name]
-    out = work / name.replace(",", "").replace(" ", "_")
+    out = work / name
     flags = ["--hf-checkpoint", str(model), "--output-dir", str(out), "--no-tensorboard",
              "--prompt-data", str(data), "--rollout-shuffle", "--num-rollout", str(args.steps),
              "--custom-rm-path", "lean_rl.testing.toy_task.kind_fraction_reward",
@@ -94,10 +96,11 @@ def main(argv: list[str]) -> int:
                 f"{args.steps - 1} steps")
     command = command_line("async_vs_sync", argv)
     sync = results["sync"]
-    rows = [row(f"{name} async / sync wall time ({workload}); trainer idle, engine idle",
+    rows = [row(f"{name} async / sync wall time ({workload}{WIDE if name == 'full-wide' else ''}); trainer idle, "
+                "engine idle",
                 f"{r['wall_s']:.1f} s; idle {r['trainer_idle']:.0%}, {r['engine_idle']:.0%}",
                 f"{sync['wall_s']:.1f} s sync; idle {sync['trainer_idle']:.0%}, {sync['engine_idle']:.0%}",
-                base / r["wall_s"], SPEEDUP_GOAL, command)
+                base / r["wall_s"], WIDE_GOAL if name == "full-wide" else SPEEDUP_GOAL, command)
             for name, r in results.items() if name != "sync"]
     worst = max(results, key=lambda name: results[name]["overhead"])
     rows.append(row(f"framework overhead: step time outside generate / wait / train / sync / save / eval, worst "
