@@ -100,7 +100,7 @@ def read_tensor(info: TensorInfo) -> torch.Tensor:
     # read straight into the tensor's own memory: no zero-filled buffer first (a bytearray is one more pass
     # over every byte, ~10% of a conversion), no copy after
     flat = torch.empty(info.nbytes, dtype=torch.uint8)
-    view = memoryview(flat.numpy())
+    view = flat.numpy().data  # a memoryview of the tensor's bytes
     fd = os.open(info.path, os.O_RDONLY)
     try:
         done = 0
