@@ -2,6 +2,8 @@
 
     python bench/run_all.py [--quick] [--only NAME ...] [--out bench/RESULTS.md] [--timeout-s S] [--no-readme]
 
+bench/curves.py's plot goes beside the table (bench/curves.png beside bench/RESULTS.md).
+
 Each script runs as its own process, `python bench/NAME.py [--quick] --json FILE`, with a deadline (past
 it: SIGINT, so that the script stops its servers, then SIGKILL to its process group); the rows it writes
 (what, figure, floor, ratio, goal, command) go into the table as written, except that a row whose
@@ -37,9 +39,10 @@ from lean_rl.cli import DEBUG_HELP, ArgumentParser
 
 REPO = Path(__file__).resolve().parents[1]
 BENCH = REPO / "bench"
-SCRIPTS = ("async_vs_sync", "capture_latency", "convert", "engine_start", "long_sequence_memory", "lora_sync",
+SCRIPTS = ("async_vs_sync", "capture_latency", "convert", "curves", "engine_start", "long_sequence_memory", "lora_sync",
            "multi_turn_overhead", "multinode", "rollout_throughput", "train_step", "trainer_heal", "weight_sync")
 DEFAULT_TIMEOUT_S = {"quick": 900, "full": 3600}
+TIMEOUT_FACTOR = {"curves": 2}  # five curves, each a small bench of its own
 STOP_GRACE_S = 60  # after SIGINT, time to stop SGLang servers and Ray before SIGKILL
 README = REPO / "README.md"
 DEFAULT_OUT = BENCH / "RESULTS.md"
@@ -161,10 +164,17 @@ def stop(proc: subprocess.Popen) -> None:
             continue
 
 
-def run_script(name: str, quick: bool, timeout_s: float, logs: Path) -> tuple[list[dict], bool]:
-    """(its rows, whether it succeeded)."""
+def curves_png(out: Path) -> Path:
+    """Where bench/curves.py's plot goes: beside the table."""
+    return out.with_name("curves.png")
+
+
+def run_script(name: str, quick: bool, timeout_s: float, logs: Path, extra: tuple[str, ...] = ()
+               ) -> tuple[list[dict], bool]:
+    """(its rows, whether it succeeded). `extra`: flags of this script beyond --quick (not in its command)."""
     flags = ["--quick"] if quick else []
     command = command_line(name, flags)
+    flags += extra
     json_path, out_path, err_path = (logs / f"{name}{suffix}" for suffix in (".json", ".out", ".err"))
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
     with open(out_path, "w") as out, open(err_path, "w") as err:
@@ -219,7 +229,8 @@ def main(argv: list[str]) -> int:
         print(f"[{number}/{len(names)}] bench/{name}.py {'--quick ' if args.quick else ''}...", file=sys.stderr,
               flush=True)
         began = time.monotonic()
-        script_rows, ok = run_script(name, args.quick, timeout_s, logs)
+        extra = ("--png", str(curves_png(out))) if name == "curves" else ()
+        script_rows, ok = run_script(name, args.quick, timeout_s * TIMEOUT_FACTOR.get(name, 1), logs, extra)
         rows += script_rows
         if not ok:
             failed.append(name)

@@ -13,13 +13,14 @@ read from whatever chunks a Megatron save of any layout wrote."""
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import queue
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 import torch
 import torch.distributed.checkpoint as dcp
@@ -151,6 +152,22 @@ def _chunk_bytes(data: TensorWriteData) -> int:
     return n
 
 
+@contextlib.contextmanager
+def _without_crc32() -> Iterator[None]:
+    """DCP stores every chunk as a torch.save zip record, and torch.save computes a CRC32 of each record by
+    default: one more pass over every byte, ~1/3 of a conversion's time on CPU (bench/convert.py). Neither
+    torch.load nor Megatron's loader checks it (torch/utils/serialization/config.py: `compute_crc32`, the
+    switch torch provides for exactly this), so the converter writes without it."""
+    from torch.utils.serialization import config
+
+    before = config.save.compute_crc32
+    config.save.compute_crc32 = False
+    try:
+        yield
+    finally:
+        config.save.compute_crc32 = before
+
+
 def save_dist_checkpoint(directory: Path, chunks: list[ChunkSpec], produce: Callable[[ChunkSpec], torch.Tensor],
                          objects: dict[str, object], max_file_bytes: int, common: dict | None = None) -> None:
     """Write a Megatron torch_dist checkpoint into the (existing, empty) `directory`: the chunks,
@@ -158,7 +175,7 @@ def save_dist_checkpoint(directory: Path, chunks: list[ChunkSpec], produce: Call
     and metadata.json last (as Megatron does, so a directory without it is incomplete)."""
     writer = _BudgetedFileWriter(directory, max_file_bytes)
     try:
-        with warnings.catch_warnings():  # "torch.distributed is disabled ... single process": intended
+        with warnings.catch_warnings(), _without_crc32():  # "torch.distributed is disabled ... single process"
             warnings.filterwarnings("ignore", message="torch.distributed is disabled")
             dcp.save({}, storage_writer=writer, planner=_LazyPlanner(chunks, produce, objects), no_dist=True)
     except CheckpointException as error:  # DCP wraps the failure of its one (local) rank: re-raise it

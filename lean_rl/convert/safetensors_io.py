@@ -97,8 +97,10 @@ class SafetensorsFile:
 def read_tensor(info: TensorInfo) -> torch.Tensor:
     if info.nbytes == 0:
         return torch.empty(info.shape, dtype=info.dtype)
-    buffer = bytearray(info.nbytes)
-    view = memoryview(buffer)
+    # read straight into the tensor's own memory: no zero-filled buffer first (a bytearray is one more pass
+    # over every byte, ~10% of a conversion), no copy after
+    flat = torch.empty(info.nbytes, dtype=torch.uint8)
+    view = flat.numpy().data  # a memoryview of the tensor's bytes
     fd = os.open(info.path, os.O_RDONLY)
     try:
         done = 0
@@ -109,7 +111,7 @@ def read_tensor(info: TensorInfo) -> torch.Tensor:
             done += n
     finally:
         os.close(fd)
-    return torch.frombuffer(buffer, dtype=info.dtype).reshape(info.shape)
+    return flat.view(info.dtype).reshape(info.shape)
 
 
 class HFSafetensors:

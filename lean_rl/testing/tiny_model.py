@@ -51,6 +51,9 @@ PRESETS = {
     # ~100M parameters: benchmarks of weight sync and conversion.
     "base100m": Preset(hidden_size=768, intermediate_size=2048, num_layers=12, num_heads=12, num_kv_heads=4,
                        vocab_size=8192, num_experts=8, moe_intermediate_size=512),
+    # ~0.5B parameters (1.9 GB in float32): the large end of the bench's cost curves (bench/curves.py, not --quick).
+    "base500m": Preset(hidden_size=1536, intermediate_size=4096, num_layers=18, num_heads=12, num_kv_heads=4,
+                       vocab_size=8192, num_experts=8, moe_intermediate_size=512),
 }
 
 _WORDS = (
