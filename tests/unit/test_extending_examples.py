@@ -106,7 +106,7 @@ def engine(monkeypatch, tiny_qwen2):
         ids = reply_ids[:sampling_params["max_new_tokens"]]
         return GenerateResult(output_ids=ids, output_log_probs=[-0.5] * len(ids),
                               finish_reason="stop" if len(ids) == len(reply_ids) else "length", finish_detail=None,
-                              weight_version="3", weight_version_spans=(), prompt_tokens=len(input_ids),
+                              weight_version="3", weight_version_spans=(), prompt_tokens=len(getattr(input_ids, "input_ids", input_ids)),
                               completion_tokens=len(ids), cached_tokens=0, rid=rid, text=None)
 
     monkeypatch.setattr(generate_module, "generate_with_retries", generate_with_retries)

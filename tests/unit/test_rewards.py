@@ -92,13 +92,15 @@ def test_remote_reward_retries_server_errors_and_names_the_url_when_it_gives_up(
         from lean_rl.rollout.rewards import remote_reward
 
         url = f"http://127.0.0.1:{server.server_address[1]}/score"
-        cfg = types.SimpleNamespace(reward=types.SimpleNamespace(rm_timeout=5.0, rm_retries=2, rm_url=url))
+        cfg = types.SimpleNamespace(reward=types.SimpleNamespace(rm_timeout=5.0, rm_retries=2, rm_url=url,
+                                                                   rm_api_key_env=None))
         sample = _sample("my answer", "gold")
         assert asyncio.run(remote_reward(cfg, sample)) == 0.5
         assert len(calls) == 2 and calls[1]["response"] == "my answer" and calls[1]["label"] == "gold"
     finally:
         server.shutdown()
-    dead = types.SimpleNamespace(reward=types.SimpleNamespace(rm_timeout=1.0, rm_retries=1, rm_url=url))
+    dead = types.SimpleNamespace(reward=types.SimpleNamespace(rm_timeout=1.0, rm_retries=1, rm_url=url,
+                                                                rm_api_key_env=None))
     with pytest.raises(RuntimeError, match=r"--rm-url http://127\.0\.0\.1:\d+/score: no answer after 2 tries"):
         asyncio.run(remote_reward(dead, sample))
 
