@@ -5,11 +5,17 @@ chosen. The reward model and DPO learn only from these pairs; the rule itself is
     python examples/reward_model_pipeline/make_pairs.py --model MODEL_DIR --prompts train.jsonl \
         --out pairs.jsonl --pairs-per-prompt 4 --seed 0
 
-A response is up to --max-tokens tokens drawn, each, from the tokens of the kind the prompt asks for, of
+A response is up to --max-tokens pieces drawn, each, from the tokens of the kind the prompt asks for, of
 the other kind, or from the rest of the vocabulary, in proportions drawn per response (so that the pairs
-cover the whole range a policy passes through, from a random one's ~0.1 to 1.0). A response shorter than
---max-tokens ends with the tokenizer's EOS, as a policy's finished answer does (one cut at the budget has
-none); an empty one is the EOS alone. Its rule reward is toy_task.kind_fraction of the text as the
+cover the whole range a policy passes through, from a random one's ~0.1 to 1.0). The pairs are text, and a
+quarter of the tiny vocabulary (128 tokens) are single bytes of UTF-8 characters, which no text holds
+alone (decoded alone each is U+FFFD, which reads back as other tokens): the rest of the vocabulary is
+therefore the tokens that read back as themselves plus random non-ASCII characters, whose bytes are those
+tokens. Without them the reward model never sees a byte token, and GRPO found that out: its policy drifted
+to byte tokens the reward model scored above digits (rule reward 0.0, README). Half the responses repeat 1-3 pieces
+(a policy that collapses onto an answer repeats itself: the main job ends at " 23 23 23 ..."). Half end
+with the tokenizer's EOS, as a finished answer does (one cut at the budget has none: the reward model
+scores the last token, so both must be seen); an empty one is the EOS alone. Its rule reward is toy_task.kind_fraction of the text as the
 tokenizer reads it back, the reward the main job trains on. A pair's two rewards differ by at least
 --min-gap. Same arguments -> the same file."""
 
@@ -29,12 +35,22 @@ def token_pools(tokenizer) -> dict[str, list[int]]:
     special = set(tokenizer.all_special_ids)
     pools: dict[str, list[int]] = {kind: [] for kind in [*KINDS, "other"]}
     for token_id in range(len(tokenizer)):
-        if token_id in special:
-            continue
         text = tokenizer.decode([token_id])
+        if token_id in special or "\ufffd" in text:  # a byte of a character: non_ascii_character covers those
+            continue
         kind = next((k for k, pattern in KINDS.items() if pattern.fullmatch(text)), "other")
         pools[kind].append(token_id)
     return pools
+
+
+# code points whose UTF-8 bytes (2 to 4 of them) span the byte tokens: Latin-1 and Latin Extended, Greek and
+# Cyrillic, CJK, emoji
+_NON_ASCII = ((0xA1, 0x24F), (0x370, 0x4FF), (0x4E00, 0x9FFF), (0x1F300, 0x1F64F))
+
+
+def non_ascii_character(rng: random.Random) -> str:
+    low, high = rng.choice(_NON_ASCII)
+    return chr(rng.randint(low, high))
 
 
 def rule_reward(tokenizer, text: str, kind: str) -> float:
@@ -48,13 +64,22 @@ def random_response(rng: random.Random, tokenizer, pools: dict[str, list[int]], 
     other_kind = next(k for k in KINDS if k != kind)
     asked, wrong = rng.random(), rng.random()  # this response's mix: asked kind, then the other kind, else the rest
     length = rng.randint(0, max_tokens)
-    ids = []
+    pieces: list[str] = []
+    palette = rng.randint(1, 3) if rng.random() < 0.5 else None  # half repeat 1-3 pieces, as a collapsing policy does
     for _ in range(length):
-        u = rng.random()
-        pool = pools[kind] if u < asked else pools[other_kind] if rng.random() < wrong else pools["other"]
-        ids.append(rng.choice(pool))
-    text = tokenizer.decode(ids)
-    return text + tokenizer.eos_token if length < max_tokens else text
+        if palette is not None and len(pieces) >= palette:
+            pieces.append(rng.choice(pieces[:palette]))
+            continue
+        if rng.random() < asked:
+            pieces.append(tokenizer.decode([rng.choice(pools[kind])]))
+        elif rng.random() < wrong:
+            pieces.append(tokenizer.decode([rng.choice(pools[other_kind])]))
+        elif rng.random() < 0.3:  # byte tokens: 128 of the 512
+            pieces.append(non_ascii_character(rng))
+        else:
+            pieces.append(tokenizer.decode([rng.choice(pools["other"])]))
+    text = "".join(pieces)
+    return text + tokenizer.eos_token if length == 0 or rng.random() < 0.5 else text
 
 
 def make_pairs(tokenizer, prompts: list[dict], pairs_per_prompt: int, max_tokens: int, min_gap: float,
