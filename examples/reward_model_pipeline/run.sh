@@ -15,7 +15,7 @@
 # Sizes (the defaults are the README's run): NUM_TRAIN prompts, PAIRS_PER_PROMPT, RM_STEPS, GRPO_STEPS,
 # DPO_STEPS (32 pairs a step for the reward model and DPO, 8 prompts x 8 samples a step for GRPO), MAIN=0|1.
 # Every stage starts over when rerun.
-set -euo pipefail
+set -euo pipefail  # pipefail: train()'s tee keeps the run's exit status
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 cd "$HERE/../.."
 PY=${PY:-.venv/bin/python}
@@ -31,6 +31,19 @@ export PYTHONPATH="$HERE:$PWD${PYTHONPATH:+:$PYTHONPATH}"   # rm_with_hidden_rul
 rm -rf "$OUT/rm" "$OUT/grpo" "$OUT/dpo" "$OUT/results.jsonl"
 mkdir -p "$OUT"
 started=$SECONDS
+
+# a run ("$@"), its output also in $OUT/train.log; run again (up to twice more) only when the local Ray
+# failed to start: Ray waits a fixed 30 s for its raylet (ray/_private/node.py), which a loaded 2-core
+# machine can miss (seen at load ~20); any other failure stops the script.
+retry_ray_start() {
+   for attempt in 1 2 3; do
+      if "$@" 2>&1 | tee "$OUT/train.log"; then return 0; fi
+      grep -q "The current node timed out during startup" "$OUT/train.log" || return 1
+      echo "run.sh: Ray's node did not start in its 30 s (attempt $attempt of 3); again"
+   done
+   return 1
+}
+train() { retry_ray_start $PY -m lean_rl.train "$@"; }
 
 echo "== 1/6 the tiny model, the toy task's prompts, preference pairs ($OUT/data)"
 [[ -f $OUT/model/config.json ]] || $PY -m lean_rl.testing.tiny_model --out "$OUT/model" --arch qwen2 --preset tiny --seed 0
@@ -49,13 +62,13 @@ PAIR_ARGS=(
 )
 
 echo "== 2/6 the reward model: Bradley-Terry, $RM_STEPS steps; -> HF sequence classification; held-out accuracy"
-$PY -m lean_rl.train "${PAIR_ARGS[@]}" --output-dir "$OUT/rm/run" --loss-type rm_loss --num-rollout "$RM_STEPS" \
+train "${PAIR_ARGS[@]}" --output-dir "$OUT/rm/run" --loss-type rm_loss --num-rollout "$RM_STEPS" \
    --save "$OUT/rm/ckpt" --save-interval "$RM_STEPS"
 $PY -m lean_rl.convert megatron-to-hf --load "$OUT/rm/ckpt" --save "$OUT/rm/hf" --hf-config "$OUT/model"
 $PY "$HERE/evaluate.py" rm-accuracy --rm "$OUT/rm/hf" --pairs "$OUT/data/heldout_pairs.jsonl" --out "$OUT/results.jsonl"
 
 echo "== 3/6 GRPO against the served reward model ($GRPO_STEPS steps); the rule reward only logged"
-$PY -m lean_rl.train --hf-checkpoint "$OUT/model" --output-dir "$OUT/grpo/run" --no-tensorboard \
+train --hf-checkpoint "$OUT/model" --output-dir "$OUT/grpo/run" --no-tensorboard \
    --prompt-data "$OUT/data/train.jsonl" --input-key prompt --label-key label --rollout-shuffle \
    --rm-hf-checkpoint "$OUT/rm/hf" --custom-rm-path rm_with_hidden_rule.reward --reward-key rm \
    --num-rollout "$GRPO_STEPS" --rollout-batch-size 8 --n-samples-per-prompt 8 \
@@ -69,7 +82,7 @@ $PY -m lean_rl.convert megatron-to-hf --load "$OUT/grpo/ckpt" --save "$OUT/grpo/
 
 echo "== 4/6 DPO on the same pairs ($DPO_STEPS steps, beta 0.1), a checkpoint every quarter"
 quarter=$(( DPO_STEPS / 4 > 0 ? DPO_STEPS / 4 : 1 ))
-$PY -m lean_rl.train "${PAIR_ARGS[@]}" --output-dir "$OUT/dpo/run" --loss-type dpo_loss --dpo-beta 0.1 \
+train "${PAIR_ARGS[@]}" --output-dir "$OUT/dpo/run" --loss-type dpo_loss --dpo-beta 0.1 \
    --num-rollout "$DPO_STEPS" --save "$OUT/dpo/ckpt" --save-interval "$quarter"
 dpo_steps=()
 for iteration in $(seq "$quarter" "$quarter" "$DPO_STEPS"); do
@@ -83,7 +96,7 @@ if [[ $MAIN == 1 ]]; then
    echo "== 5/6 the yardstick: the main job, GRPO on the rule reward itself ($OUT/main)"
    [[ -f $OUT/main/hf/config.json ]] || {
       rm -rf "$OUT/main"
-      OUT=$OUT/main bash scripts/run-tiny-cpu.sh --num-rollout "$GRPO_STEPS" --save-interval "$GRPO_STEPS" --no-tensorboard
+      retry_ray_start env OUT="$OUT/main" bash scripts/run-tiny-cpu.sh --num-rollout "$GRPO_STEPS" --save-interval "$GRPO_STEPS" --no-tensorboard
       $PY -m lean_rl.convert megatron-to-hf --load "$OUT/main/ckpt" --save "$OUT/main/hf" --hf-config "$OUT/main/model"
    }
    main=("$OUT/main/hf")
