@@ -77,7 +77,8 @@ train --hf-checkpoint "$OUT/model" --output-dir "$OUT/grpo/run" --no-tensorboard
    --advantage-estimator grpo --eps-clip 0.2 --kl-loss-coef 0.0 --entropy-coef 0.0 \
    --lr 1e-3 --lr-warmup-iters 2 --weight-decay 0.0 --clip-grad 1.0 \
    --micro-batch-size 16 --rollout-num-engines 1 --sglang-max-total-tokens 8192 \
-   --save "$OUT/grpo/ckpt" --save-interval "$GRPO_STEPS"
+   --save "$OUT/grpo/ckpt" --save-interval "$GRPO_STEPS" \
+   --save-debug-rollout-data "$OUT/grpo/rollouts/{rollout_id}.jsonl"   # what the policy learned to say
 $PY -m lean_rl.convert megatron-to-hf --load "$OUT/grpo/ckpt" --save "$OUT/grpo/hf" --hf-config "$OUT/model"
 
 echo "== 4/6 DPO on the same pairs ($DPO_STEPS steps, beta 0.1), a checkpoint every quarter"
