@@ -43,7 +43,7 @@ TIERS: dict[str, tuple[str, tuple[str, ...]]] = {
                   "tests/e2e/test_example_fully_async.py", "tests/e2e/test_example_math_real_model.py",
                   "tests/e2e/test_example_openai_agent.py", "tests/e2e/test_examples.py",
                   "tests/e2e/test_verifiers_env.py", "tests/e2e/test_slime_examples.py",
-                  "tests/e2e/test_slime_agent_examples.py")),
+                  "tests/e2e/test_slime_agent_examples.py", "tests/e2e/test_reward_model_pipeline.py")),
 }
 
 
