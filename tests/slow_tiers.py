@@ -35,7 +35,7 @@ TIERS: dict[str, tuple[str, tuple[str, ...]]] = {
              "tests/e2e/test_model_families_run.py", "tests/unit/test_slime_launch_plan.py",
              "tests/e2e/test_preference_runs.py", "tests/e2e/test_reward_routing_run.py",
              "tests/e2e/test_evaluate_checkpoint.py",
-             "tests/e2e/test_tinker_server.py")),
+             "tests/e2e/test_tinker_server.py", "tests/e2e/test_vlm_run.py")),
     "examples": ("the examples that learn (tool calling, search, agents, math on a real model, distillation) and "
                  "slime's own examples run unchanged",
                  ("tests/e2e/test_agent_examples_learn.py", "tests/e2e/test_distillation_example.py",
