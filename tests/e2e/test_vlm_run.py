@@ -8,7 +8,7 @@ to the engine, and --save-hf writes the trained model as an HF checkpoint. The r
 Checked: finite loss and a gradient every step; the engine's and the trainer's log-probs of the sampled
 tokens agree (train/rollout_logprob_abs_diff, the image tokens in context) at step 0 and after a sync
 (step 1); the saved HF model's tower moved from the checkpoint's, or with --freeze-vision-tower did not
-(its language model moved in both). Slow: ~2 min per run on 2 cores."""
+(its language model moved in both); the frozen run is colocated. Slow: ~2.5 min per run on 2 cores."""
 
 import json
 import math
@@ -36,7 +36,8 @@ def _max_change(before: Path, after: Path, prefix: str) -> float:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("freeze", [False, True], ids=["tower_trains", "tower_frozen"])
+# the frozen run is also colocated (weight sync by tensor payload instead of the gloo group with the engine)
+@pytest.mark.parametrize("freeze", [False, True], ids=["tower_trains", "tower_frozen_colocated"])
 def test_vlm_trains_on_images_and_syncs(freeze, tmp_path):
     ckpt = make_tiny_vlm(tmp_path / "ckpt")
     sys.path.insert(0, str(SHAPES))
@@ -56,7 +57,7 @@ def test_vlm_trains_on_images_and_syncs(freeze, tmp_path):
              "--advantage-estimator", "grpo", "--lr", "1e-3", "--micro-batch-size", "8",
              "--rollout-num-engines", "1", "--sglang-max-total-tokens", "8192", "--num-rollout", "2",
              "--save", str(tmp_path / "save"), "--save-interval", "2", "--save-hf", str(hf_out),
-             *(["--freeze-vision-tower"] if freeze else [])]
+             *(["--freeze-vision-tower", "--colocate"] if freeze else [])]
     result = run_lean_rl("lean_rl.train", flags, timeout_s=900)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
     metrics = read_metrics(tmp_path)
