@@ -15,8 +15,8 @@ from pathlib import Path
 from safetensors.torch import save_file
 
 from lean_rl.backends.megatron.checkpoint_paths import HF_CONFIG_DIR, find_checkpoint
-from lean_rl.backends.megatron.hf_config import checkpoint_dtype, load_hf_config
 from lean_rl.backends.megatron.hf_side_files import copy_side_files
+from lean_rl.backends.megatron.hf_config import checkpoint_dtype, load_hf_config
 from lean_rl.backends.megatron.model_checkpoint import load_model_checkpoint, save_model_checkpoint
 from lean_rl.backends.megatron.vlm_family import vlm_family
 from lean_rl.backends.megatron.vlm_local import run_vlm_rank
