@@ -160,6 +160,7 @@ def _megatron_config(argv: list[str], args: argparse.Namespace, parallel: Parall
     trainer's dtype: --bf16 / --fp16, else float32 on CPU and 16-bit on GPU (PrecisionFlags)."""
     from lean_rl.backends.megatron.arch_flags import check_given_flags, given_model_flags_parser
     from lean_rl.backends.megatron.hf_config import arch_from_hf_config
+    from lean_rl.backends.megatron.vlm_family import vlm_config_or_none
 
     if not args.hf_checkpoint:
         raise ConfigError("--hf-checkpoint is required (the model the engines serve and the trainer starts from)")
@@ -174,7 +175,9 @@ def _megatron_config(argv: list[str], args: argparse.Namespace, parallel: Parall
     arch = check_given_flags(given, hf_arch, args.hf_checkpoint) if given else hf_arch
     params_dtype = read_options(PrecisionFlags, args).params_dtype(device, checkpoint_dtype(args.hf_checkpoint))
     return MegatronConfig(arch=arch, parallel=parallel, use_rollout_routing_replay=model.use_rollout_routing_replay,
-                          params_dtype=params_dtype, transformer_impl=model.transformer_impl)
+                          params_dtype=params_dtype, transformer_impl=model.transformer_impl,
+                          vlm_hf_config=vlm_config_or_none(args.hf_checkpoint),
+                          freeze_vision_tower=model.freeze_vision_tower)
 
 
 def _ipc_unserved(layout: TrainerLayout, parallel: ParallelConfig, engines: EngineConfig,

@@ -28,7 +28,7 @@ TIERS: dict[str, tuple[str, tuple[str, ...]]] = {
             "loop variants (async, multi-node, PPO, bf16, routing replay, slime, the new model families)",
             ("tests/e2e/test_debug_modes.py", "tests/e2e/test_engine_faults.py", "tests/e2e/test_mixed_precision.py",
              "tests/e2e/test_multinode.py", "tests/e2e/test_multinode_failure.py", "tests/e2e/test_ppo.py",
-             "tests/e2e/test_resume.py", "tests/e2e/test_routing_replay_run.py",
+             "tests/e2e/test_resume.py", "tests/e2e/test_routing_replay_run.py", "tests/e2e/test_vlm_run.py",
              "tests/e2e/test_save_on_a_full_disk.py", "tests/e2e/test_save_hf_run.py",
              "tests/e2e/test_slime_compat_run.py",
              "tests/e2e/test_slime_launch.py", "tests/e2e/test_train_loops.py", "tests/e2e/test_trainer_heal.py",

@@ -110,9 +110,10 @@ def megatron_to_hf_main(argv: list[str]) -> int:
 
     args = _megatron_to_hf_parser().parse_args(argv)
     started = time.monotonic()
-    side = find_checkpoint(args.load, args.iteration)[1] / HF_CONFIG_DIR / "config.json"
-    if args.hf_config is None and side.is_file() and is_vlm_config(side):
-        out = convert_vlm_megatron_to_hf(args.load, args.save, iteration=args.iteration)
+    side = find_checkpoint(args.load, args.iteration)[1] / HF_CONFIG_DIR
+    config = Path(args.hf_config) if args.hf_config is not None else side  # --save-hf passes --hf-config
+    if (config / "config.json").is_file() and is_vlm_config(config):
+        out = convert_vlm_megatron_to_hf(args.load, args.save, iteration=args.iteration, hf_config=args.hf_config)
         print(f"wrote {out} in {time.monotonic() - started:.1f}s")
         return 0
     out = convert_megatron_to_hf(args.load, args.save, hf_config=args.hf_config, iteration=args.iteration,

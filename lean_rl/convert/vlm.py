@@ -47,11 +47,11 @@ def convert_vlm_hf_to_megatron(hf_dir: str | Path, save: str | Path, *, make_voc
 
 
 def convert_vlm_megatron_to_hf(load: str | Path, save: str | Path, *, iteration: int | None = None,
-                               make_vocab_size_divisible_by: int = 128) -> Path:
+                               make_vocab_size_divisible_by: int = 128, hf_config: str | Path | None = None) -> Path:
     """A model-only or trainer checkpoint of a VLM -> HF_OUT (model.safetensors + the config, tokenizer and
-    processor files of its hf_config/). Returns HF_OUT."""
+    processor files of its hf_config/, or of `hf_config`: a trainer checkpoint has none). Returns HF_OUT."""
     _, directory = find_checkpoint(load, iteration)
-    hf_dir = directory / HF_CONFIG_DIR
+    hf_dir = Path(hf_config) if hf_config is not None else directory / HF_CONFIG_DIR
     vlm_family(load_hf_config(hf_dir))
 
     def job(model, config) -> Path:

@@ -81,3 +81,38 @@ def test_family_errors_are_one_line():
         mrope_section(bad)
     with pytest.raises(ConfigError, match="'llava' is not a supported vision-language family; supported: qwen2_5_vl"):
         text_config_of({**CONFIG, "model_type": "llava"})
+
+
+def test_a_vlm_checkpoint_resolves_to_its_language_model_and_its_own_family():
+    from lean_rl.backends.megatron.hf_config import arch_from_hf_config, hf_family
+    from lean_rl.backends.megatron.vlm_family import vlm_config_or_none
+
+    assert arch_from_hf_config(CONFIG) == vlm_arch(CONFIG)  # what parse_config reads for --hf-checkpoint
+    assert hf_family(CONFIG) == "qwen2_5_vl"  # the ranks' weight table: vlm_weights.py
+    assert vlm_config_or_none(CONFIG) == CONFIG and vlm_config_or_none(text_config_of(CONFIG)) is None
+
+
+def test_micro_batches_carry_their_rows_images_in_row_order():
+    from lean_rl.backends.megatron.train_batches import Sequence, build_micro_batch, pad_micro_batch
+
+    first, second = _image(value=1.0), _image(grid=(1, 2, 2), value=2.0)
+    sequences = [Sequence(tokens=(1,) + (PAD,) * 6 + (2, 3), prompt_length=8, images=first),
+                 Sequence(tokens=(4, 5, 6), prompt_length=2),
+                 Sequence(tokens=(1, PAD, 7, 8), prompt_length=3, images=second)]
+    batch = build_micro_batch([2, 1, 0], sequences, {})
+    assert batch["image_grid_thw"].tolist() == [[1, 2, 2], [1, 4, 6]]  # row 0 is sequence 2
+    assert batch["pixel_values"][:4].eq(2.0).all() and batch["pixel_values"][4:].eq(1.0).all()
+    padded = pad_micro_batch(batch, 4, 12)  # per image, not per token: unchanged
+    assert padded["tokens"].shape == (4, 12) and padded["pixel_values"] is batch["pixel_values"]
+    assert "pixel_values" not in build_micro_batch([1], sequences, {})
+
+
+def test_a_text_model_refuses_a_micro_batch_with_images():
+    from lean_rl.backends.megatron.vlm_batch import micro_batch_images, set_micro_batch_images
+
+    images = micro_batch_images([_image()])
+    with pytest.raises(ValueError, match="text model"):
+        set_micro_batch_images(torch.nn.Linear(2, 2), images)
+    set_micro_batch_images(torch.nn.Linear(2, 2), {})  # no images, no VLM: nothing to do
+    with pytest.raises(ValueError, match="row 0: missing image_grid_thw"):
+        micro_batch_images([{"pixel_values": np.zeros((4, 8), np.float32)}])

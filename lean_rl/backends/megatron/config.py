@@ -247,6 +247,10 @@ class ModelFlags:
                     "training), so the policy trained is the one that sampled; tokens the engine never took as "
                     "input are routed by the trainer. Logs train/routing_mismatch_frac (routes the trainer "
                     "would have chosen otherwise)")
+    # vision-language checkpoints (issue 44; vlm_model.py)
+    freeze_vision_tower: bool = option(
+        False, help="vision-language model (--hf-checkpoint a Qwen2.5-VL): the vision tower gets no gradient and "
+                    "keeps the checkpoint's weights; the language model trains")
 
     def arch(self) -> ModelArch:
         """Megatron's derivations: --num-query-groups only with --group-query-attention (else one
@@ -364,6 +368,10 @@ class MegatronConfig:
     use_rollout_routing_replay: bool = False  # --use-rollout-routing-replay (routing_replay.py)
     params_dtype: str = "float32"  # PrecisionFlags.params_dtype: the weights' and the compute's dtype
     transformer_impl: str = "transformer_engine"  # --transformer-impl (compat.uses_te_layer_spec)
+    # a vision-language checkpoint's config.json (vlm_family.VLM_FAMILIES): the ranks build
+    # VisionLanguageModel (vlm_model.py) instead of a GPTModel; None for text models
+    vlm_hf_config: dict | None = dataclasses.field(default=None, compare=False, repr=False)
+    freeze_vision_tower: bool = False  # --freeze-vision-tower
 
     def __post_init__(self) -> None:
         arch, par = self.arch, self.parallel

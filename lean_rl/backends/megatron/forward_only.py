@@ -22,6 +22,7 @@ from lean_rl.backends.megatron.model_hooks import hidden_states_from_output_laye
 from lean_rl.backends.megatron.logprobs import (log_probs_and_entropy, vocab_parallel_log_probs,
                                                 vocab_parallel_log_probs_at, vocab_parallel_top_k)
 from lean_rl.backends.megatron.routing_replay import clear_routes, set_micro_batch_routes
+from lean_rl.backends.megatron.vlm_batch import set_micro_batch_images
 
 
 @dataclass(frozen=True)
@@ -126,6 +127,7 @@ def _micro_batch_forward(ctx: StepContext, top_k: int, data_iterator, model):
     micro_batch = next(data_iterator)
     tokens, positions, targets = inputs_of(micro_batch, ctx.device)
     set_micro_batch_routes(model, micro_batch, ctx.device)
+    set_micro_batch_images(model, micro_batch)  # a vision-language model's images (vlm_batch.py)
     output = model(tokens, positions, attention_mask=None)
     weight = output_weight(model) if ctx.chunked else None
     return output, partial(_collect_forward, ctx, targets, weight, top_k)

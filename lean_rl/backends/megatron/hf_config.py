@@ -25,10 +25,31 @@ def load_hf_config(path_or_dict: str | Path | Mapping[str, Any]) -> dict[str, An
     return json.loads(path.read_text())
 
 
+# Vision-language model_type -> the text family of its language model (its architecture and weight table
+# here and in families.py); vlm_family.VLM_FAMILIES adds the vision side of each.
+VLM_TEXT_FAMILIES = {"qwen2_5_vl": "qwen2"}
+
+
+def text_config_of(hf_config: Mapping[str, Any]) -> dict[str, Any]:
+    """A vision-language config's language model as its text family's config.json."""
+    family = hf_config.get("model_type")
+    if family not in VLM_TEXT_FAMILIES:
+        raise ConfigError(f"HF model_type {family!r} is not a supported vision-language family; supported: "
+                          f"{', '.join(VLM_TEXT_FAMILIES)}")
+    text = hf_config.get("text_config")
+    if not isinstance(text, Mapping):
+        raise ConfigError(f"{family} config: no text_config section")
+    # tie_word_embeddings is a top-level field of the VLM config (the LM head is the VLM's)
+    return {**text, "model_type": VLM_TEXT_FAMILIES[str(family)],
+            "tie_word_embeddings": bool(hf_config.get("tie_word_embeddings", text.get("tie_word_embeddings", False)))}
+
+
 def hf_family(path_or_dict: str | Path | Mapping[str, Any]) -> str:
     """The weight-table family of an HF config: its `model_type`, if supported."""
     config = load_hf_config(path_or_dict)
     family = config.get("model_type")
+    if family in VLM_TEXT_FAMILIES:  # the weight table is the VLM's (vlm_weights.py)
+        return str(family)
     if family not in SUPPORTED_HF_FAMILIES:
         raise ConfigError(f"HF model_type {family!r} is not supported; supported: {', '.join(SUPPORTED_HF_FAMILIES)}")
     return family
@@ -214,6 +235,8 @@ def arch_from_hf_config(path_or_dict: str | Path | Mapping[str, Any], make_vocab
     """ModelArch equal to the HF model (SUPPORTED_HF_FAMILIES). seq_length defaults to
     max_position_embeddings."""
     config = load_hf_config(path_or_dict)
+    if config.get("model_type") in VLM_TEXT_FAMILIES:  # the language model's architecture (M-RoPE: vlm_model.py)
+        config = text_config_of(config)
     family = hf_family(config)
     _check(config.get("hidden_act", "silu") == "silu", family, f"hidden_act={config.get('hidden_act')!r}")
     _check(not config.get("use_sliding_window", False), family, "use_sliding_window=true")

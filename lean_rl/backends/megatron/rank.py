@@ -125,8 +125,11 @@ class MegatronRank:
 
     def build_model(self) -> int:
         from lean_rl.backends.megatron.model import build_gpt_model
+        from lean_rl.backends.megatron.vlm_model import build_vlm_model
 
-        self.model = build_gpt_model(self.config, self.device)
+        vlm = self.config.vlm_hf_config  # a vision-language checkpoint: GPTModel + the HF vision tower
+        self.model = (build_gpt_model(self.config, self.device) if vlm is None else
+                      build_vlm_model(self.config, vlm, self.device, self.config.freeze_vision_tower))
         if self.config.use_rollout_routing_replay:  # every router takes the engine's routes when given
             from lean_rl.backends.megatron.model_hooks import install_route_replay
 
@@ -135,7 +138,10 @@ class MegatronRank:
 
     def load_hf_checkpoint(self, checkpoint_dir: str, family: str) -> int:
         from lean_rl.backends.megatron.hf_weights.load import load_hf_weights
+        from lean_rl.backends.megatron.vlm_weights import load_vlm_weights
 
+        if self.config.vlm_hf_config is not None:
+            return load_vlm_weights(self._require_weights(), checkpoint_dir, self.config)  # type: ignore[arg-type]
         return load_hf_weights(self._require_weights(), Path(checkpoint_dir), self.config, family)
 
     def compute_log_probs(self, batch: ScoringBatch, with_entropy: bool) -> list[dict[str, torch.Tensor]] | None:
@@ -147,7 +153,10 @@ class MegatronRank:
 
     def gather_hf_state_dict(self, family: str) -> dict[str, torch.Tensor] | None:
         from lean_rl.backends.megatron.hf_weights.export import gather_hf_state_dict
+        from lean_rl.backends.megatron.vlm_weights import gather_vlm_hf_state_dict
 
+        if self.config.vlm_hf_config is not None:
+            return gather_vlm_hf_state_dict(self._require_weights(), self.config)  # type: ignore[arg-type]
         return gather_hf_state_dict(self._require_weights(), self.config, family, dst=0)
 
     # -- the weights as HF tensors, for objects attached by the layer above (weight sync) ------------
@@ -156,7 +165,10 @@ class MegatronRank:
         """(HF name, full tensor) for every tensor of this rank's pipeline stage, in a fixed order.
         Collective within the stage (TP / EP all-gathers): its ranks iterate together."""
         from lean_rl.backends.megatron.hf_weights.export import iter_stage_hf_tensors
+        from lean_rl.backends.megatron.vlm_weights import iter_stage_vlm_hf_tensors
 
+        if self.config.vlm_hf_config is not None:  # the tower's tensors, then the language model's
+            return iter_stage_vlm_hf_tensors(self._require_weights(), self.config)  # type: ignore[arg-type]
         return iter_stage_hf_tensors(self._require_weights(), self.config, family)
 
     def named_hf_adapter_tensors(self, family: str) -> Iterator[tuple[str, torch.Tensor]]:

@@ -40,6 +40,7 @@ from lean_rl.backends.megatron.optimizer_setup import build_optimizer, current_l
 from lean_rl.backends.megatron.reference import ReferenceWeights
 from lean_rl.backends.megatron.routing_replay import (clear_routes, mismatch_counts, reset_mismatch,
                                                       set_micro_batch_routes)
+from lean_rl.backends.megatron.vlm_batch import set_micro_batch_images
 from lean_rl.backends.megatron.train_config import TrainConfig
 from lean_rl.backends.megatron.value_head import attach_value_head
 
@@ -101,6 +102,7 @@ def _micro_batch_train_forward(ctx: StepContext, scale: float, data_iterator, mo
     micro_batch = next(data_iterator)
     tokens, positions, targets = inputs_of(micro_batch, ctx.device)
     set_micro_batch_routes(model, micro_batch, ctx.device)  # --use-rollout-routing-replay: the engine's experts
+    set_micro_batch_images(model, micro_batch)  # a vision-language model's images (vlm_batch.py)
     output = model(tokens, positions, attention_mask=None)  # causal mask built by Megatron
     loss_fn = _critic_loss if ctx.role == "critic" else _reward_model_loss if ctx.scores else _actor_loss
     weight = output_weight(model) if ctx.chunked else None  # the output is the hidden states

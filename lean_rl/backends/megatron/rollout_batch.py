@@ -85,7 +85,7 @@ def rollout_batch(groups: list[list[Sample]]) -> RolloutBatch:
             reward = 0.0 if sample.reward is None else float(sample.reward)
             mask = torch.tensor(sample.loss_mask, dtype=torch.float32)
             sequences.append(Sequence(tokens=tuple(sample.tokens), prompt_length=sample.prompt_length,
-                                      routed_experts=_routes(sample)))
+                                      routed_experts=_routes(sample), images=sample.multimodal_train_inputs))
             rewards.append(reward)
             baseline = sample.metadata.get(REMAX_BASELINE_REWARD)
             baselines.append(math.nan if baseline is None else float(baseline))

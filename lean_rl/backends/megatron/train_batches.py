@@ -26,11 +26,13 @@ from __future__ import annotations
 
 import heapq
 from dataclasses import dataclass, field
+from typing import Any, Mapping
 
 import numpy as np
 import torch
 
 from lean_rl.backends.megatron.batch_plan import BatchPlan
+from lean_rl.backends.megatron.vlm_batch import IMAGE_KEYS, micro_batch_images
 from lean_rl.options import ConfigError
 from lean_rl.routed_experts import NO_ROUTE
 
@@ -45,6 +47,8 @@ class Sequence:
     prompt_length: int
     # the engine's routes of tokens[:-1], [len(tokens) - 1, layers x topk] int32 (None: none recorded)
     routed_experts: np.ndarray | None = field(default=None, compare=False, repr=False)
+    # the sample's multimodal_train_inputs (vision-language models: vlm_batch.micro_batch_images)
+    images: Mapping[str, Any] | None = field(default=None, compare=False, repr=False)
 
     @property
     def response_length(self) -> int:
@@ -155,6 +159,7 @@ def build_micro_batch(rows: list[int], sequences: list[Sequence], fields: dict[s
     out["sequence_index"] = torch.tensor(rows)
     if route_shape is not None:
         out[ROUTES] = micro_batch_routes(rows, sequences, length, route_shape)
+    out.update(micro_batch_images([sequences[i].images for i in rows]))
     return out
 
 
@@ -202,6 +207,9 @@ def pad_micro_batch(micro_batch: dict[str, torch.Tensor], rows: int, length: int
         raise ValueError(f"cannot pad a [{n}, {current}] micro-batch down to [{rows}, {length}]")
     out = {}
     for name, value in micro_batch.items():
+        if name in IMAGE_KEYS:  # per image, not per token
+            out[name] = value
+            continue
         if name == "sequence_index":
             out[name] = torch.cat([value, torch.full((rows - n,), -1, dtype=value.dtype)])
             continue

@@ -78,3 +78,41 @@ def mrope_position_ids(tokens: torch.Tensor, image_grid_thw: torch.Tensor | None
                                                   image_grid_thw=cast("torch.LongTensor | None", image_grid_thw),
                                                   attention_mask=attention_mask)
     return positions
+
+
+# micro-batch keys of the rows' images (train_batches.build_micro_batch): the rows' pixel_values and
+# image_grid_thw concatenated in row order, what VisionLanguageModel.set_images takes
+IMAGE_KEYS = ("pixel_values", "image_grid_thw")
+
+
+def micro_batch_images(per_row: Sequence[Mapping[str, Any] | None]) -> dict[str, torch.Tensor]:
+    """The IMAGE_KEYS tensors of a micro-batch's rows (their `multimodal_train_inputs`, in row order);
+    empty when no row has images. The rank checks each image's pads against the tokens (the model)."""
+    pixels, grids = [], []
+    for row, inputs in enumerate(per_row):
+        if not inputs:
+            continue
+        missing = [k for k in IMAGE_KEYS if k not in inputs]
+        if missing:
+            raise ValueError(f"multimodal_train_inputs of micro-batch row {row}: missing {', '.join(missing)}")
+        pixels.append(torch.as_tensor(np.asarray(inputs["pixel_values"], dtype=np.float32)))
+        grids.append(torch.as_tensor(np.asarray(inputs["image_grid_thw"]), dtype=torch.long).reshape(-1, 3))
+    if not grids:
+        return {}
+    return {"pixel_values": torch.cat(pixels), "image_grid_thw": torch.cat(grids)}
+
+
+def set_micro_batch_images(model: Any, micro_batch: Mapping[str, torch.Tensor]) -> None:
+    """Before a micro-batch's forward: hand its images to the VisionLanguageModel inside `model` (DDP or
+    any wrapper with `.module`); a text model with images in the micro-batch is an error."""
+    inner = model
+    while not hasattr(inner, "set_images") and hasattr(inner, "module"):
+        inner = inner.module
+    has_images = IMAGE_KEYS[0] in micro_batch
+    if not hasattr(inner, "set_images"):
+        if has_images:
+            raise ValueError("the micro-batch carries images (multimodal_train_inputs) but the trainer's model is a "
+                             "text model: --hf-checkpoint must be a vision-language checkpoint")
+        return
+    inner.set_images(ImageInputs(torch.as_tensor(micro_batch["pixel_values"]),
+                                 torch.as_tensor(micro_batch["image_grid_thw"]).long(), ()) if has_images else None)

@@ -13,7 +13,8 @@ from typing import Any, Callable, Mapping
 import torch
 
 from lean_rl.backends.megatron.config import ModelArch
-from lean_rl.backends.megatron.hf_config import arch_from_hf_config, load_hf_config
+from lean_rl.backends.megatron.hf_config import (VLM_TEXT_FAMILIES, arch_from_hf_config, load_hf_config,
+                                                 text_config_of)
 from lean_rl.options import ConfigError
 
 
@@ -34,8 +35,9 @@ class VLMFamily:
 
 
 VLM_FAMILIES = {
-    "qwen2_5_vl": VLMFamily(text_family="qwen2", vision_prefix="visual.", vision_tower=_qwen2_5_vl_tower),
+    "qwen2_5_vl": VLMFamily(text_family=VLM_TEXT_FAMILIES["qwen2_5_vl"], vision_prefix="visual.", vision_tower=_qwen2_5_vl_tower),
 }
+assert set(VLM_FAMILIES) == set(VLM_TEXT_FAMILIES), "a VLM family needs both entries"
 # Megatron-side name of the (HF) vision tower inside VisionLanguageModel; the language model's
 # parameters are GPTModel's under LANGUAGE_PREFIX.
 VISION_PREFIX = "vision_model."
@@ -46,23 +48,18 @@ def is_vlm_config(path_or_dict: str | Path | Mapping[str, Any]) -> bool:
     return load_hf_config(path_or_dict).get("model_type") in VLM_FAMILIES
 
 
+def vlm_config_or_none(path_or_dict: str | Path | Mapping[str, Any]) -> dict[str, Any] | None:
+    """The checkpoint's config when it is a vision-language one (MegatronConfig.vlm_hf_config), else None."""
+    config = load_hf_config(path_or_dict)
+    return config if config.get("model_type") in VLM_FAMILIES else None
+
+
 def vlm_family(hf_config: Mapping[str, Any]) -> VLMFamily:
     family = hf_config.get("model_type")
     if family not in VLM_FAMILIES:
         raise ConfigError(f"HF model_type {family!r} is not a supported vision-language family; supported: "
                           f"{', '.join(VLM_FAMILIES)}")
     return VLM_FAMILIES[str(family)]
-
-
-def text_config_of(hf_config: Mapping[str, Any]) -> dict[str, Any]:
-    """The language model's config as its text family's config.json (what arch_from_hf_config reads)."""
-    family = vlm_family(hf_config)
-    text = hf_config.get("text_config")
-    if not isinstance(text, Mapping):
-        raise ConfigError(f"{hf_config.get('model_type')} config: no text_config section")
-    # tie_word_embeddings is a top-level field of the VLM config (the LM head is the VLM's)
-    return {**text, "model_type": family.text_family,
-            "tie_word_embeddings": bool(hf_config.get("tie_word_embeddings", text.get("tie_word_embeddings", False)))}
 
 
 def vlm_arch(path_or_dict: str | Path | Mapping[str, Any], make_vocab_size_divisible_by: int = 128,

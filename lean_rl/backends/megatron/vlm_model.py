@@ -34,14 +34,16 @@ class VisionLanguageModel(torch.nn.Module):
         self.vision_model = vision_model  # None on later pipeline stages
         self.hf_config = dict(hf_config)
         self.image_token_id = image_token_id(hf_config)
-        self.config = language_model.config  # Megatron's schedules read model.config
+        self.config = language_model.config  # Megatron's schedules read model.config and model.model_type
+        self.model_type = language_model.model_type
         self.pre_process, self.post_process = language_model.pre_process, language_model.post_process
         self._images: ImageInputs | None = None
         if vision_model is not None and freeze_vision_tower:
             vision_model.requires_grad_(False)
 
     def set_images(self, images: ImageInputs | None) -> None:
-        """The next forward's images (the micro-batch's rows' images, in row order), or None."""
+        """The next forward's images (the micro-batch's rows' images, in row order), or None; that
+        forward consumes them."""
         self._images = images
 
     def set_input_tensor(self, input_tensor) -> None:  # pipeline stages after the first
@@ -81,7 +83,8 @@ class VisionLanguageModel(torch.nn.Module):
                 attention_mask: torch.Tensor | None = None, **kwargs):
         """GPTModel's forward with the images of set_images in place of the image pads; `position_ids`
         (1-D) are replaced by the rows' M-RoPE positions."""
-        images = self._images
+        # consumed: a later forward without set_images (the weight-sync probe, scoring) is text-only
+        images, self._images = self._images, None
         grids = images.image_grid_thw if images is not None else None
         positions = mrope_position_ids(input_ids.cpu(), grids, self.hf_config).to(input_ids.device)
         decoder_input = None
