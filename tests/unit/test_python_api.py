@@ -151,10 +151,14 @@ def test_an_interrupt_of_the_caller_stops_a_run_on_a_thread():
             stop.check(3)
         asyncio.run(loop())
 
+    # Python's own SIGINT handler (KeyboardInterrupt in the main thread), as in a script or a notebook: an
+    # earlier test of this pytest process (Ray, a run's StopSignals) may have left another one in place.
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGINT)).start()
     try:
         with pytest.raises(RunStopped, match="stopped by SIGINT with 3 rollouts trained"):
             api._run_on_a_thread(run_on_the_thread, [types.SimpleNamespace(stop=stop)])
     finally:
+        signal.signal(signal.SIGINT, previous)
         if stop.watchdog is not None:
             stop.watchdog.cancel()
