@@ -8,13 +8,12 @@ from pathlib import Path
 from typing import Iterator
 
 import torch
-import torch.distributed as dist
 from megatron.core import parallel_state
 
 from lean_rl.backends.megatron.config import MegatronConfig
 from lean_rl.backends.megatron.hf_weights.binding import bind_params
 from lean_rl.backends.megatron.hf_weights.checkpoint import HFCheckpoint
-from lean_rl.backends.megatron.hf_weights.export import iter_stage_hf_tensors
+from lean_rl.backends.megatron.hf_weights.export import gather_stage_tensors, iter_stage_hf_tensors
 from lean_rl.backends.megatron.hf_weights.families import geometry, weight_rules
 from lean_rl.backends.megatron.hf_weights.layouts import to_megatron_shard
 from lean_rl.backends.megatron.vlm_family import vlm_family
@@ -68,17 +67,4 @@ def iter_stage_vlm_hf_tensors(model: VisionLanguageModel, config: MegatronConfig
 def gather_vlm_hf_state_dict(model: VisionLanguageModel, config: MegatronConfig,
                              dst: int = 0) -> dict[str, torch.Tensor] | None:
     """Every HF tensor of the model on global rank `dst` (None elsewhere). Collective over the world."""
-    contributes = (parallel_state.get_tensor_model_parallel_rank() == 0
-                   and parallel_state.get_data_parallel_rank() == 0)
-    stage = {name: t.cpu().clone() for name, t in iter_stage_vlm_hf_tensors(model, config)}
-    parts: list | None = [None] * dist.get_world_size() if dist.get_rank() == dst else None
-    dist.gather_object(stage if contributes else None, parts, dst=dst)
-    if parts is None:
-        return None
-    merged: dict[str, torch.Tensor] = {}
-    for part in parts:
-        for name, tensor in (part or {}).items():
-            if name in merged:
-                raise RuntimeError(f"{name} came from two pipeline stages")
-            merged[name] = tensor
-    return merged
+    return gather_stage_tensors(iter_stage_vlm_hf_tensors(model, config), dst)

@@ -95,10 +95,16 @@ def gather_hf_state_dict(model: torch.nn.Module, config: MegatronConfig, family:
                          dst: int = 0) -> dict[str, torch.Tensor] | None:
     """All HF tensors of the model, on global rank `dst` (None elsewhere). Collective over the world.
     Meant for tests and conversion; weight sync streams iter_stage_hf_tensors per stage instead."""
+    return gather_stage_tensors(iter_stage_hf_tensors(model, config, family), dst)
+
+
+def gather_stage_tensors(tensors: Iterator[tuple[str, torch.Tensor]], dst: int = 0) -> dict[str, torch.Tensor] | None:
+    """Each pipeline stage's (name, tensor) pairs (read on TP rank 0 of DP rank 0) merged on global rank `dst`
+    (None elsewhere); a name from two stages is an error. Collective over the world: every rank iterates."""
     contributes = (parallel_state.get_tensor_model_parallel_rank() == 0
                    and parallel_state.get_data_parallel_rank() == 0)
-    stage = {name: t.cpu().clone() for name, t in iter_stage_hf_tensors(model, config, family)}
-    parts = [None] * dist.get_world_size() if dist.get_rank() == dst else None
+    stage = {name: t.cpu().clone() for name, t in tensors}
+    parts: list | None = [None] * dist.get_world_size() if dist.get_rank() == dst else None
     dist.gather_object(stage if contributes else None, parts, dst=dst)
     if parts is None:
         return None
