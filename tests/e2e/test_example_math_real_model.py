@@ -11,7 +11,8 @@ import sys
 import pytest
 from conftest import REPO, read_metrics
 
-pytestmark = pytest.mark.e2e
+# its install (600 s) and run (900 s) deadlines, beyond slow_tiers' default --timeout=900
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1600)]
 
 EXAMPLE = REPO / "examples" / "math_real_model"
 STEPS = 2

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 from conftest import REPO
 
-pytestmark = pytest.mark.e2e
+# each run's own deadline (900 s) and the set-up beside it, beyond slow_tiers' default --timeout=900
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1200)]
 
 SMALL = ("--num-rollout", "2", "--rollout-batch-size", "2", "--n-samples-per-prompt", "2", "--micro-batch-size", "4",
          "--dump-samples-interval", "1", "--no-tensorboard")
