@@ -122,8 +122,8 @@ def supervised(tinker, types, model: str) -> None:
         assert kept[0] is None and np.allclose(kept[1:], before[1:], atol=1e-5)
         assert not np.allclose(newer.compute_logprobs(types.ModelInput.from_ints(full)).result()[1:], before[1:])
         # refusals: an unsupported loss, an unsupported call
-        with pytest.raises(tinker.RequestFailedError, match="loss_fn 'dro' is not supported"):
-            trainer.forward_backward(data, "dro").result()
+        with pytest.raises(tinker.RequestFailedError, match="loss_fn 'stable_reinforce' is not supported"):
+            trainer.forward_backward(data, "stable_reinforce").result()
         with pytest.raises(tinker.NotFoundError, match="not supported by lean_rl's Tinker server: save_state"):
             trainer.save_state("s0").result()
 
