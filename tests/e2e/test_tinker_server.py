@@ -3,8 +3,9 @@ real Megatron, SGLang and router: supervised steps (the loss falls; log-probs of
 back per token), the sampler serves the trained adapter (its log-probs are the trainer's), an older
 sampler keeps its snapshot, the base model is served beside; two training clients at once, their
 calls interleaved and gradients accumulated across calls, each exactly as if alone; RL with
-importance_sampling on the toy task (the reward rises) and one ppo / cispo step; refusals (an
-unsupported loss or call) as clear client errors."""
+importance_sampling on the toy task (the reward rises) and one ppo / cispo step; save_state /
+load_state (a resumed client steps exactly as the saver did); refusals (an unsupported loss or call) as
+clear client errors."""
 
 import os
 import signal
@@ -124,8 +125,33 @@ def supervised(tinker, types, model: str) -> None:
         # refusals: an unsupported loss, an unsupported call
         with pytest.raises(tinker.RequestFailedError, match="loss_fn 'stable_reinforce' is not supported"):
             trainer.forward_backward(data, "stable_reinforce").result()
-        with pytest.raises(tinker.NotFoundError, match="not supported by lean_rl's Tinker server: save_state"):
-            trainer.save_state("s0").result()
+        with pytest.raises(tinker.NotFoundError, match="not supported by lean_rl's Tinker server"):
+            service.create_rest_client().list_training_runs().result()
+        saved_state(tinker, types, service, trainer, data)
+
+
+def saved_state(tinker, types, service, trainer, data) -> None:
+    """save_state, then: a client created from it with its optimizer state takes exactly the steps the
+    saver took after saving; one created from the weights only starts as the saver was, Adam afresh;
+    load_state puts the saver back."""
+    def loss_and_step(client):
+        loss = client.forward_backward(data, "cross_entropy").result().metrics["loss:sum"]
+        client.optim_step(types.AdamParams(learning_rate=1e-2)).result()
+        return loss
+
+    path = trainer.save_state("s0").result().path
+    after = [loss_and_step(trainer) for _ in range(2)]
+    resumed = service.create_training_client_from_state_with_optimizer(path).result()
+    assert np.allclose([loss_and_step(resumed) for _ in range(2)], after, rtol=1e-5), after
+    fresh_adam = service.create_training_client_from_state(path).result()
+    first, second = (loss_and_step(fresh_adam) for _ in range(2))
+    assert first == pytest.approx(after[0], rel=1e-5) and second != pytest.approx(after[1], rel=1e-5)
+    trainer.load_state(path).result()
+    assert trainer.forward(data, "cross_entropy").result().metrics["loss:sum"] == pytest.approx(after[0], rel=1e-5)
+    with pytest.raises(tinker.RequestFailedError, match="exists"):
+        trainer.save_state("s0").result()
+    with pytest.raises(tinker.RequestFailedError, match="no such saved state"):
+        trainer.load_state(path.replace("/s0", "/none")).result()
 
 
 def two_clients(tinker, types, model: str) -> list[float]:
