@@ -228,7 +228,30 @@ def reinforcement(tinker, types, model: str, steps: int = 12) -> list[float]:
             trainer.forward_backward(data, loss).result()
             trainer.optim_step(types.AdamParams(learning_rate=1e-2)).result()
             rewards.append(sum(step_rewards) / len(step_rewards))
+        dro_and_gspo(types, trainer, data)
     return rewards
+
+
+def dro_and_gspo(types, trainer, data) -> None:
+    """dro and gspo through the wire (config, sequence_ratio_mask): the server's loss:sum is the
+    closed form on the log-probs it hands back."""
+    q = [np.asarray(d.loss_fn_inputs["logprobs"].data) for d in data]
+    adv = [np.asarray(d.loss_fn_inputs["advantages"].data) for d in data]
+    out = trainer.forward(data, "dro", {"beta": 0.5}).result()
+    lp = [np.asarray(o["logprobs"].data) for o in out.loss_fn_outputs]
+    dro = -sum(float(np.sum(l * a - 0.25 * (l - b) ** 2)) for l, a, b in zip(lp, adv, q))
+    assert out.metrics["loss:sum"] == pytest.approx(dro, rel=1e-4, abs=1e-3)
+    masked = [types.Datum(model_input=d.model_input, loss_fn_inputs={
+        **d.loss_fn_inputs, "sequence_ratio_mask": (a != 0).astype(np.float32)})
+        for d, a in zip(data, adv)]
+    config = {"clip_low_threshold": 0.8, "clip_high_threshold": 1.2}
+    out = trainer.forward(masked, "gspo", config).result()
+    gspo = 0.0
+    for l, a, b, d in zip(lp, adv, q, masked):
+        m = np.asarray(d.loss_fn_inputs["sequence_ratio_mask"].data) != 0
+        s = float(np.exp(np.mean((l - b)[m]))) if m.any() else 1.0
+        gspo -= float(np.sum(np.minimum(s * a, np.clip(s, 0.8, 1.2) * a)))
+    assert out.metrics["loss:sum"] == pytest.approx(gspo, rel=1e-4, abs=1e-3)
 
 
 def test_the_tinker_client_trains_and_samples_against_serve_tinker(server):
