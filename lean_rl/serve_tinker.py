@@ -15,6 +15,7 @@ import dataclasses
 import logging
 import os
 import sys
+import tempfile
 from dataclasses import dataclass
 
 from lean_rl.cli import run_command
@@ -36,6 +37,8 @@ class TinkerServerOptions:
                                                  "before its future fails")
     max_sampler_adapters: int = option(8, help="serve_tinker: sampler weights (adapters) each engine holds at "
                                                "once; the oldest is unloaded first")
+    state_dir: str | None = option(None, metavar="DIR", help="serve_tinker: where save_state writes training "
+                                                               "clients' states (default: a new temporary directory)")
 
 
 def _server_flags(argv: list[str]) -> tuple[TinkerServerOptions, int, list[str]]:
@@ -77,10 +80,11 @@ def main(argv: list[str]) -> None:
         if runtime.trainer is None or runtime.trainer.data_parallel_size != 1:
             raise ConfigError("lean_rl.serve_tinker runs the trainer at data parallel size 1: give as many "
                               "trainer ranks as TP x PP")
-        service = TinkerService(runtime)
+        state_root = flags.state_dir or tempfile.mkdtemp(prefix="lean_rl_tinker_state_")
+        service = TinkerService(runtime, state_root)
         app = create_app(service, api_key, deadline_s=flags.future_deadline)
-        logger.info("Tinker server on http://%s:%d (base_model %s, LoRA rank %d)", flags.host, port,
-                    service.base_model, service.lora_rank)
+        logger.info("Tinker server on http://%s:%d (base_model %s, LoRA rank %d, save_state into %s)", flags.host,
+                    port, service.base_model, service.lora_rank, service.state_root)
         uvicorn.run(app, host=flags.host, port=port, log_level="warning")
         service.close()
     finally:

@@ -28,7 +28,6 @@ CLIENT_CONFIG = {"pjwt_auth_enabled": False, "use_pyqwest_transport": False, "pr
                  "custom_loss_server_side": False, "sample_join_sampling_session": False}
 
 UNSUPPORTED = {
-    "save_weights": "save_state (training checkpoints)", "load_weights": "loading training checkpoints",
     "save_weights_external": "external weights", "copy_weights": "copying weights",
     "create_custom_loss": "server-side custom losses", "unload_model": "unloading models",
     "retrieve_futures": "batched future polling", "cancel_future": "cancelling samples",
@@ -155,6 +154,25 @@ def create_app(service, api_key: str, deadline_s: float = 1800.0) -> FastAPI:
         key = f"{model_id}:sampler:{seq}:{uuid.uuid4().hex[:6]}" if seq is not None else None
         return future(trainer_call(service.save_for_sampler, model_id, body.get("path"), key),
                       (model_id, int(body.get("seq_id") or 0)), model_id=model_id)
+
+    @app.post(f"{v1}/save_weights")
+    async def save_state(request: Request):
+        body = await request.json()
+        model_id = body.get("model_id", "")
+        return future(trainer_call(service.save_state, model_id, str(body.get("path") or ""),
+                                   bool(body.get("overwrite"))),
+                      (model_id, int(body.get("seq_id") or 0)), model_id=model_id)
+
+    @app.post(f"{v1}/load_weights")
+    async def load_state(request: Request):
+        """Into a training client (load_state), or into a new one (create_training_client_from_state)."""
+        body = await request.json()
+        existing = body.get("model_id")
+        session_id = None if existing else str(body.get("session_id"))
+        model_id = existing or f"{session_id}:train:{body.get('model_seq_id', 0)}"
+        work = trainer_call(service.load_state, model_id, str(body.get("path") or ""), bool(body.get("optimizer")),
+                            session_id, body.get("base_model"))
+        return future(work, (model_id, int(body.get("seq_id") or 0)) if existing else None, model_id=model_id)
 
     # -- sampling ---------------------------------------------------------------------------------
     @app.post(f"{v1}/create_sampling_session")

@@ -18,9 +18,11 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import os
+import shutil
 import threading
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from lean_rl.algorithms.tinker_losses import check_loss
@@ -29,6 +31,7 @@ from lean_rl.backends.sglang.client import EngineClient
 from lean_rl.weight_sync.transports.adapter import adapter_payload
 from lean_rl.runtime import Runtime
 from lean_rl.tinker.batches import build_micro_batches, per_datum_logprobs
+from lean_rl.tinker.checkpoints import StateMeta, check_meta, parse_path, state_dir, tinker_path, write_meta
 from lean_rl.tinker.futures import UserError
 from lean_rl.tinker.sampling import sample
 from lean_rl.tinker.wire import ForwardBackwardCall, encode_forward_backward_output
@@ -53,8 +56,9 @@ class _Model:
 
 
 class TinkerService:
-    def __init__(self, runtime: Runtime):
+    def __init__(self, runtime: Runtime, state_root: str | os.PathLike):
         self.runtime = runtime
+        self.state_root = Path(state_root).resolve()  # save_state's directories (checkpoints.py)
         cfg = runtime.cfg
         if runtime.trainer is None or runtime.engines is None or cfg.engines.adapter is None:
             raise RuntimeError("serve_tinker: the runtime started no trainer, no engines or no served adapter")
@@ -189,6 +193,35 @@ class TinkerService:
             return {"path": f"tinker://{model_id}/sampler_weights/{name}"}
         self.samplers[session_key or adapter] = adapter
         return {"sampling_session_id": session_key or adapter}
+
+    # -- training state: save_state / load_state (checkpoints.py) ---------------------------------
+    def _meta(self) -> StateMeta:
+        return StateMeta(self.base_model, self.lora_rank, self.trainer.world_size)
+
+    def save_state(self, model_id: str, name: str, overwrite: bool) -> dict:
+        self.model(model_id)
+        directory = state_dir(self.state_root, model_id, name)
+        if directory.exists():
+            if not overwrite:
+                raise UserError(f"save_state {name!r}: {tinker_path(model_id, name)} exists (overwrite=True replaces it)")
+            shutil.rmtree(directory)
+        directory.mkdir(parents=True)
+        self.trainer.call_all(RankTinker.save_state, model_id, str(directory))
+        write_meta(directory, self._meta())  # last: a state without it is incomplete, never loaded
+        return {"path": tinker_path(model_id, name), "type": "save_weights"}
+
+    def load_state(self, model_id: str, path: str, optimizer: bool, session_id: str | None,
+                   base_model: str | None) -> dict:
+        """Into the training client `model_id`; one not yet created (create_training_client_from_state)
+        is created in `session_id` first."""
+        directory = parse_path(self.state_root, path)
+        check_meta(directory, path, self._meta())
+        if model_id not in self.models:
+            if session_id is None:
+                raise UserError(f"model_id {model_id!r}: no such training client on this server")
+            self.create_model(session_id, model_id, base_model or self.base_model, {"rank": self.lora_rank})
+        self.trainer.call_all(RankTinker.load_state, model_id, str(directory), optimizer)
+        return {"path": path, "model_id": model_id, "type": "load_weights"}
 
     async def _load_on_engines(self, adapter: str, payload: str) -> None:
         engines = [EngineClient(url, timeout_s=self.timeout_s, api_key=self.api_key)

@@ -67,3 +67,51 @@ def test_interleaved_adapters_match_each_trained_alone():
     slots.use("a")  # a dropped adapter comes back fresh
     fresh, _ = _setup()
     assert all(torch.equal(p, q) for p, q in zip(_trained(model), _trained(fresh)))
+
+
+def test_a_restored_checkpoint_resumes_exactly_with_its_optimizer_state():
+    x = torch.randn(5, 4)
+    model, optimizer = _setup()
+    slots = AdapterSlots(model, optimizer)
+    slots.use("a")
+    for _ in range(2):
+        _accumulate(model, x); _step(model, optimizer)
+    saved = torch.load(_roundtrip(slots.checkpoint("a")), weights_only=True)  # as save_state writes it
+    for _ in range(2):
+        _accumulate(model, x); _step(model, optimizer)
+    uninterrupted = _trained(model)
+    # another client resumes from the state (create_training_client_from_state_with_optimizer) while "a"
+    # has gradients pending: the resumed one starts with none
+    _accumulate(model, x)
+    slots.restore("resumed", saved, optimizer=True)
+    for _ in range(2):
+        _accumulate(model, x); _step(model, optimizer)
+    assert all(torch.equal(p, q) for p, q in zip(_trained(model), uninterrupted))
+    # weights only: Adam starts afresh, so the first step differs from the uninterrupted one
+    slots.restore("weights_only", saved, optimizer=False)
+    assert all(not optimizer.optimizer.state.get(p) for p in slots.main)
+    _accumulate(model, x); _step(model, optimizer)
+    _accumulate(model, x); _step(model, optimizer)
+    assert not all(torch.equal(p, q) for p, q in zip(_trained(model), uninterrupted))
+
+
+def test_a_checkpoint_of_another_shape_is_refused():
+    model, optimizer = _setup()
+    slots = AdapterSlots(model, optimizer)
+    saved = slots.checkpoint("a")
+    saved["params"] = [p[..., :1] for p in saved["params"]]
+    try:
+        slots.restore("b", saved, optimizer=True)
+    except ValueError as err:
+        assert "do not fit this model's adapter" in str(err)
+    else:
+        raise AssertionError("a mismatched checkpoint was restored")
+
+
+def _roundtrip(state):
+    import io
+
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    buffer.seek(0)
+    return buffer

@@ -20,9 +20,9 @@ def test_a_missing_or_wrong_key_is_refused_and_healthz_is_open(client):
 
 
 def test_an_unsupported_call_answers_not_supported(client):
-    answer = client.post("/api/v1/save_weights", json={}, headers={"X-API-Key": "tml-secret"})
+    answer = client.post("/api/v1/unload_model", json={}, headers={"X-API-Key": "tml-secret"})
     assert answer.status_code == 404
-    assert "not supported by lean_rl's Tinker server: save_state" in answer.json()["detail"]
+    assert "not supported by lean_rl's Tinker server: unloading models" in answer.json()["detail"]
 
 
 def test_key_comparison_and_key_format():

@@ -85,6 +85,24 @@ class AdapterSlots:
         self._load(self.slots.pop(name, self.fresh))
         self.active = name
 
+    def checkpoint(self, name: str) -> dict[str, list]:
+        """`name`'s adapter parameters, main copies and optimizer state (not its accumulated gradients):
+        what save_state keeps, on host memory."""
+        self.use(name)
+        slot = self._save()
+        return {"params": slot.params, "main": slot.main, "state": slot.state}
+
+    def restore(self, name: str, saved: dict[str, list], optimizer: bool) -> None:
+        """Make `saved` (a checkpoint()) `name`'s adapter, its gradients zero; its optimizer state too if
+        `optimizer`, else none (Adam starts afresh)."""
+        shapes = [tuple(t.shape) for t in saved["params"]]
+        if shapes != [tuple(p.shape) for p in self.params] or len(saved["main"]) != len(self.main):
+            raise ValueError(f"the saved adapter's tensors {shapes} do not fit this model's adapter "
+                             f"{[tuple(p.shape) for p in self.params]} (another rank, targets or model?)")
+        self.use(name)
+        state = saved["state"] if optimizer else [{} for _ in self.main]
+        self._load(_Slot(saved["params"], saved["main"], [None] * len(self.params), state))
+
     def drop(self, name: str) -> None:
         """Forget `name` (its training client is gone); the model keeps its weights until the next use."""
         self.slots.pop(name, None)

@@ -14,6 +14,7 @@ the server runs the trainer at DP 1 (service.py checks), every rank seeing every
 from __future__ import annotations
 
 import dataclasses
+import os
 from functools import partial
 from typing import Any, cast
 
@@ -78,6 +79,20 @@ class RankTinker:
         group); the driver joins the stages'."""
         self._use(adapter)
         return {name: t.detach().to("cpu", copy=True) for name, t in self.rank.named_hf_adapter_tensors(family)}
+
+    def save_state(self, adapter: str, directory: str) -> None:
+        """Write this rank's part of `adapter` (parameters, optimizer state) to directory/rank<N>.pt."""
+        self._use(adapter)
+        assert self._slots is not None
+        torch.save(self._slots.checkpoint(adapter), os.path.join(directory, f"rank{torch.distributed.get_rank()}.pt"))
+
+    def load_state(self, adapter: str, directory: str, optimizer: bool) -> None:
+        """`adapter` becomes what save_state wrote to directory (the same trainer layout)."""
+        self._use(adapter)
+        assert self._slots is not None
+        saved = torch.load(os.path.join(directory, f"rank{torch.distributed.get_rank()}.pt"), map_location="cpu",
+                           weights_only=True)
+        self._slots.restore(adapter, saved, optimizer)
 
     def forward_backward(self, adapter: str, micro_batches: list[dict[str, np.ndarray]], loss_fn: str | None,
                          loss_config: dict, forward_only: bool) -> tuple[list[np.ndarray], float] | None:
