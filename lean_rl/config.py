@@ -32,7 +32,8 @@ from lean_rl.backends.megatron.hf_config import checkpoint_dtype
 from lean_rl.backends.megatron.train_config import CheckpointConfig, TrainConfig, training_temperature
 from lean_rl.backends.megatron.trainer_layout import TrainerLayout
 from lean_rl.backends.megatron.batch_plan import BatchPlan
-from lean_rl.backends.sglang.config import EngineConfig, gpu_fp32_note
+from lean_rl.backends.sglang.config import EngineConfig
+from lean_rl.backends.sglang.server_command import gpu_fp32_note
 from lean_rl.backends.sglang.ports_and_key import resolve_api_key, resolve_ports
 from lean_rl.backends.sglang.api_keys import API_KEY_ENV
 from lean_rl.backends.sglang.command_line import engines_dtype, split_passthrough

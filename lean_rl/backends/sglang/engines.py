@@ -40,6 +40,7 @@ from lean_rl.backends.sglang.listener_agent import start_agents
 from lean_rl.backends.sglang.model_check import ModelDirInfo, check_model_dir
 from lean_rl.backends.sglang.processes import ChildProcess, ChildStartError, stop_all, wait_until_healthy
 from lean_rl.backends.sglang.router import RouterAdmin
+from lean_rl.backends.sglang.server_command import router_command
 from lean_rl.utils.net import find_free_port, require_free_port, service_host
 
 __all__ = ["EngineGroup", "EnginePlacement", "EngineStartError"]
@@ -283,7 +284,8 @@ class EngineGroup:
         while metrics_port in (*self.config.engine_ports, self.router_port):
             metrics_port = find_free_port(host)
         config = self.config if host == self.config.host else rebuild(self.config, host=host)
-        cmd = config.router_command(self.router_port, metrics_port)  # the key goes in env, never argv
+        assert self.router_port is not None  # start() chose it (_check_ports) before any router starts
+        cmd = router_command(config, self.router_port, metrics_port)  # the key goes in env, never argv
         env = {**os.environ, "PYTHONUNBUFFERED": "1", "NO_COLOR": "1", **config.router_env()}
         # The router dies with the *thread* that started it (PR_SET_PDEATHSIG, see processes.py), and
         # a restart may come from another thread: start it from one thread that lives as long as this group.
