@@ -42,7 +42,8 @@ from lean_rl.buffer.prompt_source import check_prompt_file_type
 from lean_rl.cli import DEBUG_HELP, ArgumentParser
 from lean_rl.options import ConfigError, add_options, read_options, rebuild
 from lean_rl.overlong_shaping import check_overlong_flags
-from lean_rl.rollout.config import VERIFIERS_PROMPTS, EvalConfig, RewardConfig, RolloutConfig
+from lean_rl.rollout.config import VERIFIERS_PROMPTS, RewardConfig, RolloutConfig
+from lean_rl.rollout.eval_config import EvalConfig
 from lean_rl.rollout.distillation_config import DistillationConfig
 from lean_rl.rollout.preference_config import (PREFERENCE_ROLLOUT, check_one_step_per_rollout, preference_data,
                                                preference_rollout)
