@@ -5,12 +5,12 @@
 
 Each part declares its flags once, as `option(...)` fields of its own dataclass (lean_rl/options.py):
 run: run_config.py; engines: backends/sglang/config.py; prompt data: buffer/config.py; rollout,
-reward, eval: rollout/config.py; model + parallelism: backends/megatron/config.py; optimizer,
+reward: rollout/config.py; eval: rollout/eval_config.py; model + parallelism: backends/megatron/config.py; optimizer,
 batches, checkpoints, placement: backends/megatron/train_config.py; algorithm: algorithms/config.py;
 weight sync: weight_sync/config.py; on-policy distillation: rollout/distillation.py. This module
 assembles them, derives once what several parts need (the trainer layout: device, world and
 data-parallel size; the batch plan; ports; eval sampling) and checks what only the whole can check
-(flags that contradict each other).
+(flags that contradict each other: config_checks.py).
 `--sglang-<flag>` and `--router-<flag>` pass through to the servers; any other unknown flag is an
 error naming it. The model architecture comes from the --hf-checkpoint's config.json; Megatron model
 flags, when given (e.g. from scripts/models/*.sh), must agree with it.
@@ -21,7 +21,7 @@ from __future__ import annotations
 import argparse
 import logging
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -32,19 +32,22 @@ from lean_rl.backends.megatron.hf_config import checkpoint_dtype
 from lean_rl.backends.megatron.train_config import CheckpointConfig, TrainConfig, training_temperature
 from lean_rl.backends.megatron.trainer_layout import TrainerLayout
 from lean_rl.backends.megatron.batch_plan import BatchPlan
-from lean_rl.backends.sglang.config import EngineConfig, gpu_fp32_note
+from lean_rl.backends.sglang.config import EngineConfig
+from lean_rl.backends.sglang.server_command import gpu_fp32_note
 from lean_rl.backends.sglang.ports_and_key import resolve_api_key, resolve_ports
 from lean_rl.backends.sglang.api_keys import API_KEY_ENV
 from lean_rl.backends.sglang.command_line import engines_dtype, split_passthrough
 from lean_rl.buffer.config import DataConfig
 from lean_rl.buffer.prompt_source import check_prompt_file_type
+from lean_rl import config_checks
 from lean_rl.cli import DEBUG_HELP, ArgumentParser
+from lean_rl.config_checks import DEFAULT_ROLLOUT
 from lean_rl.options import ConfigError, add_options, read_options, rebuild
 from lean_rl.overlong_shaping import check_overlong_flags
-from lean_rl.rollout.config import VERIFIERS_PROMPTS, EvalConfig, RewardConfig, RolloutConfig
+from lean_rl.rollout.config import VERIFIERS_PROMPTS, RewardConfig, RolloutConfig
+from lean_rl.rollout.eval_config import EvalConfig
 from lean_rl.rollout.distillation_config import DistillationConfig
-from lean_rl.rollout.preference_config import (PREFERENCE_ROLLOUT, check_one_step_per_rollout, preference_data,
-                                               preference_rollout)
+from lean_rl.rollout.preference_config import check_one_step_per_rollout, preference_data
 from lean_rl.rollout.reward_serving_config import RewardServingConfig
 from lean_rl.run_config import RunConfig
 from lean_rl.slime_flags import slime_hint
@@ -54,8 +57,6 @@ from lean_rl.weight_sync.config import WeightSyncConfig, resolve_lora_sync
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_ROLLOUT = "lean_rl.rollout.default.generate_rollout"  # --rollout-function-path's default
-SFT_ROLLOUT = "lean_rl.rollout.sft.generate_rollout"  # the rollout of --loss-type sft_loss
 
 
 @dataclass(frozen=True)
@@ -87,51 +88,6 @@ class Config:
         """Whether the run serves the policy on SGLang engines: not when it trains on saved rollouts
         (--debug-train-only) or on given conversations or pairs (--loss-type sft_loss / dpo_loss / rm_loss)."""
         return not (self.run.debug_train_only or self.algorithm.loss_type in ENGINELESS_LOSS_TYPES)
-
-
-def _check_run_against_rollout(run: RunConfig, rollout: RolloutConfig) -> None:
-    if run.async_mode == "full" and rollout.max_staleness is None:
-        raise ConfigError("--async-mode full needs --max-staleness (how many policy versions old a sample may be)")
-    if run.async_mode == "one-step" and rollout.max_staleness is not None and rollout.max_staleness < 1:
-        raise ConfigError("--async-mode one-step trains on samples one version old: --max-staleness must be >= 1")
-    if run.async_mode != "off" and rollout.rollout_function_path in (SFT_ROLLOUT, PREFERENCE_ROLLOUT):
-        raise ConfigError(f"--async-mode {run.async_mode}: training on given data (--loss-type sft_loss / dpo_loss / "
-                          "rm_loss) generates nothing to overlap; run python -m lean_rl.train")
-    if run.async_mode == "full" and rollout.rollout_all_samples_process_path:
-        raise ConfigError("--rollout-all-samples-process-path is called at the end of each rollout of the default "
-                          "rollout function; --async-mode full generates continuously, with no rollout to end")
-
-
-def _check_reward_choice(reward: RewardConfig, serving: RewardServingConfig) -> None:
-    """Which function gives the reward: --reward-routes, else --rm-type / --custom-rm-path, else the one
-    served rewarder given (rollout/reward_routing.py: served_reward_function)."""
-    given = reward.rm_type or reward.custom_rm_path
-    if serving.reward_routes is not None and given:
-        raise ConfigError(f"--reward-routes {serving.reward_routes} picks each sample's reward: drop --rm-type / "
-                          "--custom-rm-path (a route may name either)")
-    if serving.reward_routes is None and not given and serving.rm_hf_checkpoint is not None and serving.has_judge:
-        raise ConfigError("--rm-hf-checkpoint and a judge (--judge-hf-checkpoint / --judge-url): say which scores "
-                          "which sample with --reward-routes FILE, or combine them in --custom-rm-path")
-
-
-def _sft_rollout(args: argparse.Namespace, data: DataConfig, rollout: RolloutConfig) -> RolloutConfig:
-    """--loss-type sft_loss: the conversations of --prompt-data become the samples (rollout/sft.py)."""
-    if args.loss_type in PAIRWISE_LOSS_TYPES:
-        return preference_rollout(args.loss_type, rollout)
-    if args.loss_type != "sft_loss":
-        if rollout.rollout_function_path == SFT_ROLLOUT:
-            raise ConfigError(f"--rollout-function-path {SFT_ROLLOUT} builds SFT samples: it needs --loss-type sft_loss")
-        return rollout
-    if rollout.rollout_function_path not in (DEFAULT_ROLLOUT, SFT_ROLLOUT):
-        raise ConfigError(f"--loss-type sft_loss trains on --prompt-data's conversations ({SFT_ROLLOUT}); "
-                          f"--rollout-function-path {rollout.rollout_function_path} is not used there")
-    if not data.apply_chat_template:
-        raise ConfigError("--loss-type sft_loss renders each conversation with the chat template: pass "
-                          "--apply-chat-template")
-    if rollout.n_samples_per_prompt != 1:
-        raise ConfigError(f"--loss-type sft_loss trains each conversation once: --n-samples-per-prompt 1, got "
-                          f"{rollout.n_samples_per_prompt}")
-    return replace(rollout, rollout_function_path=SFT_ROLLOUT)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -180,19 +136,6 @@ def _megatron_config(argv: list[str], args: argparse.Namespace, parallel: Parall
                           freeze_vision_tower=model.freeze_vision_tower)
 
 
-def _ipc_unserved(layout: TrainerLayout, parallel: ParallelConfig, engines: EngineConfig,
-                  engine_nodes: list[int]) -> str | None:
-    """Colocated on GPU: why CUDA IPC (the tensor transport) cannot reach every engine, or None."""
-    from lean_rl.weight_sync.ipc_map import IpcLayout, ipc_refusal
-
-    if layout.device != "cuda":
-        return None
-    ipc = IpcLayout(parallel.tensor_model_parallel_size, layout.data_parallel_size,
-                    parallel.pipeline_model_parallel_size, layout.ranks_per_node, engines.num_engines,
-                    engines.gpus_per_engine, tuple(engine_nodes))
-    return ipc_refusal(ipc)
-
-
 def parse_config(argv: list[str], serving: bool = False) -> Config:
     """serving: a server whose clients send the data (lean_rl.serve_tinker): no --prompt-data."""
     parser = build_parser()
@@ -205,12 +148,12 @@ def parse_config(argv: list[str], serving: bool = False) -> Config:
     if args.verifiers_env and not data.prompt_data and not data.data_source_path:
         data = rebuild(data, data_source_path=VERIFIERS_PROMPTS)  # the environment's own dataset
     no_engines = run.debug_train_only or args.loss_type in ENGINELESS_LOSS_TYPES  # Config.starts_engines, before it exists
-    rollout = _sft_rollout(args, data, read_options(RolloutConfig, args))
+    rollout = config_checks.sft_rollout(args, data, read_options(RolloutConfig, args))
     reward = read_options(RewardConfig, args)
     check_overlong_flags(reward, rollout.sampling.max_response_len)
     evaluation = read_options(EvalConfig, args).with_rollout_sampling(rollout.sampling)
     evaluation = evaluation.with_sets(load_yaml_mapping(evaluation.config_path, "--eval-config"))
-    _check_run_against_rollout(run, rollout)
+    config_checks.check_run_against_rollout(run, rollout)
     for flag, path in [("--prompt-data", data.prompt_data)] + [
             (f"--eval-prompt-data {name}", p) for name, p in evaluation.datasets]:
         if path is not None and not Path(path).is_file():
@@ -238,7 +181,7 @@ def parse_config(argv: list[str], serving: bool = False) -> Config:
     # the ports and the services' API key (--sglang-api-key, else $LEAN_RL_API_KEY, else random), chosen once
     distillation = read_options(DistillationConfig, args)
     reward_serving = read_options(RewardServingConfig, args)
-    _check_reward_choice(reward, reward_serving)
+    config_checks.check_reward_choice(reward, reward_serving)
     engines = resolve_api_key(resolve_ports(read_options(
         EngineConfig, args, device=layout.device, server_passthrough=passthrough.server,
         router_passthrough=passthrough.router, on_cluster=bool(run.ray_address),
@@ -265,13 +208,13 @@ def parse_config(argv: list[str], serving: bool = False) -> Config:
     # the adapter is loaded by the first sync: a run without a trainer or engines has none to serve
     syncs = not (run.debug_rollout_only or no_engines)
     adapter = resolve_lora_sync(args.lora_sync, train.lora, megatron.arch.is_moe, run.async_mode,
-                                _lora_unserved_family(args.hf_checkpoint, train.lora)) if syncs else None
+                                config_checks.lora_unserved_family(args.hf_checkpoint, train.lora)) if syncs else None
     if adapter is not None:  # the policy's engines only: a teacher serves its own weights
         engines = rebuild(engines, adapter=adapter)
     ipc_unserved = None
     if run.colocate and not (run.debug_rollout_only or no_engines):
         engine_nodes = layout.colocated_engine_nodes(engines.num_engines, engines.gpus_per_engine)  # fails now if they do not fit
-        ipc_unserved = _ipc_unserved(layout, megatron.parallel, engines, engine_nodes)
+        ipc_unserved = config_checks.ipc_unserved(layout, megatron.parallel, engines, engine_nodes)
     batch_plan = BatchPlan(train.batch, layout.data_parallel_size,
                            samples_per_rollout=rollout.rollout_batch_size * rollout.n_samples_per_prompt)
     if args.loss_type in PAIRWISE_LOSS_TYPES:
@@ -301,15 +244,3 @@ def parse_config(argv: list[str], serving: bool = False) -> Config:
         distillation=distillation,
         reward_serving=reward_serving,
     )
-
-
-def _lora_unserved_family(hf_checkpoint: str | None, lora: Any) -> str | None:
-    """Why this checkpoint's family cannot take the LoRA adapter apart from its base (None: it can)."""
-    if not hf_checkpoint or not lora.enabled:
-        return None
-    from lean_rl.backends.megatron.hf_config import hf_family
-    from lean_rl.backends.megatron.hf_weights.families import lora_hf_modules_differ
-    from lean_rl.backends.megatron.lora_config import LORA_HF_MODULES, LORA_TARGETS
-
-    targets = lora.lora_target_modules or LORA_TARGETS
-    return lora_hf_modules_differ(hf_family(hf_checkpoint), {t: LORA_HF_MODULES[t] for t in targets})

@@ -107,7 +107,7 @@ def convert_loaded(source: CheckpointSource, hf_config: str | None) -> None:
 def run_argv(argv: list[str], args: argparse.Namespace, hf_dir: Path) -> list[str]:
     """The run's flags for an evaluation only: --debug-rollout-only (no trainer), the HF directory, and
     --prompt-data (which a run requires) set to the first evaluation set's file when not given."""
-    from lean_rl.rollout.config import EvalConfig
+    from lean_rl.rollout.eval_config import EvalConfig
     from lean_rl.utils.custom_config import load_yaml_mapping
 
     ev = read_options(EvalConfig, args)

@@ -13,7 +13,8 @@ from typing import TYPE_CHECKING, Callable
 import torch
 
 # AdvantageInputs lives with its estimator (advantages.py); users import it from here too (docs/extending.md)
-from lean_rl.algorithms.advantages import AdvantageInputs, broadcast, compute_advantages
+from lean_rl.algorithms.advantages import AdvantageInputs, compute_advantages
+from lean_rl.algorithms.token_returns import broadcast
 from lean_rl.algorithms.losses import policy_loss, sft_loss
 from lean_rl.algorithms.names import PAIRWISE_LOSS_TYPES
 from lean_rl.algorithms.preference import pairwise_loss

@@ -30,7 +30,8 @@ from lean_rl.backends.megatron.checkpoint_paths import (
     publish,
 )
 from lean_rl.backends.megatron.hf_side_files import copy_side_files
-from lean_rl.backends.megatron.config import MegatronConfig, ModelArch, ParallelConfig
+from lean_rl.backends.megatron.config import MegatronConfig, ParallelConfig
+from lean_rl.backends.megatron.model_arch import ModelArch
 from lean_rl.backends.megatron.hf_config import arch_from_hf_config, checkpoint_dtype, hf_family, load_hf_config
 from lean_rl.backends.megatron.hf_weights.dist_keys import DistEntry, dist_entries, extra_state_keys
 from lean_rl.backends.megatron.hf_weights.families import geometry, rule_instances, weight_rules

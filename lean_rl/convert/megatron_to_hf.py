@@ -18,7 +18,8 @@ import torch
 
 from lean_rl.backends.megatron.checkpoint_paths import HF_CONFIG_DIR, CheckpointError, find_checkpoint
 from lean_rl.backends.megatron.hf_side_files import copy_side_files
-from lean_rl.backends.megatron.config import MegatronConfig, ModelArch, ParallelConfig
+from lean_rl.backends.megatron.config import MegatronConfig, ParallelConfig
+from lean_rl.backends.megatron.model_arch import ModelArch
 from lean_rl.backends.megatron.hf_config import arch_from_hf_config, hf_family, load_hf_config
 from lean_rl.backends.megatron.hf_weights.dist_keys import (EXTRA_STATE, DistEntry, dist_entries, is_model_key,
                                                          lora_keys, merge_lora)

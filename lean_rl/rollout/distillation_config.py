@@ -9,7 +9,8 @@ from dataclasses import dataclass, field
 from typing import Any
 from pathlib import Path
 
-from lean_rl.backends.sglang.config import EngineConfig, LiveEndpoints
+from lean_rl.backends.sglang.config import EngineConfig
+from lean_rl.backends.sglang.live_endpoints import LiveEndpoints
 from lean_rl.backends.sglang.ports_and_key import resolve_ports
 from lean_rl.buffer.prompt_source import load_tokenizer
 from lean_rl.options import ConfigError, option, rebuild

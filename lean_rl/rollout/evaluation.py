@@ -21,7 +21,7 @@ from lean_rl.sample import Sample, Status
 
 if TYPE_CHECKING:  # not at run time: lean_rl.config imports every flag group (Megatron's included)
     from lean_rl.config import Config
-    from lean_rl.rollout.config import EvalSet
+    from lean_rl.rollout.eval_config import EvalSet
     from lean_rl.hook_protocols import Extensions, GenerateFunction
 
 logger = logging.getLogger(__name__)

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from lean_rl.backends.sglang.client import EngineError
+from lean_rl.backends.sglang.client_errors import EngineError
 from lean_rl.rollout.base import engine_client
 from lean_rl.sample import Sample
 from lean_rl.utils.env_keys import bearer_header

@@ -19,7 +19,7 @@ import itertools
 import math
 from typing import TYPE_CHECKING
 
-from lean_rl.backends.sglang.client import EngineError
+from lean_rl.backends.sglang.client_errors import EngineError
 from lean_rl.rollout.base import engine_client, healthy_workers, retry_engine_call
 from lean_rl.sample import Sample
 

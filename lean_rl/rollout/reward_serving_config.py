@@ -11,7 +11,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from lean_rl.backends.sglang.config import EngineConfig, LiveEndpoints
+from lean_rl.backends.sglang.config import EngineConfig
+from lean_rl.backends.sglang.live_endpoints import LiveEndpoints
 from lean_rl.backends.sglang.ports_and_key import resolve_ports
 from lean_rl.options import ConfigError, option, rebuild
 from lean_rl.utils.env_keys import api_key_from_env

@@ -52,7 +52,7 @@ _DRIVER = textwrap.dedent("""
 
     group = EngineGroup(cfg, run_dir).start()
     try:
-        actor = group._actors[0]
+        actor = group._servers.actors[0]  # engine_servers.EngineServers
         out["engine_urls"] = group.engine_urls
         out["config_urls"] = list(group.config.engine_urls)
         out["router_url"] = group.router_url

@@ -16,7 +16,7 @@ import pytest
 
 from lean_rl.extensions import install as install_hooks
 from lean_rl.backends.sglang.client import EngineClient
-from lean_rl.backends.sglang.config import LiveEndpoints
+from lean_rl.backends.sglang.live_endpoints import LiveEndpoints
 from lean_rl.buffer.data_buffer import create_data_buffer
 from lean_rl.buffer.prompt_source import load_tokenizer
 from lean_rl.config import parse_config

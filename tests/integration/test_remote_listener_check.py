@@ -24,7 +24,8 @@ _DRIVER = textwrap.dedent("""
     from lean_rl.utils.ray_utils import init_ray
     from lean_rl.utils.net import find_free_port
     from lean_rl.backends.sglang import listener_agent, listener_check
-    from lean_rl.backends.sglang.client import EngineClient, EngineConnectionError, RetryPolicy
+    from lean_rl.backends.sglang.client import EngineClient
+    from lean_rl.backends.sglang.client_errors import EngineConnectionError, RetryPolicy
     from lean_rl.backends.sglang.api_keys import CHILD_API_KEY_ENV
     from lean_rl.backends.sglang.health import EngineMonitor
     from lean_rl.backends.sglang.listener_check import ForeignListenerError, require_keyed_listener

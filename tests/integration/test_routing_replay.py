@@ -25,6 +25,7 @@ from lean_rl.backends.megatron.batch_plan import BatchPlan
 from lean_rl.backends.megatron.train_driver import forward_rollout, train_on_rollout
 from lean_rl.backends.sglang.blocking_client import BlockingEngineClient
 from lean_rl.backends.sglang.engines import EngineGroup
+from lean_rl.backends.sglang.server_command import server_flags
 from lean_rl.rollout.generate import token_versions
 from lean_rl.sample import Sample, Status
 from lean_rl.testing.driver_result import run_driver
@@ -70,7 +71,7 @@ def bf16_moe_engine(tiny_model_factory, tmp_path_factory, ray_cluster):
     config = dataclasses.replace(
         engine_config_for_tests(model, "--rollout-num-engines", "1", "--sglang-dtype", "bfloat16"),
         return_routed_experts=True)
-    assert "--enable-return-routed-experts" in config.server_flags(0, 30000)
+    assert "--enable-return-routed-experts" in server_flags(config, 0, 30000)
     with EngineGroup(config, tmp_path_factory.mktemp("moe_engine")) as group:
         with BlockingEngineClient(group.engine_urls[0], timeout_s=120, api_key=config.api_key) as client:
             yield model, client

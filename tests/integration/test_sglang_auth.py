@@ -20,6 +20,7 @@ from lean_rl.backends.sglang.ports_and_key import resolve_api_key, resolve_ports
 from lean_rl.backends.sglang.api_keys import API_KEY_ENV
 from lean_rl.backends.sglang.processes import ChildProcess, wait_until_healthy
 from lean_rl.backends.sglang.router import RouterAdmin, RouterError
+from lean_rl.backends.sglang.server_command import router_command
 from lean_rl.utils.net import find_free_port
 from lean_rl.options import build
 
@@ -137,7 +138,7 @@ def test_the_router_sends_the_key_to_its_workers(tmp_path):
     threading.Thread(target=worker.serve_forever, daemon=True).start()
     worker_url = f"http://127.0.0.1:{worker.server_address[1]}"
     env = {**os.environ, "NO_COLOR": "1", **config.router_env()}
-    router = ChildProcess("router", config.router_command(config.resolved_router_port, find_free_port("127.0.0.1")),
+    router = ChildProcess("router", router_command(config, config.resolved_router_port, find_free_port("127.0.0.1")),
                           tmp_path / "router.log", env=env)
     try:
         wait_until_healthy([(router, f"{router_url}/health")], timeout_s=60)
@@ -165,7 +166,7 @@ def test_after_the_router_dies_a_listener_on_its_port_never_gets_the_key(tmp_pat
     assert config.api_key == key and API_KEY_ENV not in os.environ
     port, router_url = config.resolved_router_port, config.router_url
     env = {**os.environ, "NO_COLOR": "1", **config.router_env()}
-    router = ChildProcess("router", config.router_command(port, find_free_port("127.0.0.1")),
+    router = ChildProcess("router", router_command(config, port, find_free_port("127.0.0.1")),
                           tmp_path / "router.log", env=env)
     admin = RouterAdmin(router_url, timeout_s=10, api_key=config.api_key)
     try:

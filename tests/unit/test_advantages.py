@@ -7,8 +7,8 @@ import math
 import pytest
 import torch
 
-from lean_rl.algorithms.advantages import (compute_advantages, discounted_returns, gae, group_normalized,
-                                           leave_one_out, masked_whiten)
+from lean_rl.algorithms.advantages import compute_advantages, group_normalized, leave_one_out
+from lean_rl.algorithms.token_returns import discounted_returns, gae, masked_whiten
 from lean_rl.options import build
 from lean_rl.algorithms.config import AlgorithmConfig
 

@@ -19,7 +19,8 @@ from lean_rl.backends.megatron.arch_flags import (
     given_model_flags_parser,
     model_args_script,
 )
-from lean_rl.backends.megatron.config import ModelArch, ModelFlags
+from lean_rl.backends.megatron.config import ModelFlags
+from lean_rl.backends.megatron.model_arch import ModelArch
 from lean_rl.backends.megatron.hf_config import arch_from_hf_config
 from lean_rl.options import ConfigError, add_options, read_options
 

@@ -13,6 +13,7 @@ from lean_rl.backends.megatron.config import PrecisionFlags
 from lean_rl.backends.sglang.config import EngineConfig
 from lean_rl.backends.sglang.command_line import (COLOCATED_GPU_ENV, COLOCATED_GPU_FLAGS, engines_dtype, flags_to_dict,
                                                   serving_dtype, split_passthrough)
+from lean_rl.backends.sglang.server_command import server_flags
 from lean_rl.options import ConfigError, add_options, build, read_options
 from lean_rl.weight_sync.config import WeightSyncConfig, resolve_transport
 from lean_rl.weight_sync.ipc_map import IpcLayout, engine_ranks, stage_lead_ranks, unserved_by_ipc
@@ -63,7 +64,7 @@ def engine_config(device: str, colocated: bool, *argv: str) -> EngineConfig:
 
 def test_a_colocated_gpu_server_can_release_its_memory():
     config = engine_config("cuda", True, "--rollout-num-gpus-per-engine", "2")
-    flags = flags_to_dict(config.server_flags(0, 30000))
+    flags = flags_to_dict(server_flags(config, 0, 30000))
     assert flags["--enable-memory-saver"] == []  # M1: else release is SGLang's no-op adapter
     assert flags["--cuda-graph-backend-prefill"] == ["disabled"]  # M2: the breakable backend raises
     assert flags["--dtype"] == ["bfloat16"] and flags["--tp-size"] == ["2"]
@@ -77,7 +78,7 @@ def test_a_colocated_gpu_server_can_release_its_memory():
 @pytest.mark.parametrize("device, colocated", [("cuda", False), ("cpu", True), ("cpu", False)])
 def test_other_servers_keep_sglangs_defaults(device, colocated):
     config = engine_config(device, colocated)
-    flags = flags_to_dict(config.server_flags(0, 30000))
+    flags = flags_to_dict(server_flags(config, 0, 30000))
     assert not set(COLOCATED_GPU_FLAGS) & set(flags)
     assert not set(COLOCATED_GPU_ENV) & set(config.server_env())
     assert flags["--dtype"] == ["bfloat16"]  # explicit on every device: never SGLang's `auto`
@@ -246,19 +247,19 @@ def test_a_16_bit_probe_judges_the_mean_and_a_dtype_gap_is_named_as_such():
 
 # ---------------------------------------------------------------- review 2026-12-06 (N1, N4, N7, P3)
 def test_a_float32_engine_on_gpu_gets_an_attention_backend_with_float32_kernels():
-    from lean_rl.backends.sglang.config import gpu_fp32_note
+    from lean_rl.backends.sglang.server_command import gpu_fp32_note
     from lean_rl.options import rebuild
 
     fp32 = rebuild(engine_config("cuda", True), dtype="float32")
-    assert flags_to_dict(fp32.server_flags(0, 30000))["--attention-backend"] == ["triton"]  # FA3 has none (N1)
+    assert flags_to_dict(server_flags(fp32, 0, 30000))["--attention-backend"] == ["triton"]  # FA3 has none (N1)
     assert "attention backend triton" in gpu_fp32_note(fp32)
     chosen = rebuild(engine_config("cuda", False, "--sglang-attention-backend", "torch_native"), dtype="float32")
-    assert flags_to_dict(chosen.server_flags(0, 30000))["--attention-backend"] == ["torch_native"]  # the user's
+    assert flags_to_dict(server_flags(chosen, 0, 30000))["--attention-backend"] == ["torch_native"]  # the user's
     assert "attention backend torch_native" in gpu_fp32_note(chosen)
     bf16 = engine_config("cuda", True)
-    assert "--attention-backend" not in flags_to_dict(bf16.server_flags(0, 30000)) and gpu_fp32_note(bf16) is None
+    assert "--attention-backend" not in flags_to_dict(server_flags(bf16, 0, 30000)) and gpu_fp32_note(bf16) is None
     cpu = rebuild(engine_config("cpu", False), dtype="float32")
-    assert flags_to_dict(cpu.server_flags(0, 30000))["--attention-backend"] == ["torch_native"]
+    assert flags_to_dict(server_flags(cpu, 0, 30000))["--attention-backend"] == ["torch_native"]
     assert gpu_fp32_note(cpu) is None
 
 

@@ -4,14 +4,9 @@ import shlex
 
 import pytest
 
-from lean_rl.backends.megatron.config import (
-    MegatronConfig,
-    ModelArch,
-    ModelFlags,
-    ParallelConfig,
-    arch_differences,
-    padded_vocab_size,
-)
+from lean_rl.backends.megatron.config import (MegatronConfig, ModelFlags, ParallelConfig, arch_differences,
+                                              padded_vocab_size)
+from lean_rl.backends.megatron.model_arch import ModelArch
 from lean_rl.backends.megatron.hf_config import arch_from_hf_config
 from lean_rl.options import ConfigError, add_options, read_options
 

@@ -7,7 +7,7 @@ import math
 import pytest
 
 from lean_rl.options import ConfigError
-from lean_rl.rollout.config import EvalConfig
+from lean_rl.rollout.eval_config import EvalConfig
 from lean_rl.rollout.pass_at_k import ks_of, mean_pass_at_k, pass_at_k
 
 

@@ -195,7 +195,8 @@ def test_bad_parquet_metadata_names_row(tmp_path):
 def test_bad_eval_dataset_names_the_set_and_fails_when_loaded_at_start_up(tmp_path, tiny_qwen2):
     from types import SimpleNamespace
 
-    from lean_rl.rollout.config import EvalSet, SamplingConfig
+    from lean_rl.rollout.config import SamplingConfig
+    from lean_rl.rollout.eval_config import EvalSet
     from lean_rl.rollout.evaluation import load_eval_datasets
 
     good = _write_jsonl(tmp_path / "good.jsonl", [{"prompt": "a", "label": 1}, {"prompt": "b", "label": 2}])

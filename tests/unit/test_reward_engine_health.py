@@ -13,7 +13,7 @@ import time
 import pytest
 from aiohttp import web
 
-from lean_rl.backends.sglang.config import LiveEndpoints
+from lean_rl.backends.sglang.live_endpoints import LiveEndpoints
 from lean_rl.config import parse_config
 from lean_rl.rollout.reward_model import reward_model_reward
 from lean_rl.rollout.rewards import score_group

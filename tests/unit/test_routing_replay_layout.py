@@ -15,6 +15,7 @@ from lean_rl.backends.megatron.config import MegatronConfig, ParallelConfig
 from lean_rl.backends.megatron.rollout_batch import rollout_batch
 from lean_rl.backends.megatron.train_batches import ROUTES, build_micro_batch, uniform_shapes
 from lean_rl.backends.sglang.responses import build_generate_payload, parse_generate_response
+from lean_rl.backends.sglang.server_command import server_flags
 from lean_rl.options import ConfigError
 from lean_rl.sample import Sample, Status
 
@@ -223,7 +224,7 @@ def test_flag_needs_an_moe_model_and_turns_on_the_engines(tiny_qwen2, tiny_model
     base = ["--hf-checkpoint", str(tiny_model_factory("qwen3_moe")), "--prompt-data", str(data)]
     cfg = parse_config(base + ["--use-rollout-routing-replay"])
     assert cfg.megatron.use_rollout_routing_replay and cfg.engines.return_routed_experts
-    assert "--enable-return-routed-experts" in cfg.engines.server_flags(0, 30000)
+    assert "--enable-return-routed-experts" in server_flags(cfg.engines, 0, 30000)
     plain = parse_config(base)
     assert not plain.engines.return_routed_experts
-    assert "--enable-return-routed-experts" not in plain.engines.server_flags(0, 30000)
+    assert "--enable-return-routed-experts" not in server_flags(plain.engines, 0, 30000)

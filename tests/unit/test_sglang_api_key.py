@@ -13,6 +13,7 @@ from lean_rl.backends.sglang.api_keys import API_KEY_ENV, CHILD_API_KEY_ENV, NO_
 from lean_rl.backends.sglang.command_line import split_passthrough
 from lean_rl.backends.sglang.client import EngineClient
 from lean_rl.backends.sglang.router import RouterAdmin
+from lean_rl.backends.sglang.server_command import router_command, server_flags
 from lean_rl.options import ConfigError, add_options, build, read_options
 
 KEY = "k3y-For_tests.0123456789"
@@ -29,7 +30,7 @@ def parse(argv, environ=None, device="cpu"):
 
 
 def all_argv(config):
-    return [*config.server_flags(0, 30000), *config.router_command(30001, 30002)]
+    return [*server_flags(config, 0, 30000), *router_command(config, 30001, 30002)]
 
 
 @pytest.mark.parametrize("argv", [["--sglang-api-key", KEY], [f"--sglang-api-key={KEY}"]])
@@ -74,7 +75,7 @@ def test_the_key_is_in_no_repr_and_on_no_command_line_only_in_the_childrens_envi
     config = parse(["--sglang-api-key", KEY])[0]
     assert KEY not in repr(config) and KEY not in str(config)
     assert KEY not in " ".join(all_argv(config))
-    assert config.router_command(30001, 30002)[1:3] == ["-m", "lean_rl.backends.sglang.launch_router"]
+    assert router_command(config, 30001, 30002)[1:3] == ["-m", "lean_rl.backends.sglang.launch_router"]
     assert config.server_env()[CHILD_API_KEY_ENV] == KEY and config.router_env() == {CHILD_API_KEY_ENV: KEY}
     assert KEY not in repr(EngineClient("http://127.0.0.1:1", api_key=KEY))
     assert KEY not in repr(RouterAdmin("http://127.0.0.1:1", api_key=KEY))

@@ -3,6 +3,7 @@ import argparse
 import pytest
 
 from lean_rl.backends.sglang.config import DEFAULT_CPU_MAX_TOTAL_TOKENS, EngineConfig
+from lean_rl.backends.sglang.server_command import router_flags, server_flags
 from lean_rl.backends.sglang.ports_and_key import resolve_ports
 from lean_rl.backends.sglang.command_line import split_passthrough
 from lean_rl.backends.sglang.launch import device_from_argv
@@ -44,7 +45,7 @@ def test_cpu_config_has_the_cpu_flags_and_user_passthrough_replaces_a_default():
     config, _ = parse(["--hf-checkpoint", "/m", "--rollout-num-engines", "2", "--sglang-dtype", "bfloat16",
                        "--sglang-chunked-prefill-size", "256", "--router-policy", "round_robin"])
     assert config.num_engines == 2 and config.device == "cpu"
-    flags = config.server_flags(1, 31001)
+    flags = server_flags(config, 1, 31001)
     assert flag_values(flags, "--model-path") == ["/m"]
     assert flag_values(flags, "--port") == ["31001"]
     assert flag_values(flags, "--host") == ["127.0.0.1"]
@@ -56,7 +57,7 @@ def test_cpu_config_has_the_cpu_flags_and_user_passthrough_replaces_a_default():
     assert flag_values(flags, "--chunked-prefill-size") == ["256"]
     assert "--tp-size" not in flags
 
-    router = config.router_flags(30100, 29100)
+    router = router_flags(config, 30100, 29100)
     assert flag_values(router, "--prometheus-host") == ["127.0.0.1"]
     assert flag_values(router, "--host") == ["127.0.0.1"]
     assert flag_values(router, "--port") == ["30100"]
@@ -67,7 +68,7 @@ def test_explicit_flags_reach_the_server():
     config, _ = parse(["--hf-checkpoint", "/m", "--sglang-max-total-tokens", "4096",
                        "--sglang-mem-fraction-static", "0.5", "--sglang-base-port", "31000", "--router-port", "31100",
                        "--engine-start-timeout", "60", "--engine-request-timeout", "30"])
-    flags = config.server_flags(0, 31000)
+    flags = server_flags(config, 0, 31000)
     assert flag_values(flags, "--max-total-tokens") == ["4096"]
     assert flag_values(flags, "--mem-fraction-static") == ["0.5"]
     assert (config.base_port, config.router_port) == (31000, 31100)
@@ -78,7 +79,7 @@ def test_gpu_engines_are_derived_from_gpu_counts():
     config, _ = parse(["--hf-checkpoint", "/m", "--rollout-num-gpus", "8", "--rollout-num-gpus-per-engine", "2"],
                       device="cuda")
     assert config.num_engines == 4
-    flags = config.server_flags(3, 30000)
+    flags = server_flags(config, 3, 30000)
     assert flag_values(flags, "--tp-size") == ["2"]
     assert flag_values(flags, "--base-gpu-id") == ["6"]
     assert "--device" not in flags and "--sleep-on-idle" not in flags and "--max-total-tokens" not in flags
@@ -132,7 +133,7 @@ def test_declared_sglang_flags_win_over_passthrough():
                                  "--sglang-mem-fraction-static=0.4", "--sglang-dtype", "float32"])
     assert passthrough.server == ("--dtype", "float32")
     assert config.host == "127.0.0.5" and config.mem_fraction_static == 0.4
-    flags = config.server_flags(0, 31000)
+    flags = server_flags(config, 0, 31000)
     assert flag_values(flags, "--host") == ["127.0.0.5"] and flag_values(flags, "--mem-fraction-static") == ["0.4"]
 
 

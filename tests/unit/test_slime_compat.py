@@ -14,6 +14,7 @@ import types
 
 import pytest
 
+from lean_rl.backends.sglang.server_command import server_flags
 from lean_rl.config import parse_config
 from lean_rl.extensions import load_extensions
 from lean_rl.sample import NOT_GENERATED, Sample, Status
@@ -320,16 +321,16 @@ def test_rollout_sample_hooks_run_in_order_after_any_generate(make_cfg, monkeypa
 def test_lora_runs_start_the_engines_with_the_adapter_and_teachers_without(make_cfg, tiny_qwen2):
     """--lora-rank: the policy's servers get SGLang's LoRA flags (the torch_native backend on CPU); a
     --lora-sync merged run and the distillation teacher's servers serve plain weights."""
-    flags = make_cfg("--lora-rank", "4", "--lora-target-modules", "linear_qkv", "--use-opd", "--opd-type", "sglang",
-                     "--opd-teacher-hf-checkpoint", str(tiny_qwen2)).engines.server_flags(0, 30000)
+    flags = server_flags(make_cfg("--lora-rank", "4", "--lora-target-modules", "linear_qkv", "--use-opd", "--opd-type",
+                                  "sglang", "--opd-teacher-hf-checkpoint", str(tiny_qwen2)).engines, 0, 30000)
     start = flags.index("--lora-target-modules")
     assert flags[start + 1:start + 4] == ["q_proj", "k_proj", "v_proj"]
     assert {"--enable-lora", "--max-lora-rank", "--lora-backend", "torch_native"} <= set(flags)
     cfg = make_cfg("--lora-rank", "4", "--use-opd", "--opd-type", "sglang", "--opd-teacher-hf-checkpoint", str(tiny_qwen2))
-    assert "--enable-lora" not in cfg.distillation.teacher_engines.server_flags(0, 30000)
+    assert "--enable-lora" not in server_flags(cfg.distillation.teacher_engines, 0, 30000)
     merged = make_cfg("--lora-rank", "4", "--lora-sync", "merged")
     assert merged.engines.adapter is None and merged.weight_sync.transport != "adapter"
-    assert "--enable-lora" not in merged.engines.server_flags(0, 30000)
+    assert "--enable-lora" not in server_flags(merged.engines, 0, 30000)
 
 
 def test_slimes_counters_cross_the_boundary_as_json(make_cfg):

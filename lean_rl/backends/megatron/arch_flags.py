@@ -10,7 +10,8 @@ import shlex
 from pathlib import Path
 from typing import Any, Mapping
 
-from lean_rl.backends.megatron.config import ModelArch, ModelFlags, ParallelConfig
+from lean_rl.backends.megatron.config import ModelFlags, ParallelConfig
+from lean_rl.backends.megatron.model_arch import ModelArch
 from lean_rl.backends.megatron.hf_config import arch_from_hf_config, hf_family, load_hf_config
 from lean_rl.options import ConfigError, add_options, flag_of
 

@@ -9,7 +9,8 @@ import json
 from pathlib import Path
 from typing import Any, Mapping
 
-from lean_rl.backends.megatron.config import ModelArch, arch_differences
+from lean_rl.backends.megatron.config import arch_differences
+from lean_rl.backends.megatron.model_arch import ModelArch
 from lean_rl.options import ConfigError
 
 

@@ -12,7 +12,7 @@ from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec
 from megatron.core.transformer.transformer_block import TransformerBlockSubmodules
 from megatron.core.transformer.transformer_config import MLATransformerConfig, TransformerConfig
 
-from lean_rl.backends.megatron.config import ModelArch, moe_layer_pattern
+from lean_rl.backends.megatron.model_arch import ModelArch, moe_layer_pattern
 from lean_rl.backends.megatron.mla_compat import disable_stand_in_te, with_local_mla_core_attention
 
 

@@ -25,16 +25,12 @@ from typing import Any, Callable, Sequence
 import psutil
 
 from lean_rl.backends.megatron.rank_errors import MegatronGroupError
+from lean_rl.backends.megatron.rank_failures import failure_message, lost_node_note, lost_nodes
 from lean_rl.backends.megatron.rank_reservation import node_bundle, reserve_nodes, wait_actors_dead
 from lean_rl.backends.megatron.trainer_layout import TrainerLayout
 from lean_rl.utils.coverage_data import measured
 
 logger = logging.getLogger(__name__)
-
-# what a gloo / NCCL collective reports when a peer rank's process (or node) went away
-_PEER_LOST = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "ECONNRESET",
-              "Connection refused", "NCCL communicator was aborted", "remote process exited")
-
 
 # how often a waiting call checks that the ranks on this node are still alive
 _LIVENESS_S = 5.0
@@ -129,7 +125,7 @@ class RankActors:
                 continue
             if not ready:
                 ranks = sorted(pending.values())
-                lost = self._lost_node_note(self._lost_nodes(0.0))
+                lost = lost_node_note(lost_nodes(self.nodes, self.actor_ids, 0.0))
                 self._shutdown_after_failure()
                 raise MegatronGroupError(f"{what}: {lost}ranks {ranks} did not finish within {timeout_s:.0f}s; "
                                          "group shut down")
@@ -139,12 +135,13 @@ class RankActors:
                     results[rank] = ray.get(ref, timeout=max(deadline - time.monotonic(), 1.0))
                 except Exception as error:
                     cause = getattr(error, "cause", None) or error  # RayTaskError wraps the rank's exception
-                    message = self._failure_message(what, rank, error, cause)
+                    message = failure_message(what, rank, error, cause, self.nodes, self.actor_ids,
+                                              self.node_loss_wait_s)
                     self._shutdown_after_failure()
                     raise MegatronGroupError(message) from error
         return results
 
-    # -- failures and node loss -----------------------------------------------------------------
+    # -- the ranks on this node (failures and node loss: rank_failures.py) ---------------------------
 
     def _local_ranks(self) -> list[tuple[int, int]]:
         """(rank, pid) of the ranks on the driver's node: those psutil can see and signal."""
@@ -163,53 +160,6 @@ class RankActors:
             except psutil.NoSuchProcess:
                 gone.append(rank)
         return gone
-
-    def _failure_message(self, what: str, rank: int, error: BaseException, cause: BaseException) -> str:
-        import ray
-
-        text = str(cause).strip().splitlines()[0][:300] if str(cause).strip() else ""
-        first = f"rank {rank} ({type(cause).__name__}: {text})"
-        died = isinstance(error, ray.exceptions.RayActorError)
-        # A rank that died, or a peer's collective that lost its connection: wait (bounded) for Ray to
-        # tell whether a node went (it notices a dead raylet only after a few missed health checks).
-        peer_lost = died or any(word in str(cause) for word in _PEER_LOST)
-        lost = self._lost_nodes(self.node_loss_wait_s if peer_lost else 0.0)
-        if lost:
-            return f"{what}: {self._lost_node_note(lost)}first failure: {first}; group shut down"
-        if died:
-            node = self.nodes[rank] if rank < len(self.nodes) else "?"
-            return (f"{what}: rank {rank} (MegatronRank) on node {node} died ({type(cause).__name__}: {text}); "
-                    f"Ray still reports node {node} alive; group shut down")
-        return f"{what} failed on rank {rank} ({type(cause).__name__}: {cause}); group shut down"
-
-    def _lost_nodes(self, wait_s: float) -> dict[str, list[int]]:
-        """The group's nodes that Ray reports dead, each with its ranks; polled up to `wait_s` for one,
-        or until Ray reports a rank's actor dead on a live node (a crashed process, not a lost node)."""
-        from ray._private import state
-
-        deadline = time.monotonic() + wait_s
-        while self.nodes:
-            try:
-                lost = self._dead_nodes_now()
-                if lost or time.monotonic() >= deadline:
-                    return lost
-                if any((state.actors(actor_id=a) or {}).get("State") == "DEAD" for a in self.actor_ids):
-                    return self._dead_nodes_now()  # once more: the node may have been declared dead meanwhile
-            except Exception:  # noqa: BLE001 - no answer from the GCS: say nothing rather than guess
-                return {}
-            time.sleep(0.5)
-        return {}
-
-    def _dead_nodes_now(self) -> dict[str, list[int]]:
-        import ray
-
-        alive = {node["NodeManagerAddress"] for node in ray.nodes() if node["Alive"]}
-        return {ip: [r for r, node in enumerate(self.nodes) if node == ip] for ip in sorted(set(self.nodes) - alive)}
-
-    @staticmethod
-    def _lost_node_note(lost: dict[str, list[int]]) -> str:
-        return "".join(f"node {ip} is lost (Ray reports it dead): ranks {ranks} (MegatronRank) died; "
-                       for ip, ranks in lost.items())
 
     # -- shutdown -------------------------------------------------------------------------------
 
@@ -285,7 +235,7 @@ class RankActors:
         here = ray.util.get_node_ip_address()
         # a rank whose location is unknown (it failed to start) is waited for through Ray; one on a
         # node Ray reports dead is gone with its node (no raylet left to confirm it)
-        lost = self._lost_nodes(0.0)
+        lost = lost_nodes(self.nodes, self.actor_ids, 0.0)
         remote = [(rank, actor_id) for rank, actor_id in enumerate(self.actor_ids[:num_actors])
                   if (rank >= len(self.nodes) or self.nodes[rank] != here)
                   and not (rank < len(self.nodes) and self.nodes[rank] in lost)]

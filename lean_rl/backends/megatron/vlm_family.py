@@ -12,7 +12,7 @@ from typing import Any, Callable, Mapping
 
 import torch
 
-from lean_rl.backends.megatron.config import ModelArch
+from lean_rl.backends.megatron.model_arch import ModelArch
 from lean_rl.backends.megatron.hf_config import (VLM_TEXT_FAMILIES, arch_from_hf_config, load_hf_config,
                                                  text_config_of)
 from lean_rl.options import ConfigError

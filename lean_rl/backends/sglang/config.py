@@ -10,8 +10,9 @@ dataclass that knows the exact command-line flags of every SGLang server and of 
     config = resolve_api_key(resolve_ports(config))        # the ports and the API key, chosen once
 
 A declared `--sglang-*` flag (e.g. `--sglang-host`, `--sglang-api-key`) is parsed by argparse and so
-never reaches the passthrough. The command lines' tables and the passthrough: command_line.py; the key:
-api_keys.py; resolve_ports and resolve_api_key: ports_and_key.py.
+never reaches the passthrough. The command lines' tables and the passthrough: command_line.py; each
+server's and the router's command line: server_command.py; the URLs they report once they run:
+live_endpoints.py; the key: api_keys.py; resolve_ports and resolve_api_key: ports_and_key.py.
 
 Authentication: every server and the router require `Authorization: Bearer <key>` (SGLang's and
 sglang-router's own `api_key`), with one key per run: --sglang-api-key, else $LEAN_RL_API_KEY, else a
@@ -29,15 +30,14 @@ otherwise. A user's `--sglang-<flag>` replaces our default for `--<flag>`.
 from __future__ import annotations
 
 import os
-import sys
 from dataclasses import dataclass, field
 from typing import Any
 
 from lean_rl.backends.sglang.api_keys import (API_KEY_ENV, API_KEY_OFF, CHILD_API_KEY_ENV, api_key_value, auth_headers,
                                               travels_by_file)
-from lean_rl.backends.sglang.command_line import (COLOCATED_GPU_ENV, COLOCATED_GPU_FLAGS, GPU_FP32_ATTENTION_BACKEND,
-                                                  MANAGED_ROUTER_FLAGS, MANAGED_SERVER_FLAGS, flags_to_dict,
-                                                  merge_flags)
+from lean_rl.backends.sglang.command_line import (COLOCATED_GPU_ENV, MANAGED_ROUTER_FLAGS, MANAGED_SERVER_FLAGS,
+                                                  flags_to_dict)
+from lean_rl.backends.sglang.live_endpoints import LiveEndpoints
 from lean_rl.backends.sglang.lora import ServedAdapter
 from lean_rl.options import ConfigError, option
 
@@ -50,31 +50,6 @@ DEFAULT_CPU_MAX_TOTAL_TOKENS = 16384
 # can pass 300 s (review 2026-12-06 N7); later starts hit the JIT cache.
 DEFAULT_CPU_START_TIMEOUT_S = 300.0
 DEFAULT_GPU_START_TIMEOUT_S = 900.0
-
-
-def gpu_fp32_note(config: "EngineConfig") -> str | None:
-    """The start-up line for float32 engines on GPU (which attention backend they get, and why), or None."""
-    if config.device != "cuda" or config.dtype != "float32":
-        return None
-    chosen = (flags_to_dict(config.server_passthrough).get("--attention-backend") or [GPU_FP32_ATTENTION_BACKEND])[0]
-    return (f"engines serve float32 on GPU (--sglang-dtype float32): attention backend {chosen} (SGLang's GPU "
-            "default, FA3 / FlashInfer, has no float32 kernels); 16-bit serving is the GPU default")
-
-
-class LiveEndpoints:
-    """The URLs an engine group's servers and router reported once they run (on a cluster each actor
-    binds its node's address on a port free there). The group writes them (start, restart); whoever
-    holds the run's EngineConfig reads them through engine_urls / router_url, so the config itself is
-    never replaced after start-up. A copy sent to another process is a snapshot."""
-
-    __slots__ = ("engine_urls", "router_url")
-
-    def __init__(self) -> None:
-        self.engine_urls: tuple[str, ...] = ()
-        self.router_url: str | None = None
-
-    def publish(self, engine_urls: tuple[str, ...] | list[str], router_url: str) -> None:
-        self.engine_urls, self.router_url = tuple(engine_urls), router_url
 
 
 @dataclass(frozen=True)
@@ -246,58 +221,6 @@ class EngineConfig:
     def router_env(self) -> dict[str, str]:
         """Environment the router needs beyond the parent's: the API key, for launch_router.py."""
         return self._child_key_env()
-
-    def router_command(self, port: int, prometheus_port: int) -> list[str]:
-        """The router's whole command line; start it with router_env() in its environment."""
-        flags = self.router_flags(port, prometheus_port)
-        return [sys.executable, "-m", "lean_rl.backends.sglang.launch_router", *flags]
-
-    def server_flags(self, engine_index: int, port: int) -> list[str]:
-        """Every flag of engine `engine_index`'s server (for `python -m lean_rl.backends.sglang.launch`)."""
-        flags: dict[str, list[str]] = {
-            "--model-path": [self.model_path],
-            "--host": [self.host],
-            "--port": [str(port)],
-            # explicit on every device: SGLang's `auto` serves a float32 checkpoint as float16
-            "--dtype": [self.dtype],
-        }
-        if self.device == "cpu":
-            # Why each: sglang needs torch_native attention without AMX kernels; sleep-on-idle because
-            # the scheduler otherwise busy-polls a core (measured in DESIGN.md §4).
-            flags.update({"--device": ["cpu"], "--attention-backend": ["torch_native"]})
-            flags["--max-total-tokens"] = [str(self.max_total_tokens or DEFAULT_CPU_MAX_TOTAL_TOKENS)]
-            flags["--sleep-on-idle"] = []
-        else:
-            flags["--tp-size"] = [str(self.gpus_per_engine)]
-            flags["--base-gpu-id"] = [str(engine_index * self.gpus_per_engine)]
-            if self.max_total_tokens is not None:
-                flags["--max-total-tokens"] = [str(self.max_total_tokens)]
-            if self.releases_memory:
-                flags.update(COLOCATED_GPU_FLAGS)
-            if self.dtype == "float32":  # FA3 (Hopper's default) and FlashInfer have no float32 kernels (N1)
-                flags["--attention-backend"] = [GPU_FP32_ATTENTION_BACKEND]
-        if self.mem_fraction_static is not None:
-            flags["--mem-fraction-static"] = [str(self.mem_fraction_static)]
-        if self.return_routed_experts:
-            flags["--enable-return-routed-experts"] = []
-        if self.adapter is not None:
-            flags.update(self.adapter.server_flags(self.device))
-        return merge_flags(flags, flags_to_dict(self.server_passthrough))
-
-    def router_flags(self, port: int, prometheus_port: int) -> list[str]:
-        """Every flag of sglang-router (for `python -m lean_rl.backends.sglang.launch_router`, which
-        adds the API key from its environment); workers come later."""
-        flags = {
-            "--host": [self.host],
-            "--port": [str(port)],
-            # The router's metrics endpoint binds 0.0.0.0 by default.
-            "--prometheus-host": [self.host],
-            "--prometheus-port": [str(prometheus_port)],
-            # At info level it logs every request, which a rollout turns into gigabytes.
-            "--log-level": ["warn"],
-        }
-        return merge_flags(flags, flags_to_dict(self.router_passthrough))
-
 
 def validate_engine_config(config: EngineConfig) -> None:
     def fail(flag: str, message: str):

@@ -30,6 +30,7 @@ from lean_rl.backends.sglang.config import EngineConfig
 from lean_rl.backends.sglang.api_keys import CHILD_API_KEY_ENV
 from lean_rl.backends.sglang.command_line import merge_flags, flags_to_dict
 from lean_rl.backends.sglang.processes import ChildProcess, ChildStartError, stop_all, wait_until_healthy
+from lean_rl.backends.sglang.server_command import server_flags
 from lean_rl.utils.coverage_data import save_coverage_data
 from lean_rl.utils.net import find_free_port, require_free_port, service_host, socket_interface_env
 
@@ -144,7 +145,7 @@ class EngineActor:
 
     # ------------------------------------------------------------------ internals
     def _server_flags(self) -> list[str]:
-        flags = flags_to_dict(self.config.server_flags(self.index, self.port))
+        flags = flags_to_dict(server_flags(self.config, self.index, self.port))
         flags["--host"] = [self.host]
         if self.config.device != "cpu" and "--base-gpu-id" in flags:
             # Ray gives the actor its GPUs as CUDA_VISIBLE_DEVICES: they are 0..tp-1 in here.

@@ -4,15 +4,16 @@
         engines.router_url          # generation goes here
         engines.engine_urls         # weight updates, abort, pause/continue go to every engine
 
-One path on one node and on a cluster: every server is owned by a Ray actor (engine_actor.py) placed by
-engine_placement.py (its own placement group reserving each engine's GPUs, the trainer's bundles with
---colocate, or a pinned node). An actor binds `--sglang-host` (loopback) on one node and its node's Ray
-address on a cluster, and reports its URL; `self.config` then carries the reported URLs
-(config.engine_urls / router_url) for code that holds only the config. The router is a child of this
-process, bound to `--sglang-host` on one node and to this node's Ray address on a cluster. Logs:
-run_dir/engine-<i>.log, run_dir/router.log. Start-up is parallel: the router starts while the servers
-import, and each server joins the router once healthy. The router dies with this process and every
-server with its actor, which Ray ends with its owner (this driver): a crashed driver leaves no orphans.
+One path on one node and on a cluster: every server is owned by a Ray actor (engine_actor.py; the
+group's servers: engine_servers.py) placed by engine_placement.py (its own placement group reserving
+each engine's GPUs, the trainer's bundles with --colocate, or a pinned node). An actor binds
+`--sglang-host` (loopback) on one node and its node's Ray address on a cluster, and reports its URL;
+`self.config` then carries the reported URLs (config.engine_urls / router_url) for code that holds only
+the config. The router is a child of this process, bound to `--sglang-host` on one node and to this
+node's Ray address on a cluster. Logs: run_dir/engine-<i>.log, run_dir/router.log. Start-up is parallel:
+the router starts while the servers import, and each server joins the router once healthy. The router
+dies with this process and every server with its actor, which Ray ends with its owner (this driver): a
+crashed driver leaves no orphans.
 Without a running Ray, start() starts a local one (and stop() shuts it down again).
 """
 
@@ -23,7 +24,6 @@ import concurrent.futures
 import logging
 import os
 import time
-import urllib.parse
 from pathlib import Path
 
 import ray
@@ -33,22 +33,19 @@ from lean_rl.backends.sglang.client import EngineClient
 from lean_rl.backends.sglang.config import EngineConfig
 from lean_rl.backends.sglang.ports_and_key import resolve_api_key
 from lean_rl.backends.sglang.command_line import flags_to_dict
-from lean_rl.backends.sglang.engine_actor import EngineActor
 from lean_rl.backends.sglang.engine_placement import EnginePlacement, EngineScheduler
+from lean_rl.backends.sglang.engine_servers import EngineServers, EngineStartError
 from lean_rl.backends.sglang.key_placement import place_key_file
 from lean_rl.backends.sglang.listener_agent import start_agents
 from lean_rl.backends.sglang.model_check import ModelDirInfo, check_model_dir
 from lean_rl.backends.sglang.processes import ChildProcess, ChildStartError, stop_all, wait_until_healthy
 from lean_rl.backends.sglang.router import RouterAdmin
+from lean_rl.backends.sglang.server_command import router_command
 from lean_rl.utils.net import find_free_port, require_free_port, service_host
 
 __all__ = ["EngineGroup", "EnginePlacement", "EngineStartError"]
 
 logger = logging.getLogger(__name__)
-
-
-class EngineStartError(ChildStartError):
-    """A server or the router failed to start; the message holds the tail of its log."""
 
 
 class EngineGroup:
@@ -69,10 +66,9 @@ class EngineGroup:
         self.model_info: ModelDirInfo | None = None
         self.timings: dict[str, float] = {}  # seconds: router_healthy, servers_healthy, total
         self._scheduler = EngineScheduler(self.config, placement, name=name)
+        self._servers = EngineServers(self.config, self._scheduler, self.run_dir, stop_timeout_s)  # engine_servers.py
         self._router: ChildProcess | None = None
         self._router_host = service_host(True) if config.on_cluster else config.host
-        self._actors: list = []
-        self._urls: list[str] = []
         self._started = False
         self._ray_started = False
         self._spawner: concurrent.futures.ThreadPoolExecutor | None = None
@@ -80,10 +76,10 @@ class EngineGroup:
     # ------------------------------------------------------------------ addresses
     @property
     def engine_urls(self) -> list[str]:
-        return list(self._urls)
+        return list(self._servers.urls)
 
     def engine_url(self, index: int) -> str:
-        return self._urls[index]
+        return self._servers.urls[index]
 
     @property
     def router_url(self) -> str:
@@ -109,29 +105,18 @@ class EngineGroup:
     def pids(self) -> dict[str, list[int]]:
         """Live pids of every process tree this group started, by name (engine-<i>, router)."""
         pids = {} if self._router is None else {"router": self._router.tree_pids()}
-        for index, actor in enumerate(self._actors):
-            try:
-                pids[f"engine-{index}"] = ray.get(actor.tree_pids.remote(), timeout=30)
-            except Exception:  # noqa: BLE001 - a dead actor has no server left (PDEATHSIG)
-                pids[f"engine-{index}"] = []
-        return pids
+        return {**pids, **self._servers.tree_pids()}
 
     def engine_log_path(self, index: int) -> Path:
-        return self.run_dir / f"engine-{index}.log"
+        return self._servers.log_path(index)
 
     def engine_log_tail(self, index: int, lines: int = 40) -> str:
         """The last lines of engine `index`'s server log (read by its actor, on its node)."""
-        try:
-            return ray.get(self._actors[index].log_tail.remote(lines), timeout=30)
-        except Exception as exc:  # noqa: BLE001
-            return f"<engine {index}: no log tail ({type(exc).__name__}: {exc})>"
+        return self._servers.log_tail(index, lines)
 
     def engine_alive(self, index: int) -> bool:
         """The actor answers and its server process lives."""
-        try:
-            return bool(ray.get(self._actors[index].alive.remote(), timeout=30))
-        except Exception:  # noqa: BLE001 - actor dead, node gone, or no answer: not alive
-            return False
+        return self._servers.alive(index)
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> EngineGroup:
@@ -158,23 +143,19 @@ class EngineGroup:
             # the driver's key file to the engines' nodes before their actors unpickle its path there
             place_key_file(self.config.api_key, self._scheduler.node_ids(), timeout_s=self.config.start_timeout_s)
             start_agents(self.config.api_key, self._scheduler.node_ids())  # they check the servers' listeners there
-            self._actors = [self._new_actor(i) for i in range(self.config.num_engines)]
-            try:
-                self._urls = list(self._get([a.start.remote() for a in self._actors], self.config.start_timeout_s))
-            except ray.exceptions.RayActorError as exc:  # its constructor failed (e.g. a taken --sglang-base-port)
-                raise EngineStartError(f"an engine actor could not start: {exc}") from None
+            self._servers.start()
             self._wait_router_healthy()
             self.timings["router_healthy"] = time.monotonic() - t0
-            self._wait_servers_healthy(list(range(self.config.num_engines)))
+            self._servers.wait_healthy(list(range(self.config.num_engines)))
             self.timings["servers_healthy"] = time.monotonic() - t0
-            for url in self._urls:
+            for url in self._servers.urls:
                 self.router.add_worker(url)
             self._publish_urls()
         except BaseException:
             self.stop()
             raise
         self.timings["total"] = time.monotonic() - t0
-        logger.info("%s %s and router %s ready in %.1f s", self.name, self._urls, self.router_url,
+        logger.info("%s %s and router %s ready in %.1f s", self.name, self._servers.urls, self.router_url,
                     self.timings["total"])
         return self
 
@@ -183,13 +164,13 @@ class EngineGroup:
         actors and their placement group. Safe to call twice."""
         atexit.unregister(self.stop)
         t0 = time.monotonic()
-        had_any = self._router is not None or bool(self._actors)
+        had_any = self._router is not None or bool(self._servers.actors)
         try:
             try:
                 if self._router is not None:
                     stop_all([self._router], self.stop_timeout_s)
             finally:
-                self._stop_actors()
+                self._servers.stop()
                 self._scheduler.release()
         finally:
             if self._spawner is not None:  # only after the router is gone: it dies with this thread
@@ -224,9 +205,11 @@ class EngineGroup:
         until it was healthy again."""
         self.remove_engine(index)
         try:
-            seconds = self._get(self._actors[index].restart.remote(), self.config.start_timeout_s + 60)
+            restarted = self._servers.actors[index].restart.remote()
+            seconds = self._servers.get(restarted, self.config.start_timeout_s + 60)
         except ray.exceptions.RayActorError:
-            seconds = self._replace_actor(index)
+            seconds = self._servers.replace(index)
+            self._publish_urls()
         if add_back:
             self.add_engine(index)
         return seconds
@@ -273,7 +256,7 @@ class EngineGroup:
         return port
 
     def _publish_urls(self) -> None:
-        self.config.live.publish(self._urls, self.router_url)
+        self.config.live.publish(self._servers.urls, self.router_url)
 
     def _spawn_router(self) -> ChildProcess:
         # Its metrics port is nobody else's business: chosen now, not in the config, so that it has
@@ -283,7 +266,8 @@ class EngineGroup:
         while metrics_port in (*self.config.engine_ports, self.router_port):
             metrics_port = find_free_port(host)
         config = self.config if host == self.config.host else rebuild(self.config, host=host)
-        cmd = config.router_command(self.router_port, metrics_port)  # the key goes in env, never argv
+        assert self.router_port is not None  # start() chose it (_check_ports) before any router starts
+        cmd = router_command(config, self.router_port, metrics_port)  # the key goes in env, never argv
         env = {**os.environ, "PYTHONUNBUFFERED": "1", "NO_COLOR": "1", **config.router_env()}
         # The router dies with the *thread* that started it (PR_SET_PDEATHSIG, see processes.py), and
         # a restart may come from another thread: start it from one thread that lives as long as this group.
@@ -291,72 +275,8 @@ class EngineGroup:
             self._spawner = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="lean_rl-router")
         return self._spawner.submit(ChildProcess, "router", cmd, self.run_dir / "router.log", env=env).result()
 
-    def _new_actor(self, index: int):
-        options, visible_devices = self._scheduler.actor_options(index)
-        return ray.remote(EngineActor).options(**options).remote(
-            self.config, index, str(self.engine_log_path(index)), stop_timeout_s=self.stop_timeout_s,
-            visible_devices=visible_devices)
-
-    def _get(self, refs, timeout_s: float):
-        """ray.get, with a server's start failure raised as EngineStartError (its message, log tail included)."""
-        try:
-            return ray.get(refs, timeout=timeout_s)
-        except ray.exceptions.RayTaskError as exc:
-            cause = exc.cause if isinstance(getattr(exc, "cause", None), BaseException) else None
-            if isinstance(cause, ValueError):  # a port check in the actor: the flag's message as is
-                raise cause from None
-            raise EngineStartError(str(cause or exc)) from None
-
     def _wait_router_healthy(self) -> float:
         try:
             return wait_until_healthy([(self._router, f"{self.router_url}/health")], self.config.start_timeout_s)
         except ChildStartError as exc:
             raise EngineStartError(f"sglang-router failed to start: {exc}") from None
-
-    def _wait_servers_healthy(self, indices: list[int]) -> float:
-        t0 = time.monotonic()
-        self._get([self._actors[i].wait_healthy.remote() for i in indices], self.config.start_timeout_s + 30)
-        return time.monotonic() - t0
-
-    def _replace_actor(self, index: int) -> float:
-        url = self._urls[index] if index < len(self._urls) else "?"
-        node = urllib.parse.urlsplit(url).hostname or "?"
-        logger.warning("engine %d (%s) on node %s: its actor is gone%s; starting a new engine where Ray places it "
-                       "(a new URL on a cluster)", index, url, node,
-                       " (node lost: Ray reports it dead)" if node in _dead_nodes() else "")
-        _kill_actor(self._actors[index])
-        t0 = time.monotonic()
-        self._actors[index] = self._new_actor(index)
-        self._urls[index] = self._get(self._actors[index].start.remote(), self.config.start_timeout_s)
-        self._wait_servers_healthy([index])
-        self._publish_urls()
-        return time.monotonic() - t0
-
-    def _stop_actors(self) -> None:
-        """Each actor stops its server (bounded), then the actors go."""
-        actors, self._actors = self._actors, []
-        if not actors:
-            return
-        try:
-            ray.get([actor.shutdown.remote() for actor in actors], timeout=self.stop_timeout_s + 15)
-        except Exception as exc:  # noqa: BLE001 - killing the actor still takes its server down (PDEATHSIG)
-            logger.warning("engine actors did not all stop their servers cleanly: %s", exc)
-        for actor in actors:
-            _kill_actor(actor)
-
-
-def _kill_actor(actor) -> None:
-    try:
-        ray.kill(actor, no_restart=True)
-    except Exception:  # noqa: BLE001 - already gone
-        pass
-
-
-def _dead_nodes() -> set[str]:
-    """Addresses of the nodes Ray reports dead (and not alive again); empty when Ray cannot say."""
-    try:
-        nodes = ray.nodes()
-    except Exception:  # noqa: BLE001
-        return set()
-    alive = {n["NodeManagerAddress"] for n in nodes if n["Alive"]}
-    return {n["NodeManagerAddress"] for n in nodes if not n["Alive"]} - alive

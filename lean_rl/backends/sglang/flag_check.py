@@ -14,6 +14,7 @@ import argparse
 import re
 from typing import TYPE_CHECKING, NoReturn
 
+from lean_rl.backends.sglang.server_command import router_flags, server_flags
 from lean_rl.options import ConfigError
 
 if TYPE_CHECKING:
@@ -65,9 +66,9 @@ def check_router_flags(flags: list[str]) -> None:
 def check_engine_flags(config: EngineConfig) -> None:
     """The first engine's server flags and the router's, as they would be launched."""
     port = config.engine_ports[0] if config.engine_ports else PLACEHOLDER_PORT
-    check_server_flags(config.server_flags(0, port))
+    check_server_flags(server_flags(config, 0, port))
     router_port = config.resolved_router_port or PLACEHOLDER_PORT + 1
-    check_router_flags(config.router_flags(router_port, router_port + 1))
+    check_router_flags(router_flags(config, router_port, router_port + 1))
 
 
 def _version() -> str:

@@ -7,7 +7,7 @@ A weight sync then moves only the adapter's tensors (/load_lora_adapter_from_ten
 adapter (EngineClient.adapter), so no request is served by the bare base and labelled current.
 
     adapter = ServedAdapter(rank=8, alpha=16.0, target_modules=("q_proj", "k_proj", ...))
-    flags = adapter.server_flags("cpu")     # for EngineConfig.server_flags
+    flags = adapter.server_flags("cpu")     # for server_command.server_flags
     body = adapter.peft_config()            # config_dict of /load_lora_adapter_from_tensors
 
 On CPU the adapters run on SGLang's torch_native LoRA backend (the Triton ones need a GPU), after

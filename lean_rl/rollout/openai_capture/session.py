@@ -50,21 +50,18 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-import jinja2
-
 from lean_rl.backends.sglang.client_errors import EngineError, EngineHTTPError
 from lean_rl.buffer.prompt_source import load_tokenizer
 from lean_rl.rollout.base import stopping_event
 from lean_rl.rollout.generate import generate_with_retries, token_versions
-from lean_rl.rollout.openai_capture.chat import (ChatRequest, Completion, RequestError, as_sampled, chat_completion_body,
-                                                 completion_from_output, error_body, message_signature,
-                                                 parse_chat_request)
+from lean_rl.rollout.openai_capture.chat import (Completion, RequestError, chat_completion_body, completion_from_output,
+                                                 error_body, parse_chat_request)
 from lean_rl.rollout.openai_capture.messages import (anthropic_error, chat_body_of_messages_request,
                                                      message_body)
 from lean_rl.rollout.openai_capture.responses import chat_body_of_response_request, response_body
 from lean_rl.rollout.openai_capture.server import CaptureServer, capture_server
-from lean_rl.rollout.openai_capture.trajectory import CallRecord, TrajectoryAssembler, splice_prompt_ids
-from lean_rl.rollout.tool_calls import render_chat
+from lean_rl.rollout.openai_capture.session_tokens import SessionTokens, call_sampling_params
+from lean_rl.rollout.openai_capture.trajectory import CallRecord, TrajectoryAssembler
 from lean_rl.sample import Sample, Status
 
 if TYPE_CHECKING:
@@ -98,6 +95,7 @@ class CaptureSession:
         self.api_key = f"lean-rl-session-{secrets.token_urlsafe(24)}"
         self.model = str(cfg.engines.model_path)
         self.tokenizer = load_tokenizer(str(cfg.engines.model_path))  # cached per path
+        self.tokens = SessionTokens(self.tokenizer)  # what this session sampled, to keep its trajectory whole
         self.reward: float | None = None
         self.aborted = False
         self.closed = False
@@ -106,8 +104,6 @@ class CaptureSession:
         self._assembler: TrajectoryAssembler | None = None
         self._server: CaptureServer | None = None
         self._numbers = itertools.count()
-        self._tips: list[tuple[str, list[int]]] = []  # (text, ids) of each call's prompt + output
-        self._history_text: dict[tuple, str] = {}  # message_signature -> the exact text of its sampled ids
         self._errors: list[dict] = []
         self._late_calls = 0
         self.responses: dict[str, list[dict]] = {}  # Responses API: response id -> its chat history
@@ -247,15 +243,15 @@ class CaptureSession:
             return 503, error_body(_ABORTED_MESSAGE, None, 503)
         try:
             request = parse_chat_request(body)
-            text = self._render(request)
+            text = self.tokens.render(request)
         except RequestError as err:
             return self.refuse(str(err), err.param, err.status)
-        prompt_ids = self._prompt_ids(text)
+        prompt_ids = self.tokens.prompt_ids(text)
         left = self.budget - self._assembler.response_length_after_prompt(prompt_ids)
         if left <= 0:
             self._assembler.mark_truncated(prompt_ids)
             return Served(number, completion_from_output("", "length", None, False), len(prompt_ids), 0)
-        params = self._sampling_params(request, left)
+        params = call_sampling_params(self.sampling_params, request, left)
         started = time.monotonic()
         try:
             result = await generate_with_retries(self.cfg, prompt_ids, params, rid=f"capture-{self.id}-{number}",
@@ -270,7 +266,7 @@ class CaptureSession:
         eos = result.finish_reason == "stop" and isinstance(result.finish_detail, int) \
             and result.output_ids[-1:] == [result.finish_detail]
         spoken_ids = result.output_ids[:-1] if eos else result.output_ids
-        history_text = self._text_after(prompt_ids, spoken_ids)
+        history_text = self.tokens.text_after(prompt_ids, spoken_ids)
         completion = completion_from_output(history_text, result.finish_reason, result.finish_detail,
                                             request.parse_tools)
         if self.closed:
@@ -289,51 +285,8 @@ class CaptureSession:
                                      if completion.tool_call_errors else {})},
                               routed_experts=result.routed_experts)
             self._assembler.add(call)
-            full_ids = prompt_ids + result.output_ids
-            self._tips.append((self._decode(full_ids), full_ids))
-            self._history_text[message_signature(completion.message)] = history_text
+            self.tokens.remember(prompt_ids, result.output_ids, completion.message, history_text)
         return Served(number, completion, len(prompt_ids), len(result.output_ids))
-
-    def _render(self, request: ChatRequest) -> str:
-        messages = [self._as_sampled(m) for m in request.messages]
-        try:
-            return render_chat(self.tokenizer, messages, request.tools, add_generation_prompt=True)
-        except ValueError as err:
-            raise RequestError(str(err), str(err).split(":", 1)[0]) from None
-        except jinja2.TemplateError as err:  # e.g. a template that refuses the order of the roles
-            raise RequestError(f"the model's chat template refused the messages: {err}", "messages") from None
-
-    def _as_sampled(self, message: Any) -> Any:
-        return as_sampled(message, self._history_text)
-
-    def _prompt_ids(self, text: str) -> list[int]:
-        return splice_prompt_ids(text, self._tips, self._encode)
-
-    def _text_after(self, prompt_ids: list[int], output_ids: list[int]) -> str:
-        """The text the output adds to the prompt (decoded together: a tokenizer may decode a leading
-        space differently at the start of a sequence)."""
-        prompt_text = self._decode(prompt_ids)
-        full = self._decode(prompt_ids + output_ids)
-        return full[len(prompt_text):] if full.startswith(prompt_text) else self._decode(output_ids)
-
-    def _sampling_params(self, request: ChatRequest, left: int) -> dict:
-        params = dict(self.sampling_params)
-        params["max_new_tokens"] = min(request.max_tokens or left, left)
-        if request.temperature is not None:
-            params["temperature"] = request.temperature
-        if request.top_p is not None:
-            params["top_p"] = request.top_p
-        if request.stop:
-            params["stop"] = list(dict.fromkeys([*params.get("stop", ()), *request.stop]))
-        params.setdefault("temperature", 1.0)
-        params.setdefault("top_p", 1.0)
-        return params
-
-    def _encode(self, text: str) -> list[int]:
-        return self.tokenizer.encode(text, add_special_tokens=False)
-
-    def _decode(self, ids: list[int]) -> str:
-        return self.tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
 
 
 def _is_number(value: Any) -> bool:

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
-from lean_rl.backends.megatron.config import ModelArch
+from lean_rl.backends.megatron.model_arch import ModelArch
 from lean_rl.backends.megatron.hf_weights.families import WeightRule, in_layer
 
 _LAYER = "decoder.layers.{layer}."

@@ -13,7 +13,8 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Iterator
 
-from lean_rl.backends.megatron.config import MegatronConfig, ModelArch
+from lean_rl.backends.megatron.config import MegatronConfig
+from lean_rl.backends.megatron.model_arch import ModelArch
 from lean_rl.backends.megatron.hf_config import SUPPORTED_HF_FAMILIES
 from lean_rl.backends.megatron.hf_weights.layouts import Geometry, Layout
 

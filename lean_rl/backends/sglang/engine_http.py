@@ -1,0 +1,105 @@
+"""The HTTP side of EngineClient (client.py, which holds SGLang's endpoints): one connection pool per
+event loop, the run's API key, and the one request path.
+
+Policy: every call has a timeout; failures to *connect* are retried with bounded exponential backoff
+(the request never reached the server, so a retry cannot run it twice); a read timeout or a dropped
+connection mid-request is raised at once; HTTP errors raise with the server's own message. With
+`api_key` (the run's, EngineConfig.api_key) every call carries `Authorization: Bearer <key>`, added
+only once the server's listener proved to be the run's own (listener_check.py; else the call fails as
+a connection error).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from typing import Any, Self
+
+import httpx
+
+from lean_rl.backends.sglang.client_errors import EngineConnectionError, EngineHTTPError, EngineTimeoutError, RetryPolicy
+from lean_rl.backends.sglang.listener_check import bearer_auth
+from lean_rl.backends.sglang.responses import check_success, encode_json_body, error_message
+
+
+@dataclass
+class EngineHTTP:
+    """The HTTP side of EngineClient (client.py): one server's (or the router's) connection pool, its
+    key, and the request path with the retry and error policy of the module docstring."""
+
+    base_url: str
+    timeout_s: float = 600.0  # per call, unless the call passes its own
+    connect_timeout_s: float = 5.0
+    retry: RetryPolicy = field(default_factory=RetryPolicy)
+    max_connections: int = 4096  # the rollout keeps this many requests in flight at most
+    api_key: str | None = field(default=None, repr=False)  # the run's key (EngineConfig.api_key); None/"": none
+    # the LoRA adapter every /generate names (EngineConfig.adapter_name, --lora-sync adapter): the
+    # engines serve the policy as their base plus this adapter; None: their weights as they are
+    adapter: str | None = None
+    # httpx's async connection pool belongs to the event loop that first used it: when the running
+    # loop changes (e.g. a second asyncio.run()), start a new pool instead of failing on the old one.
+    _http: httpx.AsyncClient | None = field(default=None, init=False, repr=False)
+    _http_loop: asyncio.AbstractEventLoop | None = field(default=None, init=False, repr=False)
+
+    def __post_init__(self):
+        self.base_url = self.base_url.rstrip("/")
+
+    def _client(self) -> httpx.AsyncClient:
+        loop = asyncio.get_running_loop()
+        if self._http is None or self._http_loop is not loop:
+            limits = httpx.Limits(max_connections=self.max_connections, max_keepalive_connections=256)
+            # trust_env=False: a proxy from the environment must never sit between us and 127.0.0.1
+            # the key only to a listener that proves to be the run's, before every request (listener_check.py)
+            self._http = httpx.AsyncClient(base_url=self.base_url, limits=limits, trust_env=False,
+                                           auth=bearer_auth(self.api_key))
+            self._http_loop = loop
+        return self._http
+
+    async def aclose(self) -> None:
+        if self._http is not None and self._http_loop is asyncio.get_running_loop():
+            await self._http.aclose()
+        self._http, self._http_loop = None, None
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, *exc_info) -> None:
+        await self.aclose()
+
+    async def request(
+        self, method: str, endpoint: str, json: Any = None, *, timeout_s: float | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> httpx.Response:
+        """Send one request with the retry and error policy of the module docstring; `headers` are
+        added to the client's own (the API key)."""
+        timeout = httpx.Timeout(timeout_s or self.timeout_s, connect=self.connect_timeout_s)
+        backoffs = self.retry.backoffs()
+        content = None if json is None else encode_json_body(json)  # orjson: 8x httpx's json.dumps
+        if content is not None:
+            headers = {"Content-Type": "application/json", **(headers or {})}
+        while True:
+            try:
+                response = await self._client().request(method, endpoint, content=content, timeout=timeout,
+                                                         headers=headers)
+                break
+            except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+                delay = next(backoffs, None)
+                if delay is None:
+                    raise EngineConnectionError(
+                        self.base_url, endpoint, f"cannot connect after {self.retry.attempts} attempts: {exc!r}"
+                    ) from exc
+                await asyncio.sleep(delay)
+            except httpx.TimeoutException as exc:
+                raise EngineTimeoutError(self.base_url, endpoint, f"no answer within {timeout.read} s ({exc!r})") from exc
+            except httpx.TransportError as exc:
+                raise EngineConnectionError(self.base_url, endpoint, f"connection failed mid-request: {exc!r}") from exc
+        if response.status_code >= 400:
+            raise EngineHTTPError(self.base_url, endpoint, response.status_code, error_message(response))
+        return response
+
+    async def _post_json(self, endpoint: str, body: dict | None = None, *, timeout_s: float | None = None) -> Any:
+        response = await self.request("POST", endpoint, body if body is not None else {}, timeout_s=timeout_s)
+        payload = response.json() if response.content else None
+        if isinstance(payload, dict):
+            check_success(payload, lambda message: EngineHTTPError(self.base_url, endpoint, response.status_code, message))
+        return payload
