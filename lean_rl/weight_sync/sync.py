@@ -26,8 +26,8 @@ from lean_rl.backends.sglang.key_placement import node_ids_at, place_key_file
 from lean_rl.weight_sync.config import WeightSyncConfig, probe_statistic
 from lean_rl.weight_sync.engine_calls import call_all
 from lean_rl.weight_sync.errors import WeightSyncError
+from lean_rl.weight_sync.image_probe import ImageProbe, build_image_probe
 from lean_rl.weight_sync.memory import ALL, KV_CACHE_AND_GRAPHS, WEIGHTS, EngineMemory
-from lean_rl.weight_sync.image_probe import build_image_probe
 from lean_rl.weight_sync.probe import ProbeResult, probe_token_ids, raise_on_failure, run_probe
 from lean_rl.weight_sync.rank import RankWeightSync
 from lean_rl.weight_sync.stages import EngineInfo, RankSyncPlan, StageSent
@@ -76,7 +76,7 @@ class WeightSync:
         self._after_send = after_send
         self._client_factory = client_factory
         self._probe_ids: list[int] | None = None
-        self._image_probe = None  # a vision-language model's probe prompt with an image (image_probe.py)
+        self._image_probe: ImageProbe | None = None  # a VLM's probe prompt with an image (image_probe.py)
 
     @classmethod
     def create(cls, cfg: WeightSyncConfig, actor_group, engine_urls, **kwargs) -> "WeightSync":
