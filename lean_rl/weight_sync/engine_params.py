@@ -32,7 +32,11 @@ _FUSED = (  # (HF name pattern, engine name template, parts in the order SGLang 
     (re.compile(r"(?P<p>.*\.block_sparse_moe\.experts\.)(?P<e>\d+)\.(?P<part>w1|w3)\.weight$"), "{p}w13_weight",
      ("w1", "w3")),
     (re.compile(r"(?P<p>.*\.block_sparse_moe\.experts\.)(?P<e>\d+)\.w2\.weight$"), "{p}w2_weight", None),
-    (re.compile(r"(?P<p>.*\.)(?P<part>gate|up)_proj\.weight$"), "{p}gate_up_proj.weight", ("gate", "up")),
+    # the vision MLP of Qwen2.5-VL has biases, fused like the weights (sglang/srt/models/qwen2_5_vl.py:906)
+    (re.compile(r"(?P<p>.*\.)(?P<part>gate|up)_proj\.(?P<kind>weight|bias)$"), "{p}gate_up_proj.{kind}",
+     ("gate", "up")),
+    # Qwen2.5-VL's vision attention: HF's fused attn.qkv is SGLang's attn.qkv_proj (qwen2_5_vl.py load_weights)
+    (re.compile(r"(?P<p>visual\..*\.attn\.)(?P<part>qkv)\.(?P<kind>weight|bias)$"), "{p}qkv_proj.{kind}", ("qkv",)),
 )
 
 

@@ -87,3 +87,15 @@ def test_the_scoring_plan_carries_each_sequence_s_images_to_its_rank():
     with pytest.raises(ValueError, match="images has 1 entries for 2 sequences"):
         plan_scoring([[1, 2], [3, 4]], None, data_parallel_size=1, micro_batch_size=1, vocab_size=16,
                      max_seq_length=8, images=[image])
+
+
+def test_the_vision_tower_s_tensors_are_named_as_the_engine_fuses_them():
+    """After a failed probe the checksums name the differing tensors; the tower's must map to SGLang's names."""
+    from lean_rl.weight_sync.engine_params import engine_slot
+
+    assert engine_slot("visual.blocks.0.attn.qkv.weight", None) == engine_slot("visual.blocks.0.attn.qkv.weight", 0)
+    assert engine_slot("visual.blocks.0.attn.qkv.bias", None).engine_name == "visual.blocks.0.attn.qkv_proj.bias"
+    up = engine_slot("visual.blocks.1.mlp.up_proj.bias", None)
+    assert (up.engine_name, up.position, up.num_parts) == ("visual.blocks.1.mlp.gate_up_proj.bias", 1, 2)
+    assert engine_slot("model.layers.0.mlp.gate_proj.weight", None).engine_name == "model.layers.0.mlp.gate_up_proj.weight"
+    assert engine_slot("visual.blocks.0.attn.proj.weight", None).engine_name == "visual.blocks.0.attn.proj.weight"
