@@ -16,14 +16,14 @@ export OMP_NUM_THREADS=1 PYTHONPATH=$PWD:$PWD/$HERE${PYTHONPATH:+:$PYTHONPATH}
 # the "pretrained" stand-in: 140 supervised steps on rows of another seed (warm_start.py)
 [[ -f $OUT/model/warm/config.json ]] || $PY $HERE/warm_start.py --out $OUT/model --steps 140 --seed 0
 
-$PY -m lean_rl.train --output-dir $OUT/run --hf-checkpoint $OUT/model/warm --save-hf $OUT/hf --save-interval 24 \
+$PY -m lean_rl.train --output-dir $OUT/run --hf-checkpoint $OUT/model/warm --save-hf $OUT/hf --save-interval 100 \
    --save $OUT/ckpt \
    --prompt-data $OUT/train/prompts.jsonl --multimodal-keys '{"image": "images"}' --apply-chat-template \
    --label-key label --rollout-shuffle --custom-rm-path shapes_task.shape_total_reward \
-   --num-rollout 24 --rollout-batch-size 8 --n-samples-per-prompt 8 --rollout-max-response-len 4 \
+   --num-rollout 100 --rollout-batch-size 8 --n-samples-per-prompt 8 --rollout-max-response-len 4 \
    --rollout-temperature 1.0 \
    --eval-prompt-data shapes $OUT/eval/prompts.jsonl --eval-prompt-data shuffled $OUT/eval/shuffled.jsonl \
-   --eval-interval 6 \
+   --eval-interval 10 \
    --n-samples-per-eval-prompt 1 \
    --advantage-estimator grpo --eps-clip 0.2 --kl-loss-coef 0.0 --entropy-coef 0.0 \
    --lr 1e-3 --lr-warmup-iters 2 --weight-decay 0.0 --clip-grad 1.0 --micro-batch-size 16 \
