@@ -55,7 +55,8 @@ def engine_slot(hf_name: str, num_experts: int | None) -> EngineSlot:
             continue
         groups = match.groupdict()
         name = template.format(**groups)
-        if "e" not in groups:
+        if "e" not in groups:  # a non-expert pattern always lists its parts
+            assert parts is not None, template
             return EngineSlot(name, parts.index(groups["part"]), len(parts))
         if not num_experts:
             raise ValueError(f"{hf_name} is an expert tensor but the model has no --num-experts")
