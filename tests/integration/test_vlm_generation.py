@@ -140,10 +140,12 @@ def _hf_scored(model, token_ids: list[int], score_from: int, images: dict | None
     return lp[score_from - 1:]
 
 
-def test_the_image_probe_sees_the_vision_tower_the_text_probe_does_not(vlm):
+def test_the_image_probe_sees_the_vision_tower_the_text_probe_does_not(vlm, tmp_path):
     """The weight-sync probe of a VLM (weight_sync/image_probe.py) against the real engine: with the
     engine's weights on the trainer's side (transformers here) it passes; with the trainer's tower moved
-    and the engine's not (a sync that left out visual.*) it fails, where the text probe still passes."""
+    and the engine's not (a sync that left out visual.*) it fails, where the text probe still passes.
+    Then the engine loads the moved tower: the probe passes again, which needs the engine to embed the
+    probe's picture (seen before the update) with the new tower (backends/sglang/vlm_cache.py)."""
     from transformers import Qwen2_5_VLForConditionalGeneration
 
     from lean_rl.backends.sglang.blocking_client import BlockingEngineClient
@@ -177,3 +179,11 @@ def test_the_image_probe_sees_the_vision_tower_the_text_probe_does_not(vlm):
               f"{text.max_abs_diff:.1e}")
         assert not image.within(image.engines[0]) and image.max_abs_diff > 1e-3
         assert text.max_abs_diff < 1e-4  # blind to the tower
+        model.save_pretrained(tmp_path / "moved", safe_serialization=True)
+        try:
+            client.update_weights_from_disk(str(tmp_path / "moved"))
+            image, _ = probes()
+            print(f"engine loaded the moved tower: image probe {image.max_abs_diff:.1e}")
+            assert image.max_abs_diff < 1e-4  # not the old tower's cached embedding of the same picture
+        finally:
+            client.update_weights_from_disk(ckpt)  # the module's engine serves the checkpoint again
