@@ -34,7 +34,8 @@ def step_metrics(step_seconds: float, timers: dict[str, float], rollout: Rollout
 def probe_metrics(probe) -> dict[str, float]:
     """The probe of a sync (ProbeResult): the worst engine's max and mean |Δ log p| (the mean is what
     a 16-bit sync is judged by: weight_sync/config.py probe_statistic)."""
-    return {"sync/probe_max_abs_diff": probe.max_abs_diff, "sync/probe_mean_abs_diff": probe.mean_abs_diff}
+    return {"sync/probe_max_abs_diff": probe.max_abs_diff, "sync/probe_mean_abs_diff": probe.mean_abs_diff,
+            "sync/probe_image_tokens": float(probe.image_tokens)}  # > 0: the probe's prompt had an image
 
 
 def staleness_metrics(groups: list[list[Sample]], step: int) -> dict[str, float]:

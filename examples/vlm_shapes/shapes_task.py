@@ -1,6 +1,6 @@
 """A synthetic visual task: count the shapes of one colour and kind in a generated picture.
 
-    python examples/vlm_shapes/shapes_task.py --out DIR [--n 64] [--seed 0] [--base64]
+    python examples/vlm_shapes/shapes_task.py --out DIR [--n 64] [--seed 0] [--base64] [--question total]
 
 writes DIR/images/NNNN.png and DIR/prompts.jsonl, one row per picture:
     {"prompt": "<image>How many red squares are in the picture? Answer with a number.",
@@ -9,6 +9,9 @@ read with `--multimodal-keys '{"image": "images"}' --apply-chat-template --label
 `--custom-rm-path shapes_task.shape_count_reward` (with examples/vlm_shapes on PYTHONPATH): 1 when the
 first number of the response (digits or a word, zero..nine) is the count, else 0.
 With --base64 the rows carry the PNG bytes themselves (no image files).
+With --question total the question is "How many shapes are in the picture?" (1..6, every shape counts),
+scored with graded credit by `--custom-rm-path shapes_task.shape_total_reward`: 1 for the count, 0.5 when one
+off, else 0 (the example's learning run, README.md).
 """
 
 from __future__ import annotations
@@ -52,14 +55,21 @@ def question(rng: random.Random, shapes: list[tuple[str, str]]) -> tuple[str, in
     return text, sum(1 for s in shapes if s == (colour, kind))
 
 
-def make_prompts(out: Path, n: int, seed: int, inline: bool = False) -> Path:
+TOTAL_QUESTION = "How many shapes are in the picture? Answer with a number."
+QUESTIONS = ("pair", "total")
+
+
+def make_prompts(out: Path, n: int, seed: int, inline: bool = False, kind: str = "pair") -> Path:
+    """`kind`: "pair" asks for one colour and kind (0..6), "total" for all the shapes (1..6)."""
+    if kind not in QUESTIONS:
+        raise ValueError(f"--question {kind!r}: choose one of {', '.join(QUESTIONS)}")
     out = out.resolve()
     (out / "images").mkdir(parents=True, exist_ok=True)
     rng = random.Random(seed)
     rows = []
     for i in range(n):
         image, shapes = draw_scene(rng)
-        text, count = question(rng, shapes)
+        text, count = question(rng, shapes) if kind == "pair" else (TOTAL_QUESTION, len(shapes))
         if inline:
             buf = io.BytesIO()
             image.save(buf, format="PNG")
@@ -86,9 +96,22 @@ def score(response: str, label: str) -> float:
     return 1.0 if answer_number(response) == int(label) else 0.0
 
 
+def graded_score(response: str, label: str) -> float:
+    """1 for the count, 0.5 one off, else 0 (no number: 0): a policy that looks gets credit before it is exact."""
+    answer = answer_number(response)
+    if answer is None:
+        return 0.0
+    return {0: 1.0, 1: 0.5}.get(abs(answer - int(label)), 0.0)
+
+
 async def shape_count_reward(cfg, sample) -> float:
     """--custom-rm-path: 1 when the response's first number is the count (the row's label), else 0."""
     return score(sample.response, sample.label)
+
+
+async def shape_total_reward(cfg, sample) -> float:
+    """--custom-rm-path for --question total rows: graded_score."""
+    return graded_score(sample.response, sample.label)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -97,8 +120,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--n", type=int, default=64)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--base64", action="store_true", help="the PNG bytes in the rows, not files")
+    parser.add_argument("--question", choices=QUESTIONS, default="pair",
+                        help="pair: how many of one colour and kind; total: how many shapes")
     args = parser.parse_args(argv)
-    print(make_prompts(args.out, args.n, args.seed, args.base64))
+    print(make_prompts(args.out, args.n, args.seed, args.base64, args.question))
 
 
 if __name__ == "__main__":

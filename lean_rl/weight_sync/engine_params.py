@@ -32,7 +32,11 @@ _FUSED = (  # (HF name pattern, engine name template, parts in the order SGLang 
     (re.compile(r"(?P<p>.*\.block_sparse_moe\.experts\.)(?P<e>\d+)\.(?P<part>w1|w3)\.weight$"), "{p}w13_weight",
      ("w1", "w3")),
     (re.compile(r"(?P<p>.*\.block_sparse_moe\.experts\.)(?P<e>\d+)\.w2\.weight$"), "{p}w2_weight", None),
-    (re.compile(r"(?P<p>.*\.)(?P<part>gate|up)_proj\.weight$"), "{p}gate_up_proj.weight", ("gate", "up")),
+    # the vision MLP of Qwen2.5-VL has biases, fused like the weights (sglang/srt/models/qwen2_5_vl.py:906)
+    (re.compile(r"(?P<p>.*\.)(?P<part>gate|up)_proj\.(?P<kind>weight|bias)$"), "{p}gate_up_proj.{kind}",
+     ("gate", "up")),
+    # Qwen2.5-VL's vision attention: HF's fused attn.qkv is SGLang's attn.qkv_proj (qwen2_5_vl.py load_weights)
+    (re.compile(r"(?P<p>visual\..*\.attn\.)(?P<part>qkv)\.(?P<kind>weight|bias)$"), "{p}qkv_proj.{kind}", ("qkv",)),
 )
 
 
@@ -51,7 +55,8 @@ def engine_slot(hf_name: str, num_experts: int | None) -> EngineSlot:
             continue
         groups = match.groupdict()
         name = template.format(**groups)
-        if "e" not in groups:
+        if "e" not in groups:  # a non-expert pattern always lists its parts
+            assert parts is not None, template
             return EngineSlot(name, parts.index(groups["part"]), len(parts))
         if not num_experts:
             raise ValueError(f"{hf_name} is an expert tensor but the model has no --num-experts")

@@ -63,6 +63,7 @@ class ProbeResult:
     num_tokens: int  # scored tokens per engine
     engines: tuple[EngineProbe, ...]
     statistic: str = "max"  # what the tolerance bounds: "max" or "mean" |Δ log p| (config.probe_statistic)
+    image_tokens: int = 0  # vision tokens in the probe's prompt (image_probe.py); 0: the text probe
 
     @property
     def max_abs_diff(self) -> float:
@@ -80,10 +81,16 @@ class ProbeResult:
 
 
 def run_probe(trainer_log_probs: torch.Tensor, clients: Sequence, token_ids: list[int], version: str,
-              tolerance: float, timeout_s: float, statistic: str = "max") -> ProbeResult:
+              tolerance: float, timeout_s: float, statistic: str = "max", image_probe=None) -> ProbeResult:
     """Score the probe on every engine (concurrently) and compare with the trainer's log-probs of the
-    same tokens (MegatronGroup.compute_log_probs); no judgement yet."""
-    calls = submit_all(clients, EngineClient.score, token_ids, timeout_s=timeout_s)
+    same tokens (MegatronGroup.compute_log_probs); no judgement yet. `image_probe`: an ImageProbe
+    (image_probe.py) scored instead of `token_ids`."""
+    if image_probe is None:
+        calls = submit_all(clients, EngineClient.score, token_ids, timeout_s=timeout_s)
+    else:
+        from lean_rl.weight_sync.image_probe import score_image_probe
+
+        calls = submit_all(clients, score_image_probe, image_probe, timeout_s=timeout_s)
     trainer = trainer_log_probs.double()
     engines = []
     for (url, _), scored in zip(calls, wait_all(calls, timeout_s, "probe /generate")):
@@ -94,7 +101,7 @@ def run_probe(trainer_log_probs: torch.Tensor, clients: Sequence, token_ids: lis
         delta = (engine - trainer).abs()
         engines.append(EngineProbe(url, float(delta.max()), float(delta.mean()), scored.weight_version))
     return ProbeResult(version=version, tolerance=tolerance, num_tokens=trainer.numel(), engines=tuple(engines),
-                       statistic=statistic)
+                       statistic=statistic, image_tokens=image_probe.image_tokens if image_probe is not None else 0)
 
 
 def raise_on_failure(result: ProbeResult, clients: Sequence, engine_tp_sizes: Sequence[int],
@@ -118,7 +125,7 @@ def raise_on_failure(result: ProbeResult, clients: Sequence, engine_tp_sizes: Se
     version_note = ("" if failed.weight_version == result.version
                     else f" (and it reports weight_version {failed.weight_version!r})")
     headline = (f"weight sync to version {result.version}: engine {failed.url} disagrees with the trainer on "
-                f"the probe sequence: {result.statistic} |Δ log p| {failed.diff(result.statistic):.3g} > tolerance "
+                f"the probe sequence{' (with an image)' if result.image_tokens else ''}: {result.statistic} |Δ log p| {failed.diff(result.statistic):.3g} > tolerance "
                 f"{result.tolerance:.3g} over {result.num_tokens} tokens (max {failed.max_abs_diff:.3g}, mean "
                 f"{failed.mean_abs_diff:.3g}){version_note}{others}")
     if trainer_checksums is None:  # the adapter transport, or an offloaded trainer: no bytes to compare

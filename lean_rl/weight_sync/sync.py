@@ -26,6 +26,7 @@ from lean_rl.backends.sglang.key_placement import node_ids_at, place_key_file
 from lean_rl.weight_sync.config import WeightSyncConfig, probe_statistic
 from lean_rl.weight_sync.engine_calls import call_all
 from lean_rl.weight_sync.errors import WeightSyncError
+from lean_rl.weight_sync.image_probe import ImageProbe, build_image_probe
 from lean_rl.weight_sync.memory import ALL, KV_CACHE_AND_GRAPHS, WEIGHTS, EngineMemory
 from lean_rl.weight_sync.probe import ProbeResult, probe_token_ids, raise_on_failure, run_probe
 from lean_rl.weight_sync.rank import RankWeightSync
@@ -75,6 +76,7 @@ class WeightSync:
         self._after_send = after_send
         self._client_factory = client_factory
         self._probe_ids: list[int] | None = None
+        self._image_probe: ImageProbe | None = None  # a VLM's probe prompt with an image (image_probe.py)
 
     @classmethod
     def create(cls, cfg: WeightSyncConfig, actor_group, engine_urls, **kwargs) -> "WeightSync":
@@ -140,6 +142,8 @@ class WeightSync:
         self.memory = EngineMemory(self.clients, engine_device, timeout, self._released)
         self._probe_ids = probe_token_ids(self.tokenizer_path or self.engines[0].tokenizer_path
                                           or self.engines[0].model_path)
+        if self.actor_group.config.vlm_hf_config is not None:  # the probe reaches the vision tower too
+            self._image_probe = build_image_probe(self.engines[0].model_path)
 
     @staticmethod
     def _engine_info(url: str, server: dict, model: dict) -> EngineInfo:
@@ -191,13 +195,18 @@ class WeightSync:
         return self._probe(version, self._trainer_probe_log_probs())
 
     def _trainer_probe_log_probs(self):
+        image = self._image_probe
+        if image is not None:
+            return self.actor_group.compute_log_probs([image.token_ids], [image.score_from],
+                                                      images=[image.train_inputs]).log_probs[0]
         return self.actor_group.compute_log_probs([self._probe_ids]).log_probs[0]
 
     def _probe(self, version: int | str, trainer_log_probs, trainer_offloaded: bool = False) -> ProbeResult:
         """`trainer_offloaded`: after_send has run (colocated on GPU), so the trainer's tensors cannot be
         hashed to name a differing one: the error says so instead of failing in the export (N4)."""
         result = run_probe(trainer_log_probs, self.clients, self._probe_ids, str(version), self.tolerance,
-                           self.cfg.timeout_s, probe_statistic(self.trainer_dtype, self.engine_dtype, self.cfg.device))
+                           self.cfg.timeout_s, probe_statistic(self.trainer_dtype, self.engine_dtype, self.cfg.device),
+                           image_probe=self._image_probe)
         unnamed = None
         if self.transport.sends_adapter:
             unnamed = "the engine serves its base with the LoRA adapter loaded apart, so no tensor can be named"

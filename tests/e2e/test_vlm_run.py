@@ -7,7 +7,8 @@ to the engine, and --save-hf writes the trained model as an HF checkpoint. The r
 
 Checked: finite loss and a gradient every step; the engine's and the trainer's log-probs of the sampled
 tokens agree (train/rollout_logprob_abs_diff, the image tokens in context) at step 0 and after a sync
-(step 1); the saved HF model's tower moved from the checkpoint's, or with --freeze-vision-tower did not
+(step 1); the weight-sync probe scores a prompt with an image (weight_sync/image_probe.py: 6 vision tokens)
+and passes after every sync; the saved HF model's tower moved from the checkpoint's, or with --freeze-vision-tower did not
 (its language model moved in both); the frozen run is colocated. Slow: ~2.5 min per run on 2 cores."""
 
 import json
@@ -64,10 +65,12 @@ def test_vlm_trains_on_images_and_syncs(freeze, tmp_path):
     assert [r["step"] for r in metrics] == [0, 1]
     for r in metrics:
         print(f"step {r['step']}: loss {r['train/loss']:.2e} grad {r['train/grad_norm']:.3f} engine-trainer "
-              f"|Δ log p| {r['train/rollout_logprob_abs_diff']:.1e} probe {r['sync/probe_max_abs_diff']:.1e}")
+              f"|Δ log p| {r['train/rollout_logprob_abs_diff']:.1e} probe {r['sync/probe_max_abs_diff']:.1e} "
+              f"({r['sync/probe_image_tokens']:.0f} image tokens)")
         assert math.isfinite(r["train/loss"]) and r["train/grad_norm"] > 0
         # fp32 on both sides, the images in context on both: equal up to kernel rounding
         assert r["train/rollout_logprob_abs_diff"] < 1e-4 and r["sync/probe_max_abs_diff"] < 1e-4
+        assert r["sync/probe_image_tokens"] == 6  # the probe's prompt held the image: the tower is covered
     tower, language = _max_change(ckpt, hf_out / "step_2", "visual."), _max_change(ckpt, hf_out / "step_2", "model.")
     print(f"freeze={freeze}: tower moved {tower:.2e}, language model {language:.2e}")
     assert language > 1e-4

@@ -126,3 +126,64 @@ def test_expanded_pads_are_refused_before_they_reach_the_engine(vlm):
         asyncio.run(client.generate([1] + [pad] * 6 + [2], {"max_new_tokens": 2}, image_data=["data:,"],
                                     image_token_id=pad))
     assert time.monotonic() - started < 5
+
+
+def _hf_scored(model, token_ids: list[int], score_from: int, images: dict | None, pad: int) -> torch.Tensor:
+    """transformers' log p of token_ids[score_from:], with the probe's image when given."""
+    ids = torch.tensor([token_ids])
+    extra = {} if images is None else {"pixel_values": torch.from_numpy(images["pixel_values"]),
+                                       "image_grid_thw": torch.from_numpy(images["image_grid_thw"])}
+    with torch.no_grad():
+        logits = model(input_ids=ids, attention_mask=torch.ones_like(ids), mm_token_type_ids=(ids == pad).long(),
+                       **extra).logits[0]
+    lp = torch.log_softmax(logits.float(), -1)[:-1].gather(1, ids[0, 1:, None])[:, 0]
+    return lp[score_from - 1:]
+
+
+def test_the_image_probe_sees_the_vision_tower_the_text_probe_does_not(vlm, tmp_path):
+    """The weight-sync probe of a VLM (weight_sync/image_probe.py) against the real engine: with the
+    engine's weights on the trainer's side (transformers here) it passes; with the trainer's tower moved
+    and the engine's not (a sync that left out visual.*) it fails, where the text probe still passes.
+    Then the engine loads the moved tower: the probe passes again, which needs the engine to embed the
+    probe's picture (seen before the update) with the new tower (backends/sglang/vlm_cache.py)."""
+    from transformers import Qwen2_5_VLForConditionalGeneration
+
+    from lean_rl.backends.sglang.blocking_client import BlockingEngineClient
+    from lean_rl.weight_sync.image_probe import build_image_probe
+    from lean_rl.weight_sync.probe import probe_token_ids, run_probe
+
+    group, _ = vlm
+    ckpt = group.config.model_path
+    probe = build_image_probe(ckpt)
+    text_ids = probe_token_ids(ckpt)
+    model = Qwen2_5_VLForConditionalGeneration.from_pretrained(ckpt, dtype=torch.float32).eval()
+    pad = probe.image_token_id
+    with BlockingEngineClient(group.engine_urls[0], timeout_s=60, api_key=group.config.api_key) as client:
+        def probes() -> tuple:
+            image = run_probe(_hf_scored(model, probe.token_ids, probe.score_from, probe.train_inputs, pad), [client],
+                              [], "default", 1e-4, 60, image_probe=probe)
+            text = run_probe(_hf_scored(model, text_ids, 1, None, pad), [client], text_ids, "default", 1e-4, 60)
+            return image, text
+
+        image, text = probes()
+        print(f"same weights: image probe {image.max_abs_diff:.1e} over {image.num_tokens} tokens, "
+              f"text probe {text.max_abs_diff:.1e}")
+        assert image.image_tokens == probe.image_tokens == 6 and image.num_tokens >= 10
+        assert image.max_abs_diff < 1e-4 and text.max_abs_diff < 1e-4
+        torch.manual_seed(0)
+        with torch.no_grad():  # the trainer's tower moves; the engine keeps the checkpoint's
+            for param in model.model.visual.parameters():
+                param.add_(0.05 * torch.randn_like(param))
+        image, text = probes()
+        print(f"tower moved on the trainer only: image probe {image.max_abs_diff:.1e}, text probe "
+              f"{text.max_abs_diff:.1e}")
+        assert not image.within(image.engines[0]) and image.max_abs_diff > 1e-3
+        assert text.max_abs_diff < 1e-4  # blind to the tower
+        model.save_pretrained(tmp_path / "moved", safe_serialization=True)
+        try:
+            client.update_weights_from_disk(str(tmp_path / "moved"))
+            image, _ = probes()
+            print(f"engine loaded the moved tower: image probe {image.max_abs_diff:.1e}")
+            assert image.max_abs_diff < 1e-4  # not the old tower's cached embedding of the same picture
+        finally:
+            client.update_weights_from_disk(ckpt)  # the module's engine serves the checkpoint again

@@ -151,6 +151,13 @@ def test_shapes_task_data_and_reward(tmp_path, processor):
     assert shapes_task.score("There are 2 red squares", "2") == 1.0
     assert shapes_task.score("two", "2") == 1.0 and shapes_task.score("3 or 2", "2") == 0.0
     assert shapes_task.score("none", "0") == 0.0 and shapes_task.score("", "1") == 0.0
+    # --question total (the learning run): every shape counts, graded credit
+    total = [json.loads(line) for line in shapes_task.make_prompts(tmp_path / "t", 8, 1, kind="total").read_text()
+             .splitlines()]
+    assert all(r["prompt"] == "<image>" + shapes_task.TOTAL_QUESTION and 1 <= int(r["label"]) <= 6 for r in total)
+    assert [shapes_task.graded_score(x, "3") for x in ("3", "4.", "two", "5", "", "none")] == [1, 0.5, 0.5, 0, 0, 0]
+    with pytest.raises(ValueError, match="--question 'colour'"):
+        shapes_task.make_prompts(tmp_path / "x", 1, 0, kind="colour")
 
 
 def test_the_teacher_and_the_reward_model_refuse_image_samples():

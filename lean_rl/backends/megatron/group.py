@@ -127,14 +127,17 @@ class MegatronGroup:
         self.family = family
 
     def compute_log_probs(self, token_ids: Sequence[Sequence[int]], score_from: Sequence[int] | None = None, *,
-                          micro_batch_size: int = 8, with_entropy: bool = False) -> LogProbOutput:
+                          micro_batch_size: int = 8, with_entropy: bool = False,
+                          images: Sequence | None = None) -> LogProbOutput:
         """log p(tokens[i][j] | tokens[i][:j]) for j in [score_from[i], len(tokens[i])) (default
-        score_from 1: every token but the first), split over DP ranks and micro-batches."""
+        score_from 1: every token but the first), split over DP ranks and micro-batches. `images[i]`:
+        sequence i's image inputs (a vision-language model's multimodal_train_inputs) or None."""
         par = self.config.parallel
         plan = plan_scoring([list(t) for t in token_ids], None if score_from is None else list(score_from),
                             data_parallel_size=self.data_parallel_size, micro_batch_size=micro_batch_size,
                             vocab_size=self.config.arch.vocab_size, max_seq_length=self.config.arch.seq_length,
-                            length_multiple=par.tensor_model_parallel_size if par.sequence_parallel else 1)
+                            length_multiple=par.tensor_model_parallel_size if par.sequence_parallel else 1,
+                            images=None if images is None else list(images))
         per_rank = [(plan.batches[layout.data_rank], with_entropy) for layout in self.layouts]
         results = self.call_each(MegatronRank.compute_log_probs, per_rank)
         by_data_rank: dict[int, list] = {}

@@ -10,7 +10,8 @@ from megatron.core import parallel_state
 from megatron.core.pipeline_parallel import get_forward_backward_func
 
 from lean_rl.backends.megatron.logprobs import vocab_parallel_log_probs
-from lean_rl.backends.megatron.scoring_plan import PAD_TOKEN_ID, ScoringBatch, micro_batch_rows
+from lean_rl.backends.megatron.scoring_plan import PAD_TOKEN_ID, ScoringBatch, micro_batch_image_rows, micro_batch_rows
+from lean_rl.backends.megatron.vlm_batch import micro_batch_images, set_micro_batch_images
 
 
 def _micro_batches(batch: ScoringBatch, device: torch.device):
@@ -19,7 +20,7 @@ def _micro_batches(batch: ScoringBatch, device: torch.device):
         targets = torch.full_like(tokens, PAD_TOKEN_ID)
         targets[:, :-1] = tokens[:, 1:]  # position t predicts token t + 1
         positions = torch.arange(batch.seq_length, device=device).unsqueeze(0).expand_as(tokens).contiguous()
-        yield tokens, positions, targets
+        yield tokens, positions, targets, micro_batch_images(micro_batch_image_rows(batch, index))
 
 
 def _collect(targets: torch.Tensor, vocab_size: int, with_entropy: bool, output: torch.Tensor,
@@ -32,7 +33,8 @@ def _collect(targets: torch.Tensor, vocab_size: int, with_entropy: bool, output:
 
 
 def _forward_step(vocab_size: int, with_entropy: bool, data_iterator, model):
-    tokens, positions, targets = next(data_iterator)
+    tokens, positions, targets, images = next(data_iterator)
+    set_micro_batch_images(model, images)  # a vision-language model's images (none: text-only scoring)
     output = model(tokens, positions, attention_mask=None)  # causal mask built by Megatron
     return output, partial(_collect, targets, vocab_size, with_entropy)
 

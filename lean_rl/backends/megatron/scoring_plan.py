@@ -22,6 +22,8 @@ class ScoringBatch:
     seq_length: int
     micro_batch_size: int
     num_micro_batches: int
+    # per sequence, its multimodal_train_inputs (vision-language models) or None; () when no sequence has images
+    images: tuple = ()
 
 
 @dataclass(frozen=True)
@@ -31,9 +33,13 @@ class ScoringPlan:
 
 
 def plan_scoring(token_ids: list[list[int]], score_from: list[int] | None, *, data_parallel_size: int,
-                 micro_batch_size: int, vocab_size: int, max_seq_length: int, length_multiple: int = 1) -> ScoringPlan:
+                 micro_batch_size: int, vocab_size: int, max_seq_length: int, length_multiple: int = 1,
+                 images: list | None = None) -> ScoringPlan:
     """Validate a request and split it. score_from[i] (default 1) is the index of the first token of
-    sequence i whose log-prob is wanted; it must be >= 1 (token 0 has no context)."""
+    sequence i whose log-prob is wanted; it must be >= 1 (token 0 has no context). images[i]: sequence
+    i's image inputs ({"pixel_values", "image_grid_thw"}, a vision-language model's) or None."""
+    if images is not None and len(images) != len(token_ids):
+        raise ValueError(f"images has {len(images)} entries for {len(token_ids)} sequences")
     if not token_ids:
         raise ValueError("token_ids is empty")
     if micro_batch_size < 1:
@@ -61,9 +67,16 @@ def plan_scoring(token_ids: list[list[int]], score_from: list[int] | None, *, da
     batches = tuple(
         ScoringBatch(token_ids=tuple(tuple(token_ids[i]) for i in share),
                      score_from=tuple(score_from[i] for i in share), seq_length=seq_length,
-                     micro_batch_size=micro_batch_size, num_micro_batches=num_micro_batches)
+                     micro_batch_size=micro_batch_size, num_micro_batches=num_micro_batches,
+                     images=tuple(images[i] for i in share) if images is not None else ())
         for share in shares)
     return ScoringPlan(batches=batches, owners=tuple(owners))
+
+
+def micro_batch_image_rows(batch: ScoringBatch, index: int) -> list:
+    """The image inputs (or None) of micro-batch `index`'s rows, in row order (padding rows: None)."""
+    rows = range(index * batch.micro_batch_size, (index + 1) * batch.micro_batch_size)
+    return [batch.images[row] if row < len(batch.images) else None for row in rows]
 
 
 def micro_batch_rows(batch: ScoringBatch, index: int) -> list[tuple[int, ...]]:

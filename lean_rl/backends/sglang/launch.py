@@ -39,6 +39,9 @@ else:  # on every device: a tp=1 server's process group needs no TCP store (see 
     from lean_rl.backends.sglang.compat import keep_single_process_store_local
 
     keep_single_process_store_local()
+from lean_rl.backends.sglang.vlm_cache import keep_no_image_embeddings  # noqa: E402
+
+keep_no_image_embeddings()  # image embeddings must not outlive a weight update (vlm_cache.py says why)
 if "--is-embedding" in sys.argv[1:]:  # a reward model (--rm-hf-checkpoint): its score head as transformers'
     from lean_rl.backends.sglang.reward_compat import zero_missing_score_bias
 
