@@ -1,6 +1,7 @@
 """Shared fixtures. Expensive things (tiny checkpoints, SGLang servers, Ray) are built once per test
 session; integration fixtures live in tests/integration/conftest.py."""
 
+import signal
 from pathlib import Path
 
 import pytest
@@ -8,6 +9,15 @@ import pytest
 from lean_rl.testing.tiny_model import make_tiny_model
 
 TYPE_CHECK_TEST = "tests/unit/test_type_check.py::test_lean_rl_has_no_type_finding_outside_the_baseline"
+
+
+def pytest_configure(config):
+    """SIGINT handled as in an interactive pytest, however this one was started: a pytest started as a
+    background job of a non-interactive shell (a CI runner, nohup ... &) inherits SIGINT *ignored*, which
+    every process a test starts would inherit too (an ignored signal survives exec; a handler does not), so
+    tests that stop a child with SIGINT would wait for their deadlines instead (docs/slow_suite.md)."""
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def pytest_collection_finish(session):
