@@ -41,6 +41,10 @@ class EngineSession:
         then the driver stopped before this stage)."""
         self.opened = list(self.clients)
 
+    def answered(self) -> bool:
+        """Every engine has answered begin (or none was posted): wait_open will not wait."""
+        return self._begins is None or all(future.done() for _, future in self._begins)
+
     def wait_open(self) -> None:
         """Return once every engine's begin answered; WeightSyncError naming the first that refused
         (the others stay in `opened`, for end)."""

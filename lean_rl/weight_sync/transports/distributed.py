@@ -138,9 +138,17 @@ class DistributedTransport(StreamedTransport):
         shape each (zeros), so that their calls end and the group stays usable."""
         plan = rank.plan
         total = count = 0
-        first = next(export, None)  # exported while the session's begin is in flight
+        # export ahead while the session's begin is in flight, at most the first bucket (its memory)
+        assert self.session is not None, "send_stage on a rank that does not lead its stage"
+        ahead: list = []
+        first_bucket = len(layout[0]) if layout else 0
+        while not self.session.answered() and len(ahead) < first_bucket:
+            item = next(export, None)
+            if item is None:
+                break
+            ahead.append(item)
         error = self.session_error()
-        items = itertools.chain(() if first is None else (first,), export)
+        items = itertools.chain(ahead, export)
         for index, specs in enumerate(layout if error is None else []):
             final = final_stage and index == len(layout) - 1
             what = f"update_weights_from_distributed (stage {export.stage}, {len(specs)} tensors)"
