@@ -25,7 +25,8 @@ import statistics
 import time
 from pathlib import Path
 
-from bench_common import at_least, bench_parser, parse_bench_args, run_bench, work_dir_with_ray
+from bench_common import (NO_GOAL, at_least, bench_parser, command_line, parse_bench_args, row, run_bench,
+                          work_dir_with_ray, write_rows)
 from lean_rl.backends.sglang.client import EngineClient
 from lean_rl.options import build
 from lean_rl.weight_sync.engine_calls import call_all, submit_all
@@ -138,6 +139,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--work-dir", default=None, help="checkpoints and logs (default: a temporary directory)")
     args = parse_bench_args(parser, argv)
     work = work_dir_with_ray(args.work_dir, "lean_rl_bench_wsync_ab_")
+    rows = []
     for preset in args.presets:
         load_start = os.getloadavg()[0]
         started = time.monotonic()
@@ -158,6 +160,11 @@ def main(argv: list[str]) -> int:
         low, high = quartiles(ratios)
         print(f"  now / before per round: median {statistics.median(ratios):.2f} (quartiles {low:.2f}..{high:.2f}); "
               f"median difference {statistics.median(b - n for n, b in zip(times['now'], times['before'])) * 1e3:.1f} ms")
+        rows.append(row(f"weight sync A/B, {preset}, distributed: session held by the lead (now), median of {args.rounds}",
+                        f"{statistics.median(times['now']):.3f} s (driver-held: {statistics.median(times['before']):.3f} s)",
+                        f"{floor:.3f} s raw TCP send to each engine's receiver, median", statistics.median(times["now"]) / floor,
+                        NO_GOAL, command_line("weight_sync_ab", argv), physical=True))
+    write_rows(args.json, rows)
     return 0
 
 
