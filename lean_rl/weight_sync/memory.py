@@ -47,6 +47,10 @@ class EngineMemory:
                 self.released.setdefault(client.base_url, set()).update(todo)
         return True
 
+    def holds_released(self, tags: Sequence[str]) -> bool:
+        """Some engine has released one of `tags` (resume would call it)."""
+        return self.enabled and bool(self._by_tags(tags, lambda held, tag: tag in held))
+
     def resume(self, tags: Sequence[str]) -> bool:
         """Restore, on each engine, those of `tags` it released; False when nothing was to do."""
         if not self.enabled:

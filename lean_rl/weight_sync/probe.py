@@ -80,17 +80,24 @@ class ProbeResult:
         return [e for e in self.engines if e.weight_version != self.version or not self.within(e)]
 
 
-def run_probe(trainer_log_probs: torch.Tensor, clients: Sequence, token_ids: list[int], version: str,
-              tolerance: float, timeout_s: float, statistic: str = "max", image_probe=None) -> ProbeResult:
-    """Score the probe on every engine (concurrently) and compare with the trainer's log-probs of the
-    same tokens (MegatronGroup.compute_log_probs); no judgement yet. `image_probe`: an ImageProbe
-    (image_probe.py) scored instead of `token_ids`."""
+def submit_probe(clients: Sequence, token_ids: list[int], timeout_s: float, image_probe=None) -> list:
+    """The engines' half of the probe, posted to every engine at once; run_probe(calls=...) waits.
+    `image_probe`: an ImageProbe (image_probe.py) scored instead of `token_ids`."""
     if image_probe is None:
-        calls = submit_all(clients, EngineClient.score, token_ids, timeout_s=timeout_s)
-    else:
-        from lean_rl.weight_sync.image_probe import score_image_probe
+        return submit_all(clients, EngineClient.score, token_ids, timeout_s=timeout_s)
+    from lean_rl.weight_sync.image_probe import score_image_probe
 
-        calls = submit_all(clients, score_image_probe, image_probe, timeout_s=timeout_s)
+    return submit_all(clients, score_image_probe, image_probe, timeout_s=timeout_s)
+
+
+def run_probe(trainer_log_probs: torch.Tensor, clients: Sequence, token_ids: list[int], version: str,
+              tolerance: float, timeout_s: float, statistic: str = "max", image_probe=None,
+              calls: list | None = None) -> ProbeResult:
+    """Score the probe on every engine (concurrently; `calls`: already posted by submit_probe, e.g.
+    while the trainer scored) and compare with the trainer's log-probs of the same tokens
+    (MegatronGroup.compute_log_probs); no judgement yet."""
+    if calls is None:
+        calls = submit_probe(clients, token_ids, timeout_s, image_probe)
     trainer = trainer_log_probs.double()
     engines = []
     for (url, _), scored in zip(calls, wait_all(calls, timeout_s, "probe /generate")):

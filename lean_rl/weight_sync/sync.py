@@ -28,7 +28,7 @@ from lean_rl.weight_sync.engine_calls import call_all
 from lean_rl.weight_sync.errors import WeightSyncError
 from lean_rl.weight_sync.image_probe import ImageProbe, build_image_probe
 from lean_rl.weight_sync.memory import ALL, KV_CACHE_AND_GRAPHS, WEIGHTS, EngineMemory
-from lean_rl.weight_sync.probe import ProbeResult, probe_token_ids, raise_on_failure, run_probe
+from lean_rl.weight_sync.probe import ProbeResult, probe_token_ids, raise_on_failure, run_probe, submit_probe
 from lean_rl.weight_sync.rank import RankWeightSync
 from lean_rl.weight_sync.stages import EngineInfo, RankSyncPlan, StageSent
 from lean_rl.weight_sync.transports import transport_for
@@ -75,7 +75,7 @@ class WeightSync:
         self._released = released
         self._after_send = after_send
         self._client_factory = client_factory
-        self._probe_ids: list[int] | None = None
+        self._probe_ids: list[int] = []  # set by connect
         self._image_probe: ImageProbe | None = None  # a VLM's probe prompt with an image (image_probe.py)
 
     @classmethod
@@ -169,12 +169,17 @@ class WeightSync:
         after continue_generation."""
         if self.plan is None:
             raise WeightSyncError("WeightSync.update() before connect()")
+        assert self.memory is not None  # set by connect, as the plan
         version = str(version)
         started = time.perf_counter()
         self.memory.resume(WEIGHTS)
         sent = self.transport.deliver(self, version)
         seconds = time.perf_counter() - started
         probe_started = time.perf_counter()
+        # the engines score the probe while the trainer does, unless the devices change hands between
+        engine_calls = None
+        if probe and self._after_send is None and not self.memory.holds_released(KV_CACHE_AND_GRAPHS):
+            engine_calls = submit_probe(self.clients, self._probe_ids, self.cfg.timeout_s, self._image_probe)
         # the trainer scores the probe while its weights are still on its devices (see after_send)
         trainer_log_probs = self._trainer_probe_log_probs() if probe else None
         probe_seconds = time.perf_counter() - probe_started
@@ -182,7 +187,7 @@ class WeightSync:
             self._after_send()
         self.memory.resume(KV_CACHE_AND_GRAPHS)
         probe_started = time.perf_counter()
-        result = self._probe(version, trainer_log_probs, self._after_send is not None) if probe else None
+        result = self._probe(version, trainer_log_probs, self._after_send is not None, engine_calls) if probe else None
         probe_seconds += time.perf_counter() - probe_started
         return SyncReport(version=version, transport=self.transport.name, seconds=seconds,
                           bytes=sum(s.bytes for s in sent), buckets=sum(s.buckets for s in sent),
@@ -192,7 +197,9 @@ class WeightSync:
     def probe(self, version: int | str) -> ProbeResult:
         """Every engine serves the trainer's weights as `version`, or WeightSyncProbeError. The engines
         must be generating (not paused): the probe is one /generate call per engine."""
-        return self._probe(version, self._trainer_probe_log_probs())
+        # the engines score while the trainer does
+        engine_calls = submit_probe(self.clients, self._probe_ids, self.cfg.timeout_s, self._image_probe)
+        return self._probe(version, self._trainer_probe_log_probs(), engine_calls=engine_calls)
 
     def _trainer_probe_log_probs(self):
         image = self._image_probe
@@ -201,12 +208,13 @@ class WeightSync:
                                                       images=[image.train_inputs]).log_probs[0]
         return self.actor_group.compute_log_probs([self._probe_ids]).log_probs[0]
 
-    def _probe(self, version: int | str, trainer_log_probs, trainer_offloaded: bool = False) -> ProbeResult:
+    def _probe(self, version: int | str, trainer_log_probs, trainer_offloaded: bool = False,
+               engine_calls: list | None = None) -> ProbeResult:
         """`trainer_offloaded`: after_send has run (colocated on GPU), so the trainer's tensors cannot be
         hashed to name a differing one: the error says so instead of failing in the export (N4)."""
         result = run_probe(trainer_log_probs, self.clients, self._probe_ids, str(version), self.tolerance,
                            self.cfg.timeout_s, probe_statistic(self.trainer_dtype, self.engine_dtype, self.cfg.device),
-                           image_probe=self._image_probe)
+                           image_probe=self._image_probe, calls=engine_calls)
         unnamed = None
         if self.transport.sends_adapter:
             unnamed = "the engine serves its base with the LoRA adapter loaded apart, so no tensor can be named"

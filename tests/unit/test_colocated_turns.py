@@ -69,8 +69,6 @@ def client_factory(log: Log, model_path: str, versions: dict, score_offset: floa
                 log(f"{self.base_url} score")
                 answers["score"] = ScoreResult(log_probs=[score_offset] * (len(args[0]) - 1),
                                                weight_version=versions.get(self.base_url))
-            elif method == "end_weight_update":
-                versions[self.base_url] = versions["sending"]
             future = Future()
             future.set_result(answers.get(method))
             return future
@@ -105,7 +103,7 @@ def run(tiny_qwen2):
     log, versions = Log(), {}
     urls = ["http://e0", "http://e1"]
     trainer = Trainer(log)
-    trainer.call_all = _tracking_versions(trainer.call_all, versions)
+    trainer.call_all = _tracking_versions(trainer.call_all, versions, urls)
     monitor = Monitor(log, len(urls))
     engines = SimpleNamespace(engine_urls=urls, engine_url=urls.__getitem__,
                               config=SimpleNamespace(start_timeout_s=1))
@@ -116,11 +114,12 @@ def run(tiny_qwen2):
     return SimpleNamespace(log=log, weights=weights, monitor=monitor, urls=urls)
 
 
-def _tracking_versions(call_all, versions):
+def _tracking_versions(call_all, versions, urls):
     def call(fn, *args, **kwargs):
-        if fn is RankWeightSync.send_stage:
-            versions["sending"] = args[2]
-        return call_all(fn, *args, **kwargs)
+        result = call_all(fn, *args, **kwargs)
+        if fn is RankWeightSync.send_stage:  # the stage lead sent and ended the engines' sessions
+            versions.update(dict.fromkeys(urls, args[2]))
+        return result
     return call
 
 
@@ -181,7 +180,7 @@ def test_with_the_adapter_transport_the_engines_keep_their_base_weights(tiny_qwe
     log, versions = Log(), {}
     urls = ["http://e0"]
     trainer = Trainer(log)
-    trainer.call_all = _tracking_versions(trainer.call_all, versions)
+    trainer.call_all = _tracking_versions(trainer.call_all, versions, urls)
     engines = SimpleNamespace(engine_urls=urls, engine_url=urls.__getitem__, config=SimpleNamespace(start_timeout_s=1))
     cfg = build(WeightSyncConfig, colocate=True, device="cuda", adapter=ServedAdapter(4, 8.0, ("q_proj",)))
     assert cfg.transport == "adapter"
@@ -210,7 +209,7 @@ def test_a_failed_probe_after_the_trainer_offloaded_names_no_tensor_and_reads_no
             checksums_asked.append(args)
         return Trainer.call_all(trainer, fn, *args, **kwargs)
 
-    trainer.call_all = _tracking_versions(call_all, versions)
+    trainer.call_all = _tracking_versions(call_all, versions, ["http://e0"])
     engines = SimpleNamespace(engine_urls=["http://e0"], engine_url=["http://e0"].__getitem__,
                               config=SimpleNamespace(start_timeout_s=1))
     weights = EngineWeights.start(build(WeightSyncConfig, colocate=True, device="cuda"), trainer, engines, None,

@@ -11,6 +11,7 @@ preceding it (process_group.BroadcastStream)."""
 
 from __future__ import annotations
 
+import itertools
 from typing import TYPE_CHECKING, NamedTuple
 
 import torch
@@ -94,7 +95,7 @@ class DistributedTransport(StreamedTransport):
         wait_all(calls, plan.timeout_s, "init_weights_update_group")
         self._store = store
 
-    def send_stage(self, rank: RankSide, export: TimedExport, version: str, final_stage: bool) -> StageSent:
+    def stream_stage(self, rank: RankSide, export: TimedExport, version: str, final_stage: bool) -> StageSent:
         layout = self.layouts.pop(export.stage, None)  # put back only by a sync that went through
         if layout is not None:
             sent = self._send_pipelined(rank, export, version, final_stage, layout)
@@ -103,7 +104,7 @@ class DistributedTransport(StreamedTransport):
             return sent
         self._recording = []
         try:
-            sent = super().send_stage(rank, export, version, final_stage)
+            sent = super().stream_stage(rank, export, version, final_stage)
             if sent.error is None:
                 self.layouts[export.stage] = self._recording
             return sent
@@ -137,9 +138,18 @@ class DistributedTransport(StreamedTransport):
         shape each (zeros), so that their calls end and the group stays usable."""
         plan = rank.plan
         total = count = 0
-        error = None
-        items = iter(export)
-        for index, specs in enumerate(layout):
+        # export ahead while the session's begin is in flight, at most the first bucket (its memory)
+        assert self.session is not None, "send_stage on a rank that does not lead its stage"
+        ahead: list = []
+        first_bucket = len(layout[0]) if layout else 0
+        while not self.session.answered() and len(ahead) < first_bucket:
+            item = next(export, None)
+            if item is None:
+                break
+            ahead.append(item)
+        error = self.session_error()
+        items = itertools.chain(ahead, export)
+        for index, specs in enumerate(layout if error is None else []):
             final = final_stage and index == len(layout) - 1
             what = f"update_weights_from_distributed (stage {export.stage}, {len(specs)} tensors)"
             try:
