@@ -53,7 +53,8 @@ def main(argv: list[str] | None = None) -> None:
                         help="the rollouts of steps FIRST .. LAST-1")
     parser.add_argument("--out", required=True, type=Path)
     parser.add_argument("--pairs-per-group", type=int, default=8)
-    parser.add_argument("--min-gap", type=float, default=0.2)
+    parser.add_argument("--min-gap", type=float, default=0.1,
+                        help="the least rule-reward gap of a pair (0.1: two tokens of 12)")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     first, last = args.steps
