@@ -13,7 +13,7 @@ import pytest
 from tests.e2e.conftest import REPO
 
 
-@pytest.mark.slow  # ~25 min on 2 cores under load: 7 runs (3 reward models, 3 GRPO rounds with reward engines, DPO)
+@pytest.mark.slow  # 19 min on 2 cores at load ~20-38: 7 runs (3 reward models, 3 GRPO rounds with reward engines, DPO)
 def test_reward_model_pipeline_learns_the_hidden_rule(tmp_path):
     out = tmp_path / "out"
     env = {**os.environ, "OUT": str(out), "MAIN": "0", "NUM_TRAIN": "256", "PAIRS_PER_PROMPT": "3",
