@@ -26,15 +26,16 @@ def rm_accuracy(rm_dir: Path, pairs: Path) -> dict:
     model = transformers.AutoModelForSequenceClassification.from_pretrained(rm_dir, dtype=torch.float32).eval()
     tokenizer = transformers.AutoTokenizer.from_pretrained(rm_dir)
 
-    def score(prompt: str, response: str) -> float:
-        ids = tokenizer(prompt, add_special_tokens=False)["input_ids"] + \
-            tokenizer(response, add_special_tokens=False)["input_ids"]
+    def score(prompt: str, response: str | list[int]) -> float:  # text, or a policy's token ids (onpolicy_pairs.py)
+        ids = tokenizer(prompt, add_special_tokens=False)["input_ids"] + (
+            response if isinstance(response, list) else tokenizer(response, add_special_tokens=False)["input_ids"])
         with torch.no_grad():
             return float(model(torch.tensor([ids])).logits[0, 0])
 
     rows = [json.loads(line) for line in pairs.read_text().splitlines() if line.strip()]
     margins = [score(r["prompt"], r["chosen"]) - score(r["prompt"], r["rejected"]) for r in rows]
-    return {"model": str(rm_dir), "pairs": len(rows), "accuracy": sum(m > 0 for m in margins) / len(rows),
+    return {"model": str(rm_dir), "pairs": len(rows), "pairs_file": str(pairs),
+            "accuracy": sum(m > 0 for m in margins) / len(rows),
             "mean_margin": sum(margins) / len(rows)}
 
 

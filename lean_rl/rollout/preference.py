@@ -1,8 +1,9 @@
 """The rollout of training on preference pairs (--loss-type dpo_loss / rm_loss): no engines, no
 generation; each row of --prompt-data holds a prompt (--input-key, text or messages, rendered as every
-prompt is) and two responses, the preferred one (--chosen-key) and the other (--rejected-key), as text.
-Each row becomes a group of two samples, the chosen one first with reward 1 and the rejected one with
-reward 0 (lean_rl/algorithms/preference.py pairs them by that mark).
+prompt is) and two responses, the preferred one (--chosen-key) and the other (--rejected-key), as text
+or as token ids (a policy's own samples: buffer/preference_pairs.py). Each row becomes a group of two
+samples, the chosen one first with reward 1 and the rejected one with reward 0
+(lean_rl/algorithms/preference.py pairs them by that mark).
 
     python -m lean_rl.train --loss-type dpo_loss --prompt-data pairs.jsonl --input-key prompt \
         --chosen-key chosen --rejected-key rejected --n-samples-per-prompt 2 --dpo-beta 0.1 ...
@@ -19,7 +20,7 @@ import functools
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from lean_rl.buffer.preference_pairs import read_pairs
+from lean_rl.buffer.preference_pairs import Response, read_pairs
 from lean_rl.buffer.prompt_source import load_tokenizer
 from lean_rl.rollout.base import RolloutOutput
 from lean_rl.sample import NOT_GENERATED, Sample, Status
@@ -31,8 +32,12 @@ if TYPE_CHECKING:
 CHOSEN, REJECTED = 1.0, 0.0  # the rewards that mark a pair's samples (algorithms/preference.pair_rows)
 
 
-def response_tokens(tokenizer, text: str, eos: bool) -> list[int]:
-    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+def response_tokens(tokenizer, text: Response, eos: bool) -> list[int]:
+    """The response's token ids: text tokenized, or token ids (a policy's own sample) as they are."""
+    ids = list(text) if isinstance(text, list) else tokenizer(text, add_special_tokens=False)["input_ids"]
+    if isinstance(text, list) and max(ids) >= len(tokenizer):
+        raise ValueError(f"--prompt-data: a response's token id {max(ids)} is past the tokenizer's {len(tokenizer)} "
+                         "tokens (token ids from another model?)")
     if eos and tokenizer.eos_token_id is not None and (not ids or ids[-1] != tokenizer.eos_token_id):
         ids.append(tokenizer.eos_token_id)
     return ids
@@ -81,7 +86,7 @@ async def generate_rollout(cfg: Config, rollout_id: int, buffer: DataBuffer | No
         chosen, rejected = pairs[row]
         prompt_tokens = list(group[0].tokens[:group[0].prompt_length])
         for sample, text, mark in ((group[0], chosen, CHOSEN), (group[1], rejected, REJECTED)):
-            sample.response = text
+            sample.response = text if isinstance(text, str) else tokenizer.decode(text)
             fill_pair_sample(sample, prompt_tokens, response_tokens(tokenizer, text, eos=not score_only), mark,
                              score_only, placeholder)
             trained += sample.response_length

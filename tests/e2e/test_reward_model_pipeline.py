@@ -1,7 +1,8 @@
 """examples/reward_model_pipeline/run.sh as a user runs it, smaller: preference pairs of the toy task, a reward
 model trained on them (real Megatron on Ray) and converted to HF, GRPO against it served by the run (real
-SGLang reward engines beside the policy's), DPO on the same pairs, the evaluation and the plots. The reward
-model must rank held-out pairs above chance, and the rule reward GRPO never trained on must rise."""
+SGLang reward engines beside the policy's) in 3 rounds, the reward model refitted between them on pairs of the
+policy's own samples, DPO on the same pairs, the evaluation and the plots. The reward model must rank held-out
+pairs above chance, and the rule reward GRPO never trained on must rise."""
 
 import json
 import os
@@ -12,13 +13,14 @@ import pytest
 from tests.e2e.conftest import REPO
 
 
-@pytest.mark.slow  # ~8 min on 2 cores: three runs (reward model, GRPO with reward engines, DPO), conversions
+@pytest.mark.slow  # 19 min on 2 cores at load ~20-38: 7 runs (3 reward models, 3 GRPO rounds with reward engines, DPO)
 def test_reward_model_pipeline_learns_the_hidden_rule(tmp_path):
     out = tmp_path / "out"
     env = {**os.environ, "OUT": str(out), "MAIN": "0", "NUM_TRAIN": "256", "PAIRS_PER_PROMPT": "3",
-           "RM_STEPS": "24", "GRPO_STEPS": "12", "DPO_STEPS": "4", "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+           "RM_STEPS": "24", "GRPO_STEPS": "12", "ROUNDS": "3", "DPO_STEPS": "4", "OMP_NUM_THREADS": "1",
+           "PYTHONUNBUFFERED": "1"}
     done = subprocess.run(["bash", "examples/reward_model_pipeline/run.sh"], cwd=REPO, env=env, capture_output=True,
-                          text=True, timeout=1800)
+                          text=True, timeout=2700)
     assert done.returncode == 0, (done.stdout[-3000:], done.stderr[-3000:])
     print(done.stdout[-2500:])
 
@@ -31,8 +33,8 @@ def test_reward_model_pipeline_learns_the_hidden_rule(tmp_path):
     assert len(rule) == 12 and all("rollout/reward/rm_mean" in r for r in grpo)
     assert {"rm.png", "grpo.png", "dpo.png", "summary.md"} <= {p.name for p in out.iterdir()}
     assert (out / "dpo" / "hf" / "step_4" / "config.json").exists()
+    assert all((out / "rm" / f"round_{k}" / "hf" / "config.json").exists() for k in range(3))
+    onpolicy = [r for r in results if "/onpolicy_" in r.get("pairs_file", "")]
+    assert len(onpolicy) == 2 and all(r["pairs"] > 0 for r in onpolicy), onpolicy
     first, last = sum(rule[:3]) / 3, sum(rule[-3:]) / 3
-    if not last > first + 0.15:  # trained on the reward model's score alone
-        # Known gap (issue 41, open): the policy finds responses this reward model overrates (reward hacking;
-        # examples/reward_model_pipeline/README.md has the measured runs). Everything above must still hold.
-        pytest.xfail(f"GRPO on the learned reward model did not raise the hidden rule reward: {rule}")
+    assert last > first + 0.15, rule  # trained on the reward models' scores alone

@@ -28,6 +28,25 @@ def test_pairs_are_read_and_bad_rows_named(tmp_path):
         read_pairs(str(empty), "good", "rejected")
 
 
+def test_pairs_of_token_ids(tmp_path, tiny_qwen2):
+    """A policy's own samples as pairs: token ids taken as they are (a lone byte token would not survive
+    decoding and re-tokenizing), EOS appended for DPO only; ids past the vocabulary or not ints are named."""
+    ids = _write(tmp_path / "ids.jsonl", [{"prompt": "p", "chosen": [7, 8], "rejected": "b"}])
+    assert read_pairs(str(ids), "chosen", "rejected") == {1: ([7, 8], "b")}
+    for bad in ([], [1.5], [True], [-1]):
+        path = _write(tmp_path / "bad_ids.jsonl", [{"prompt": "p", "chosen": "a", "rejected": bad}])
+        with pytest.raises(ValueError, match=r"row 1: field 'rejected' \(--rejected-key\) must be non-empty text or a "
+                                             r"non-empty list of token ids"):
+            read_pairs.__wrapped__(str(path), "chosen", "rejected")
+    tokenizer = transformers.AutoTokenizer.from_pretrained(tiny_qwen2)
+    byte_token = next(t for t in range(len(tokenizer)) if tokenizer.decode([t]) == "\ufffd")
+    assert tokenizer(tokenizer.decode([byte_token]), add_special_tokens=False)["input_ids"] != [byte_token]
+    assert response_tokens(tokenizer, [byte_token, 9], eos=False) == [byte_token, 9]
+    assert response_tokens(tokenizer, [byte_token, 9], eos=True) == [byte_token, 9, tokenizer.eos_token_id]
+    with pytest.raises(ValueError, match=rf"token id {len(tokenizer)} is past the tokenizer's {len(tokenizer)} tokens"):
+        response_tokens(tokenizer, [1, len(tokenizer)], eos=False)
+
+
 def test_samples_of_a_pair(tiny_qwen2):
     tokenizer = transformers.AutoTokenizer.from_pretrained(tiny_qwen2)
     response = response_tokens(tokenizer, "1 2 3", eos=True)
