@@ -14,6 +14,7 @@ from tests.e2e.conftest import REPO
 
 
 @pytest.mark.slow  # 19 min on 2 cores at load ~20-38: 7 runs (3 reward models, 3 GRPO rounds with reward engines, DPO)
+@pytest.mark.timeout(2800)  # its run's own deadline (2700 s), beyond slow_tiers' default --timeout=900
 def test_reward_model_pipeline_learns_the_hidden_rule(tmp_path):
     out = tmp_path / "out"
     env = {**os.environ, "OUT": str(out), "MAIN": "0", "NUM_TRAIN": "256", "PAIRS_PER_PROMPT": "3",
