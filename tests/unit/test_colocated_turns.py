@@ -33,7 +33,7 @@ class Trainer:
     family: str = "qwen2"
     device: str = "cuda"
     config: SimpleNamespace = field(default_factory=lambda: SimpleNamespace(
-        parallel=SimpleNamespace(pipeline_model_parallel_size=1)))
+        parallel=SimpleNamespace(pipeline_model_parallel_size=1), vlm_hf_config=None))  # a text model
 
     def attach(self, cls):
         pass
