@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from lean_rl.backends.sglang.client import EngineClient
 from lean_rl.backends.sglang.image_prompt import collapse_image_pads
-from lean_rl.backends.sglang.responses import ScoreResult, build_generate_payload
+from lean_rl.backends.sglang.responses import ScoreResult, build_generate_payload, parse_score_response
 
 QUESTION = "What is in the picture?"
 CONTINUATION = " A red square on the left and a blue circle on the right, on white."
@@ -86,22 +86,14 @@ def build_image_score_payload(probe: ImageProbe, adapter: str | None = None) -> 
 
 def parse_image_score(body: object, probe: ImageProbe) -> ScoreResult:
     """The scored tokens' log-probs from SGLang's answer: its input_token_logprobs are those of
-    token_ids[score_from - 1:] (the first, the image's last pad, has no use), ids checked against the probe's."""
-    if not isinstance(body, dict) or not isinstance(body.get("meta_info"), dict):
-        raise ValueError(f"expected a JSON object with meta_info, got {str(body)[:300]}")
-    entries = body["meta_info"].get("input_token_logprobs")
+    token_ids[score_from - 1:] (the first, the image's last pad, has no use); the checks of any scored
+    answer (ids, nulls, meta_info) are parse_score_response's, the count is named as the image's here."""
     expected = probe.token_ids[probe.score_from - 1:]
-    if not isinstance(entries, list) or len(entries) != len(expected):
-        got = len(entries) if isinstance(entries, list) else entries
-        raise ValueError(f"expected {len(expected)} input_token_logprobs after the image, got {got}")
-    for position, (entry, token) in enumerate(zip(entries, expected)):
-        # 0.5.23 reports image pads and id vocab_size-1 as 0 (parse_score_response)
-        if int(entry[1]) not in (token, 0):
-            raise ValueError(f"input_token_logprobs[{position}] is for token {entry[1]}, the probe has {token}")
-    if any(entry[0] is None for entry in entries[1:]):
-        raise ValueError("input_token_logprobs has a null log-prob after the image")
-    return ScoreResult(log_probs=[float(entry[0]) for entry in entries[1:]],
-                       weight_version=body["meta_info"].get("weight_version"), top_ids=[], top_log_probs=[])
+    meta = body.get("meta_info") if isinstance(body, dict) else None
+    entries = meta.get("input_token_logprobs") if isinstance(meta, dict) else None
+    if isinstance(entries, list) and len(entries) != len(expected):
+        raise ValueError(f"expected {len(expected)} input_token_logprobs after the image, got {len(entries)}")
+    return parse_score_response(body, expected)
 
 
 async def score_image_probe(client: EngineClient, probe: ImageProbe, *, timeout_s: float | None = None) -> ScoreResult:
