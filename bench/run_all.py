@@ -177,6 +177,13 @@ def curves_png(out: Path) -> Path:
     return out.with_name("curves.png")
 
 
+def shown_path(path: Path) -> str:
+    """`path` relative to the repository when inside it (the scripts run there): the table's commands then
+    read as a user at the repository root would type them."""
+    path = path.resolve()
+    return str(path.relative_to(REPO)) if path.is_relative_to(REPO) else str(path)
+
+
 def run_script(name: str, quick: bool, timeout_s: float, logs: Path, extra: tuple[str, ...] = ()
                ) -> tuple[list[dict], bool]:
     """(its rows, whether it succeeded). `extra`: flags of this script beyond --quick (not in its command)."""
@@ -238,7 +245,7 @@ def main(argv: list[str]) -> int:
         print(f"[{number}/{len(names)}] bench/{name}.py {'--quick ' if args.quick else ''}...", file=sys.stderr,
               flush=True)
         began = time.monotonic()
-        extra = ("--png", str(curves_png(out))) if name == "curves" else ()
+        extra = ("--png", shown_path(curves_png(out))) if name == "curves" else ()
         script_rows, ok = run_script(name, args.quick, timeout_s * TIMEOUT_FACTOR.get(name, 1), logs, extra)
         rows += script_rows
         if not ok:
