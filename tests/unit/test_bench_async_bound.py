@@ -1,0 +1,39 @@
+"""bench/async_vs_sync.py's engine bound: sync's tokens at the fastest busy rate any mode reached."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[2] / "bench"
+
+
+@pytest.fixture(scope="module")
+def async_vs_sync():
+    sys.path.insert(0, str(BENCH))
+    try:
+        import async_vs_sync
+    finally:
+        sys.path.remove(str(BENCH))
+    return async_vs_sync
+
+
+def step(seconds: float, engine_idle: float, tokens: float) -> dict:
+    return {"time/step": seconds, "time/trainer_idle": seconds - 0.1, "time/engine_idle": engine_idle,
+            "perf/overhead_frac": 0.0, "time/train": 0.1, "rollout/response_tokens": tokens}
+
+
+def test_busy_rate_excludes_the_first_step_and_the_engines_idle_time(async_vs_sync):
+    rows = [step(100.0, 0.0, 1.0), step(4.0, 2.0, 200.0), step(4.0, 0.0, 400.0)]
+    summary = async_vs_sync.summarize(rows)
+    assert summary["wall_s"] == 8.0
+    assert summary["busy_tok_s"] == pytest.approx(600.0 / 6.0)
+
+
+def test_the_bound_is_syncs_tokens_at_the_fastest_modes_busy_rate(async_vs_sync):
+    results = {"sync": {"tokens": 1000.0, "busy_tok_s": 100.0, "wall_s": 12.0},
+               "full": {"tokens": 1100.0, "busy_tok_s": 250.0, "wall_s": 5.0},
+               "one-step": {"tokens": 1000.0, "busy_tok_s": 150.0, "wall_s": 8.0}}
+    assert async_vs_sync.engine_bound(results) == ("full", pytest.approx(4.0))
