@@ -37,7 +37,8 @@ def take_image_parts(messages: list[dict]) -> tuple[list[dict], list[ImagePart]]
         parts = []
         for j, part in enumerate(content):
             if _is_image_part(part):
-                images.append(ImagePart(f"messages[{i}].content[{j}].image_url.url", _url(part, f"messages[{i}].content[{j}]")))
+                where = f"messages[{i}].content[{j}]"
+                images.append(ImagePart(f"{where}.image_url.url", _url(part, where)))
                 parts.append({"type": "image"})
             else:
                 parts.append(part)

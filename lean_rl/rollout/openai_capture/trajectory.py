@@ -80,7 +80,8 @@ def splice_prompt_ids(text: str, tips: list[tuple[str, list[int], tuple[str, ...
     whose images are image_keys[skip:]."""
     best: tuple[str, list[int], tuple[str, ...]] | None = None
     for tip in tips:
-        if text.startswith(tip[0]) and image_keys[:len(tip[2])] == tip[2] and (best is None or len(tip[0]) > len(best[0])):
+        same_images = image_keys[:len(tip[2])] == tip[2]
+        if text.startswith(tip[0]) and same_images and (best is None or len(tip[0]) > len(best[0])):
             best = tip
     if best is None:
         return encode(text, 0)
