@@ -29,6 +29,7 @@ from __future__ import annotations
 import functools
 import math
 import re
+from typing import cast
 
 import torch
 import torch.nn.functional as F
@@ -133,7 +134,7 @@ def add_adapters(model: torch.nn.Module, config: LoraConfig, seed: int) -> dict[
     whole = _unwrap(model)
     for param in whole.parameters():  # a VLM's vision tower too: it stays frozen
         param.requires_grad_(False)
-    model: torch.nn.Module = getattr(whole, "language_model", whole)  # a VisionLanguageModel: its GPTModel
+    model = cast(torch.nn.Module, getattr(whole, "language_model", whole))  # a VisionLanguageModel: its GPTModel
     tp = parallel_state.get_tensor_model_parallel_world_size()
     swiglu = bool(getattr(getattr(model, "config", None), "gated_linear_unit", False))  # GPTModel's TransformerConfig
     targets = config.lora_target_modules or LORA_TARGETS
