@@ -9,7 +9,9 @@ Checked: finite loss and a gradient every step; the engine's and the trainer's l
 tokens agree (train/rollout_logprob_abs_diff, the image tokens in context) at step 0 and after a sync
 (step 1); the weight-sync probe scores a prompt with an image (weight_sync/image_probe.py: 6 vision tokens)
 and passes after every sync; the saved HF model's tower moved from the checkpoint's, or with --freeze-vision-tower did not
-(its language model moved in both); the frozen run is colocated. ~2.5 min per run on 2 cores: the
+(its language model moved in both); the frozen run is colocated. The lora_adapter run (slow) trains LoRA
+adapters on the language model only, the engine serving them beside its base (--lora-sync adapter: each
+sync ~45 kB), the probe and the engine-trainer agreement as above, the saved (merged) tower unchanged. ~2.5 min per run on 2 cores: the
 tower_trains run is the default suite's one VLM end-to-end test, the frozen one is slow."""
 
 import json
