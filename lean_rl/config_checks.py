@@ -87,9 +87,11 @@ def lora_unserved_family(hf_checkpoint: str | None, lora: Any) -> str | None:
     """Why this checkpoint's family cannot take the LoRA adapter apart from its base (None: it can)."""
     if not hf_checkpoint or not lora.enabled:
         return None
-    from lean_rl.backends.megatron.hf_config import hf_family
+    from lean_rl.backends.megatron.hf_config import VLM_TEXT_FAMILIES, hf_family
     from lean_rl.backends.megatron.hf_weights.families import lora_hf_modules_differ
     from lean_rl.backends.megatron.lora_config import LORA_HF_MODULES, LORA_TARGETS
 
     targets = lora.lora_target_modules or LORA_TARGETS
-    return lora_hf_modules_differ(hf_family(hf_checkpoint), {t: LORA_HF_MODULES[t] for t in targets})
+    family = hf_family(hf_checkpoint)
+    family = VLM_TEXT_FAMILIES.get(family, family)  # a VLM's adapters are its language model's
+    return lora_hf_modules_differ(family, {t: LORA_HF_MODULES[t] for t in targets})

@@ -135,6 +135,8 @@ class Sample:
             first = self.multimodal_inputs.pop("prompt_images")  # images later turns added go with them
             self.multimodal_inputs["images"] = self.multimodal_inputs["images"][:first]
             self.multimodal_train_inputs = None  # the rollout computes them again for the prompt's images
+            if not first:  # a text prompt that only later turns showed images to
+                self.multimodal_inputs = None
 
     def clear_teacher(self) -> None:
         self.teacher_log_probs, self.teacher_top_ids, self.teacher_top_log_probs = [], [], []

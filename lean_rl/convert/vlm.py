@@ -22,6 +22,7 @@ from lean_rl.backends.megatron.vlm_family import vlm_family
 from lean_rl.backends.megatron.vlm_local import run_vlm_rank
 from lean_rl.backends.megatron.vlm_weights import gather_vlm_hf_state_dict
 from lean_rl.convert.output_dir import atomic_output_dir
+from lean_rl.convert.vlm_lora import add_stored_adapters
 
 _DTYPES = ("float32", "bfloat16", "float16")
 
@@ -55,6 +56,7 @@ def convert_vlm_megatron_to_hf(load: str | Path, save: str | Path, *, iteration:
     vlm_family(load_hf_config(hf_dir))
 
     def job(model, config) -> Path:
+        add_stored_adapters(model, directory)  # a LoRA run's: the export merges them (vlm_lora.py)
         load_model_checkpoint(model, directory, vocab_size=config.arch.vocab_size)  # any vocab padding
         state = gather_vlm_hf_state_dict(model, config)
         assert state is not None  # one rank: rank 0

@@ -197,7 +197,16 @@ def message_text(content: Any, where: str) -> str:
 
 
 def _normalize_message(message: dict, i: int, native_calls: bool) -> dict:
-    out = {**message, "content": message_text(message.get("content"), f"messages[{i}].content")}
+    content = message.get("content")
+    if isinstance(content, list) and any(isinstance(p, dict) and p.get("type") == "image" for p in content):
+        # an image turn (openai_capture/image_parts.py made its image_url parts {"type": "image"}): the
+        # template renders the parts, a VLM's writes its image tokens where each image is
+        for j, part in enumerate(content):
+            if not (isinstance(part, dict) and (part.get("type") == "image" or (
+                    part.get("type") == "text" and isinstance(part.get("text"), str)))):
+                raise ValueError(f"messages[{i}].content[{j}]: only text and image parts are supported here")
+        return {k: v for k, v in message.items() if k != "tool_calls"}
+    out = {**message, "content": message_text(content, f"messages[{i}].content")}
     calls = message.get("tool_calls")
     if calls is None or message["role"] != "assistant":
         out.pop("tool_calls", None)

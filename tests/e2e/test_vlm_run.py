@@ -9,7 +9,9 @@ Checked: finite loss and a gradient every step; the engine's and the trainer's l
 tokens agree (train/rollout_logprob_abs_diff, the image tokens in context) at step 0 and after a sync
 (step 1); the weight-sync probe scores a prompt with an image (weight_sync/image_probe.py: 6 vision tokens)
 and passes after every sync; the saved HF model's tower moved from the checkpoint's, or with --freeze-vision-tower did not
-(its language model moved in both); the frozen run is colocated. ~2.5 min per run on 2 cores: the
+(its language model moved in both); the frozen run is colocated. The lora_adapter run (slow) trains LoRA
+adapters on the language model only, the engine serving them beside its base (--lora-sync adapter: each
+sync ~45 kB), the probe and the engine-trainer agreement as above, the saved (merged) tower unchanged. ~2.5 min per run on 2 cores: the
 tower_trains run is the default suite's one VLM end-to-end test, the frozen one is slow."""
 
 import json
@@ -39,9 +41,12 @@ def _max_change(before: Path, after: Path, prefix: str) -> float:
 
 # the default suite's VLM run is the one whose tower trains (its probe covers the tower's sync); the frozen
 # run is also colocated (weight sync by tensor payload instead of the gloo group with the engine): slow
-@pytest.mark.parametrize("freeze", [pytest.param(False, id="tower_trains"),
-                                    pytest.param(True, id="tower_frozen_colocated", marks=pytest.mark.slow)])
-def test_vlm_trains_on_images_and_syncs(freeze, tmp_path):
+# LoRA on the language model (the tower frozen): the engine serves the base with the adapter loaded apart
+# (--lora-sync adapter), each sync sends A and B only; --save-hf writes the merged model: slow
+@pytest.mark.parametrize("mode", [pytest.param("tower_trains", id="tower_trains"),
+                                  pytest.param("frozen", id="tower_frozen_colocated", marks=pytest.mark.slow),
+                                  pytest.param("lora", id="lora_adapter", marks=pytest.mark.slow)])
+def test_vlm_trains_on_images_and_syncs(mode, tmp_path):
     ckpt = make_tiny_vlm(tmp_path / "ckpt")
     sys.path.insert(0, str(SHAPES))
     try:
@@ -60,7 +65,8 @@ def test_vlm_trains_on_images_and_syncs(freeze, tmp_path):
              "--advantage-estimator", "grpo", "--lr", "1e-3", "--micro-batch-size", "8",
              "--rollout-num-engines", "1", "--sglang-max-total-tokens", "8192", "--num-rollout", "2",
              "--save", str(tmp_path / "save"), "--save-interval", "2", "--save-hf", str(hf_out),
-             *(["--freeze-vision-tower", "--colocate"] if freeze else [])]
+             *{"tower_trains": [], "frozen": ["--freeze-vision-tower", "--colocate"],
+               "lora": ["--lora-rank", "4", "--lora-alpha", "8", "--lora-sync", "adapter"]}[mode]]
     result = run_lean_rl("lean_rl.train", flags, timeout_s=900)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
     metrics = read_metrics(tmp_path)
@@ -73,7 +79,9 @@ def test_vlm_trains_on_images_and_syncs(freeze, tmp_path):
         # fp32 on both sides, the images in context on both: equal up to kernel rounding
         assert r["train/rollout_logprob_abs_diff"] < 1e-4 and r["sync/probe_max_abs_diff"] < 1e-4
         assert r["sync/probe_image_tokens"] == 6  # the probe's prompt held the image: the tower is covered
+        if mode == "lora":  # the adapters' A and B only (45 kB here), not the model
+            assert r["sync/bytes"] < 0.1 * (ckpt / "model.safetensors").stat().st_size
     tower, language = _max_change(ckpt, hf_out / "step_2", "visual."), _max_change(ckpt, hf_out / "step_2", "model.")
-    print(f"freeze={freeze}: tower moved {tower:.2e}, language model {language:.2e}")
+    print(f"{mode}: tower moved {tower:.2e}, language model {language:.2e}")
     assert language > 1e-4
-    assert tower == 0.0 if freeze else tower > 1e-4
+    assert tower == 0.0 if mode in ("frozen", "lora") else tower > 1e-4

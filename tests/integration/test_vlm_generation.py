@@ -7,6 +7,7 @@ pixels (<= 1e-4 fp32), which only holds when the engine expanded the images exac
 tokens say. A second turn adds an image and keeps the first. Slow: its own engine (~1-2 min here)."""
 
 import asyncio
+import base64
 import dataclasses
 import sys
 import time
@@ -187,3 +188,72 @@ def test_the_image_probe_sees_the_vision_tower_the_text_probe_does_not(vlm, tmp_
             assert image.max_abs_diff < 1e-4  # not the old tower's cached embedding of the same picture
         finally:
             client.update_weights_from_disk(ckpt)  # the module's engine serves the checkpoint again
+
+
+def test_an_agent_sends_images_through_the_capture_endpoint(vlm, tiny_qwen2):
+    """An OpenAI-client agent sends image_url parts (a data: URL, then a local path in a second turn) to the
+    capture endpoint: one Sample, its prompt the processor's expansion, the second turn's prompt the first
+    turn's ids + the new ones, the images and the processor's train inputs recorded as for a
+    --multimodal-keys row, and the engine's log-probs of both answers = transformers' over Sample.tokens
+    with those pixels (which holds only if the engine saw exactly those tokens and images)."""
+    import json
+
+    import openai
+
+    from lean_rl.rollout.openai_capture import CaptureSession, stop_capture_servers
+    from lean_rl.sample import Sample
+
+    group, prompts = vlm
+    ckpt = group.config.model_path
+    # the response budget holds the second turn's context too, its picture's 16 tokens included
+    cfg = parse_config(["--hf-checkpoint", str(tiny_qwen2), "--prompt-data", str(prompts),
+                        "--rollout-max-response-len", "64", "--rollout-temperature", "1.0"])
+    cfg = dataclasses.replace(cfg, engines=group.config)
+    install_hooks(cfg)
+    paths = [json.loads(line)["images"][0] for line in Path(prompts).read_text().splitlines()[:2]]
+    data_url = "data:image/png;base64," + base64.b64encode(Path(paths[0]).read_bytes()).decode()
+    first_turn = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": data_url}},
+                                               {"type": "text", "text": "How many shapes?"}]}]
+
+    async def scenario():
+        try:
+            async with CaptureSession(cfg, Sample(index=0, group_index=0, prompt="p", tokens=[1]),
+                                      cfg.rollout.sampling.to_sglang()) as session:
+                client = openai.AsyncOpenAI(base_url=session.base_url, api_key=session.api_key, max_retries=0)
+                first = await client.chat.completions.create(model="policy", messages=first_turn, max_tokens=5)
+                second_turn = first_turn + [first.choices[0].message, {"role": "user", "content": [
+                    {"type": "text", "text": "and here?"}, {"type": "image_url", "image_url": {"url": paths[1]}}]}]
+                await client.chat.completions.create(model="policy", messages=second_turn, max_tokens=5)
+                with pytest.raises(openai.BadRequestError) as bad:
+                    await client.chat.completions.create(model="policy", max_tokens=5, messages=[
+                        {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "/nope/x.png"}}]}])
+            return session, str(bad.value)
+        finally:
+            await stop_capture_servers()
+
+    session, bad = asyncio.run(scenario())
+    assert "messages[0].content[0].image_url.url: '/nope/x.png': no such file" in bad
+    [sample] = session.samples()
+    sample.check()
+    calls = sample.metadata["capture_calls"]
+    assert len(calls) == 2 and sample.status in (Status.COMPLETED, Status.TRUNCATED), json.dumps(sample.metadata, default=str)
+    assert sample.multimodal_inputs == {"images": [data_url, paths[1]], "prompt_images": 1}
+    processor = load_processor(ckpt)
+    images = [load_image(data_url), load_image(paths[1])]
+    text = processor.apply_chat_template([{"role": "user", "content": [{"type": "image"}, {"type": "text",
+                                          "text": "How many shapes?"}]}], tokenize=False, add_generation_prompt=True)
+    assert sample.tokens[:sample.prompt_length] == processor(text=[text], images=images[:1],
+                                                             return_tensors="np")["input_ids"][0].tolist()
+    expected = processor.image_processor(images=images, return_tensors="np")
+    assert np.array_equal(sample.multimodal_train_inputs["pixel_values"], expected["pixel_values"])
+    assert sample.multimodal_train_inputs["image_grid_thw"].tolist() == expected["image_grid_thw"].tolist()
+    # the engine expanded each call's prompt to as many tokens as the recorded ids hold
+    assert [c["engine_prompt_tokens"] for c in calls] == [c["prompt_tokens"] for c in calls]
+    assert calls[1]["prompt_tokens"] == calls[0]["prompt_tokens"] + calls[0]["completion_tokens"] + \
+        calls[1]["context_tokens"]  # the second prompt: the first call's ids + the new ones
+    assert sample.loss_mask == [1] * calls[0]["completion_tokens"] + [0] * calls[1]["context_tokens"] + \
+        [1] * calls[1]["completion_tokens"]
+    diff = _response_diff(ckpt, sample)
+    print(f"\ncapture endpoint, 2 turns with images: engine vs transformers max abs diff {diff:.2e} over "
+          f"{sum(sample.loss_mask)} sampled tokens, {len(sample.tokens)} tokens")
+    assert diff <= 1e-4

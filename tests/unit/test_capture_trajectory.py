@@ -275,12 +275,51 @@ def test_an_answer_sent_back_is_rendered_from_the_sampled_text():
 def test_splice_reuses_the_sampled_ids_and_encodes_only_the_rest():
     encoded = []
 
-    def encode(text):
-        encoded.append(text)
+    def encode(text, skip):
+        encoded.append((text, skip))
         return [ord(c) for c in text]
 
-    tips = [("<a>hi", [1, 2, 3]), ("<a>hi there", [1, 2, 3, 4, 5])]  # ids the engine saw / sampled
+    tips = [("<a>hi", [1, 2, 3], ()), ("<a>hi there", [1, 2, 3, 4, 5], ())]  # ids the engine saw / sampled
     assert splice_prompt_ids("<a>hi there</a><b>", tips, encode) == [1, 2, 3, 4, 5] + [ord(c) for c in "</a><b>"]
-    assert encoded == ["</a><b>"]  # the longest tip; its text never re-encoded
+    assert encoded == [("</a><b>", 0)]  # the longest tip; its text never re-encoded
     assert splice_prompt_ids("<a>hi", tips, encode) == [1, 2, 3]
     assert splice_prompt_ids("<a>ho", tips, encode) == [ord(c) for c in "<a>ho"]  # no tip: all encoded
+
+
+def test_splice_with_images_needs_the_same_pictures_before_the_rest():
+    def encode(text, skip):
+        return [ord(c) for c in text] + [-skip]
+
+    tips = [("<i>a", [9, 9, 9, 1], ("red",)), ("<i>a<i>b", [9, 9, 9, 1, 8, 8, 2], ("red", "blue"))]
+    # the same first picture: its ids kept, the rest's images start after it
+    assert splice_prompt_ids("<i>a<i>c", tips, encode, ("red", "green")) == [9, 9, 9, 1] + [ord(c) for c in "<i>c"] + [-1]
+    assert splice_prompt_ids("<i>a<i>b!", tips, encode, ("red", "blue")) == [9, 9, 9, 1, 8, 8, 2, ord("!"), -2]
+    # another picture in the same place (same text, same pads): nothing reused
+    assert splice_prompt_ids("<i>a<i>b", tips, encode, ("pink", "blue")) == [ord(c) for c in "<i>a<i>b"] + [0]
+
+
+def test_a_call_with_other_pictures_under_the_same_ids_starts_a_new_sample():
+    base = base_sample()
+    base.multimodal_inputs = {"images": ["row.png"]}  # a data row's image: the trajectory's own replace it
+    assembler = TrajectoryAssembler(base)
+
+    def image_call(prompt, output, images, keys):
+        return CallRecord(list(prompt), list(output), [-0.5] * len(output), [1] * len(output), "stop",
+                          images=tuple(images), image_keys=tuple(keys))
+
+    assert assembler.add(image_call([5, 7, 7, 6], [10, 11], ["a.png"], ["ka"])) == 0
+    assert base.multimodal_inputs == {"images": ["a.png"]}
+    # the same picture sent as base64, and a second one: one sample, the new image in context
+    assert assembler.add(image_call([5, 7, 7, 6, 10, 11, 5, 7, 7, 6], [12], ["data:a", "b.png"], ["ka", "kb"])) == 0
+    assert base.multimodal_inputs == {"images": ["a.png", "b.png"], "prompt_images": 1}
+    assert base.loss_mask == [1, 1, 0, 0, 0, 0, 1]
+    # the same ids but another first picture: not a continuation
+    assert assembler.add(image_call([5, 7, 7, 6, 10, 11, 9], [13], ["c.png"], ["kc"])) == 1
+    # a text-only call: its sample has no images
+    assert assembler.add(image_call([1, 2], [3], [], [])) == 2
+    samples = assembler.samples()
+    assert samples[1].multimodal_inputs == {"images": ["c.png"]} and samples[2].multimodal_inputs is None
+    base.reset_response()  # the context's image goes with the response
+    assert base.multimodal_inputs == {"images": ["a.png"]}
+    with pytest.raises(ValueError, match="1 images but 0 image keys"):
+        CallRecord([1], [2], [-1.0], [0], "stop", images=("a.png",))

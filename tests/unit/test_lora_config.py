@@ -64,3 +64,13 @@ def test_adapter_adds_scaled_low_rank_update_and_merges_to_the_same_map():
     torch.testing.assert_close(adapter.delta(x), by_hand)
     torch.testing.assert_close(x @ adapter.merged(w).T, x @ w.T + by_hand)
     assert adapter.merged(w).dtype == w.dtype
+
+
+def test_a_vlm_serves_its_language_models_adapter(tmp_path):
+    """A Qwen2.5-VL's adapters are its language model's (qwen2's HF modules): --lora-sync adapter can serve them."""
+    import json
+
+    from lean_rl.config_checks import lora_unserved_family
+
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "qwen2_5_vl", "text_config": {}}))
+    assert lora_unserved_family(str(tmp_path), LoraConfig(lora_rank=4)) is None

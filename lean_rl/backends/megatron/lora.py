@@ -29,6 +29,7 @@ from __future__ import annotations
 import functools
 import math
 import re
+from typing import cast
 
 import torch
 import torch.nn.functional as F
@@ -128,13 +129,14 @@ def _seed(seed: int, layer: int, target: str) -> int:
 
 
 def add_adapters(model: torch.nn.Module, config: LoraConfig, seed: int) -> dict[str, int]:
-    """Freeze `model` (this rank's GPTModel, before DDP wraps it) and adapt its targeted linear layers;
-    returns {parameter name: elements} of what now trains."""
-    model = _unwrap(model)
+    """Freeze `model` (this rank's GPTModel or VisionLanguageModel, before DDP wraps it) and adapt the
+    targeted linear layers of its language model; returns {parameter name: elements} of what now trains."""
+    whole = _unwrap(model)
+    for param in whole.parameters():  # a VLM's vision tower too: it stays frozen
+        param.requires_grad_(False)
+    model = cast(torch.nn.Module, getattr(whole, "language_model", whole))  # a VisionLanguageModel: its GPTModel
     tp = parallel_state.get_tensor_model_parallel_world_size()
     swiglu = bool(getattr(getattr(model, "config", None), "gated_linear_unit", False))  # GPTModel's TransformerConfig
-    for param in model.parameters():
-        param.requires_grad_(False)
     targets = config.lora_target_modules or LORA_TARGETS
     adapted: set[str] = set()
     for name, module in list(model.named_modules()):
@@ -161,7 +163,7 @@ def add_adapters(model: torch.nn.Module, config: LoraConfig, seed: int) -> dict[
     if missing or not adapted:
         raise ConfigError(f"--lora-target-modules {' '.join(missing or targets)}: no such layer in this model "
                           f"(MoE expert MLPs are not adapted; target {' '.join(_ATTENTION)})")
-    return trainable_parameters(model)
+    return trainable_parameters(whole)
 
 
 def trainable_parameters(model: torch.nn.Module) -> dict[str, int]:

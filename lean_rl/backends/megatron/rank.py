@@ -174,7 +174,10 @@ class MegatronRank:
     def named_hf_adapter_tensors(self, family: str) -> Iterator[tuple[str, torch.Tensor]]:
         """(PEFT name, tensor) of the LoRA adapters of this rank's pipeline stage (--lora-sync adapter)."""
         from lean_rl.backends.megatron.hf_weights.export import iter_stage_hf_adapter_tensors
+        from lean_rl.backends.megatron.vlm_weights import iter_stage_vlm_hf_adapter_tensors
 
+        if self.config.vlm_hf_config is not None:  # the language model's adapters (the tower has none)
+            return iter_stage_vlm_hf_adapter_tensors(self._require_weights(), self.config)  # type: ignore[arg-type]
         return iter_stage_hf_adapter_tensors(self._require_weights(), self.config, family)
 
     def weight_dtypes(self) -> list[str]:

@@ -13,7 +13,8 @@ from megatron.core import parallel_state
 from lean_rl.backends.megatron.config import MegatronConfig
 from lean_rl.backends.megatron.hf_weights.binding import bind_params
 from lean_rl.backends.megatron.hf_weights.checkpoint import HFCheckpoint
-from lean_rl.backends.megatron.hf_weights.export import gather_stage_tensors, iter_stage_hf_tensors
+from lean_rl.backends.megatron.hf_weights.export import (gather_stage_tensors, iter_stage_hf_adapter_tensors,
+                                                        iter_stage_hf_tensors)
 from lean_rl.backends.megatron.hf_weights.families import geometry, weight_rules
 from lean_rl.backends.megatron.hf_weights.layouts import to_megatron_shard
 from lean_rl.backends.megatron.vlm_family import vlm_family
@@ -62,6 +63,13 @@ def iter_stage_vlm_hf_tensors(model: VisionLanguageModel, config: MegatronConfig
         for name, hf_name in vision_hf_names(model).items():
             yield hf_name, params[name].detach()
     yield from iter_stage_hf_tensors(model.language_model, config, vlm_family(model.hf_config).text_family)
+
+
+def iter_stage_vlm_hf_adapter_tensors(model: VisionLanguageModel,
+                                      config: MegatronConfig) -> Iterator[tuple[str, torch.Tensor]]:
+    """(PEFT name, tensor) of the language model's LoRA adapters (--lora-rank adapts the language model
+    only, lora.add_adapters): its HF names are its text family's, as in iter_stage_vlm_hf_tensors."""
+    yield from iter_stage_hf_adapter_tensors(model.language_model, config, vlm_family(model.hf_config).text_family)
 
 
 def gather_vlm_hf_state_dict(model: VisionLanguageModel, config: MegatronConfig,

@@ -15,7 +15,8 @@ minus "/v1", api_key=session.api_key)`), each translated to a chat request and r
 
 session.py: the session (rendering, the engine call, what is recorded); server.py: the HTTP endpoint;
 chat.py: the OpenAI chat wire format; responses.py, messages.py: the Responses and Messages formats;
-trajectory.py: calls -> a call tree -> Samples (one per path, each with loss_weight 1/n).
+trajectory.py: calls -> a call tree -> Samples (one per path, each with loss_weight 1/n);
+image_parts.py, image_tokens.py: image_url parts for a vision-language model (docs/vlm.md).
 """
 
 from lean_rl.rollout.openai_capture.server import capture_server, stop_capture_servers

@@ -95,7 +95,7 @@ class CaptureSession:
         self.api_key = f"lean-rl-session-{secrets.token_urlsafe(24)}"
         self.model = str(cfg.engines.model_path)
         self.tokenizer = load_tokenizer(str(cfg.engines.model_path))  # cached per path
-        self.tokens = SessionTokens(self.tokenizer)  # what this session sampled, to keep its trajectory whole
+        self.tokens = SessionTokens(self.tokenizer, self.model)  # what it sampled and saw, to keep trajectories whole
         self.reward: float | None = None
         self.aborted = False
         self.closed = False
@@ -176,6 +176,8 @@ class CaptureSession:
             if self.aborted:
                 sample.status = Status.ABORTED
             sample.response = self.tokenizer.decode(sample.response_tokens)
+            self.tokens.images.fill_train_inputs(sample)  # as engine_prompt does for a data row's images
+            sample.check()
             self._annotate(sample)
         return samples
 
@@ -243,18 +245,19 @@ class CaptureSession:
             return 503, error_body(_ABORTED_MESSAGE, None, 503)
         try:
             request = parse_chat_request(body)
-            text = self.tokens.render(request)
+            chat = self.tokens.render(request)  # images: loaded, one pad each in the text
+            prompt_ids = self.tokens.prompt_ids(chat)  # images: the processor's expansion
+            prompt = self.tokens.engine_prompt(prompt_ids, chat)
         except RequestError as err:
             return self.refuse(str(err), err.param, err.status)
-        prompt_ids = self.tokens.prompt_ids(text)
-        left = self.budget - self._assembler.response_length_after_prompt(prompt_ids)
+        left = self.budget - self._assembler.response_length_after_prompt(prompt_ids, chat.image_keys)
         if left <= 0:
-            self._assembler.mark_truncated(prompt_ids)
+            self._assembler.mark_truncated(prompt_ids, chat.image_keys)
             return Served(number, completion_from_output("", "length", None, False), len(prompt_ids), 0)
         params = call_sampling_params(self.sampling_params, request, left)
         started = time.monotonic()
         try:
-            result = await generate_with_retries(self.cfg, prompt_ids, params, rid=f"capture-{self.id}-{number}",
+            result = await generate_with_retries(self.cfg, prompt, params, rid=f"capture-{self.id}-{number}",
                                                  routing_key=self.id)
         except EngineError as err:
             client_fault = isinstance(err, EngineHTTPError) and 400 <= err.status_code < 500
@@ -283,9 +286,9 @@ class CaptureSession:
                                   "tool_calls": len(completion.message.get("tool_calls") or ()),
                                   **({"tool_call_errors": list(completion.tool_call_errors)}
                                      if completion.tool_call_errors else {})},
-                              routed_experts=result.routed_experts)
+                              routed_experts=result.routed_experts, images=chat.image_refs, image_keys=chat.image_keys)
             self._assembler.add(call)
-            self.tokens.remember(prompt_ids, result.output_ids, completion.message, history_text)
+            self.tokens.remember(prompt, prompt_ids, result.output_ids, completion.message, history_text, chat)
         return Served(number, completion, len(prompt_ids), len(result.output_ids))
 
 

@@ -55,8 +55,12 @@ class CallRecord:
     finish_reason: str  # the engine's: "stop", "length" or "abort"
     info: dict[str, Any] = field(default_factory=dict)  # what the call recorded besides tokens
     routed_experts: str | None = None  # --use-rollout-routing-replay: the engine's, for prompt + output
+    images: tuple[str, ...] = ()  # the prompt's images in order (the URLs sent), and their pixels' keys
+    image_keys: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
+        if len(self.images) != len(self.image_keys):
+            raise ValueError(f"call: {len(self.images)} images but {len(self.image_keys)} image keys")
         n = len(self.output_ids)
         if len(self.output_log_probs) != n or len(self.weight_versions) != n:
             raise ValueError(f"call: {n} output ids but {len(self.output_log_probs)} log-probs and "
@@ -67,18 +71,21 @@ class CallRecord:
             raise ValueError("call: empty prompt")
 
 
-def splice_prompt_ids(text: str, tips: list[tuple[str, list[int]]], encode: Callable[[str], list[int]]) -> list[int]:
-    """The prompt ids of rendered `text`: when it starts with the text of an earlier call's prompt +
-    output (`tips`: (text, ids) pairs; the longest match), those very ids followed by the rest encoded,
-    so the model's sampled ids are never re-tokenized; else the whole text encoded."""
-    best: tuple[str, list[int]] | None = None
-    for tip_text, tip_ids in tips:
-        if text.startswith(tip_text) and (best is None or len(tip_text) > len(best[0])):
-            best = (tip_text, tip_ids)
+def splice_prompt_ids(text: str, tips: list[tuple[str, list[int], tuple[str, ...]]],
+                      encode: Callable[[str, int], list[int]], image_keys: tuple[str, ...] = ()) -> list[int]:
+    """The prompt ids of rendered `text` showing the images `image_keys`: when it starts with the text of
+    an earlier call's prompt + output and that call showed the first of these images (`tips`: (text, ids,
+    image keys); the longest match), those very ids followed by the rest encoded, so the model's sampled
+    ids are never re-tokenized; else the whole text encoded. `encode(rest, skip)`: the ids of `rest`,
+    whose images are image_keys[skip:]."""
+    best: tuple[str, list[int], tuple[str, ...]] | None = None
+    for tip in tips:
+        same_images = image_keys[:len(tip[2])] == tip[2]
+        if text.startswith(tip[0]) and same_images and (best is None or len(tip[0]) > len(best[0])):
+            best = tip
     if best is None:
-        return encode(text)
-    rest = text[len(best[0]):]
-    return list(best[1]) + (encode(rest) if rest else [])
+        return encode(text, 0)
+    return list(best[1]) + encode(text[len(best[0]):], len(best[2]))
 
 
 class TrajectoryAssembler:
@@ -91,6 +98,7 @@ class TrajectoryAssembler:
         self._last_call: list[CallRecord] = []  # per sample
         self._truncated: set[int] = set()  # samples whose response budget ran out before a call
         self._tips: list[list[int]] = []  # per node: its prompt + output ids
+        self._tip_images: list[tuple[str, ...]] = []  # per node: its prompt's image keys
         self._parents: list[int | None] = []  # per node
         self._node_sample: list[int] = []  # per node: the sample it trains in
         self._has_child: set[int] = set()
@@ -103,51 +111,56 @@ class TrajectoryAssembler:
         """The tree: per call (in the order added), its parent call, None for a root."""
         return list(self._parents)
 
-    def parent_node(self, prompt_ids: list[int]) -> int | None:
-        """The call whose prompt + output ids are the longest exact prefix of `prompt_ids` (None: a root)."""
+    def parent_node(self, prompt_ids: list[int], image_keys: tuple[str, ...] = ()) -> int | None:
+        """The call whose prompt + output ids are the longest exact prefix of `prompt_ids`, and whose images
+        are the first of `image_keys` (same-sized pictures have the same pads; None: a root)."""
         best, best_len = None, -1
         for node, tip in enumerate(self._tips):
-            n = len(tip)
-            if best_len < n <= len(prompt_ids) and prompt_ids[:n] == tip:
+            n, keys = len(tip), self._tip_images[node]
+            if best_len < n <= len(prompt_ids) and prompt_ids[:n] == tip and image_keys[:len(keys)] == keys:
                 best, best_len = node, n
         return best
 
-    def parent(self, prompt_ids: list[int]) -> int | None:
+    def parent(self, prompt_ids: list[int], image_keys: tuple[str, ...] = ()) -> int | None:
         """The sample a call with these prompt ids continues: its parent call's, when that call has no
         child yet (None: the call starts a new sample)."""
-        node = self.parent_node(prompt_ids)
+        node = self.parent_node(prompt_ids, image_keys)
         return None if node is None or node in self._has_child else self._node_sample[node]
 
-    def response_length_after_prompt(self, prompt_ids: list[int]) -> int:
+    def response_length_after_prompt(self, prompt_ids: list[int], image_keys: tuple[str, ...] = ()) -> int:
         """How long the response of the sample this prompt lands in is once the prompt is in (0 for a new
         sample): what a call has used of the response budget before it generates."""
-        i = self.parent(prompt_ids)
+        i = self.parent(prompt_ids, image_keys)
         if i is None:
             return 0
         sample = self._samples[i]
         return sample.response_length + len(prompt_ids) - len(sample.tokens)
 
-    def mark_truncated(self, prompt_ids: list[int]) -> None:
+    def mark_truncated(self, prompt_ids: list[int], image_keys: tuple[str, ...] = ()) -> None:
         """A call was refused for lack of response budget: its sample ends TRUNCATED."""
-        i = self.parent(prompt_ids)
+        i = self.parent(prompt_ids, image_keys)
         if i is not None:
             self._truncated.add(i)
 
     def add(self, call: CallRecord) -> int:
         """Add the call as a node of the tree; returns the position of the sample it went into."""
-        node, parent_node = len(self._tips), self.parent_node(call.prompt_ids)
-        i = self.parent(call.prompt_ids)
+        node, parent_node = len(self._tips), self.parent_node(call.prompt_ids, call.image_keys)
+        i = self.parent(call.prompt_ids, call.image_keys)
         if i is None:
             i = len(self._samples)
             self._samples.append(self._new_sample(call.prompt_ids, part=i))
+            self._samples[i].multimodal_inputs = {"images": list(call.images)} if call.images else None
+            self._samples[i].multimodal_train_inputs = None  # the session computes them for these images
             self._last_call.append(call)
             extension: list[int] = []
         else:
             extension = call.prompt_ids[len(self._samples[i].tokens):]
+            _add_images(self._samples[i], call.images)
             self._last_call[i] = call
         if parent_node is not None:
             self._has_child.add(parent_node)
         self._tips.append(list(call.prompt_ids) + list(call.output_ids))
+        self._tip_images.append(call.image_keys)
         self._parents.append(parent_node)
         self._node_sample.append(i)
         sample = self._samples[i]
@@ -187,3 +200,13 @@ class TrajectoryAssembler:
             sample.loss_weight = 1.0 / len(self._samples)
             sample.check()
         return list(self._samples)
+
+
+def _add_images(sample: Sample, images: tuple[str, ...]) -> None:
+    """A continuing call's images: the sample's (its earlier calls', the same pictures) and the new ones,
+    which came in context (`prompt_images`: how many the sample's prompt holds, Sample's meaning)."""
+    inputs = sample.multimodal_inputs or {"images": []}
+    if len(images) > len(inputs["images"]):
+        inputs.setdefault("prompt_images", len(inputs["images"]))
+        inputs["images"] = list(inputs["images"]) + list(images[len(inputs["images"]):])
+        sample.multimodal_inputs = inputs
