@@ -8,7 +8,7 @@ Both sides send the same prompts with the same sampling parameters (ignore_eos, 
 exactly --max-new-tokens tokens) through the same sglang-router at the same concurrency. Ours is the
 whole default rollout: buffer hand-out, per-sample requests with log-probs, decoding, rewards, groups
 back into the buffer. The floor is the same requests (the same bodies, request ids included) posted bare
-through one httpx connection pool sized like ours, each answer read as JSON: what any rollout over
+through httpx connection pools shaped like ours (as many, the same limits), each answer read as JSON: what any rollout over
 HTTP must at least do.
 
 Measurement: rounds come in pairs (ours and the floor back to back, the order alternating from pair to
@@ -24,6 +24,7 @@ taken from generation, and it is far less noisy than wall time.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import json
 import statistics
@@ -36,6 +37,7 @@ import httpx
 from bench_common import at_least, bench_parser, command_line, parse_bench_args, row, run_bench, write_rows
 from lean_rl.extensions import install as install_hooks
 from lean_rl.backends.sglang.client import EngineClient
+from lean_rl.backends.sglang.engine_http import pool_limits
 from lean_rl.backends.sglang.engines import EngineGroup
 from lean_rl.backends.sglang.responses import build_generate_payload
 from lean_rl.buffer.data_buffer import create_data_buffer
@@ -62,16 +64,20 @@ def write_prompts(path: Path, n: int) -> Path:
 async def floor_round(router_url: str, prompts: list[list[int]], samples: int, params: dict, concurrency: int,
                       headers: dict[str, str]) -> tuple[float, int]:
     """The floor: the same /generate requests (body as ours sends it, log-probs and a request id included)
-    posted at the same concurrency through one httpx connection pool sized like ours (EngineClient's),
-    with the run's auth `headers`, each answer read as JSON. (seconds, output tokens)."""
+    posted at the same concurrency through httpx connection pools shaped like ours (EngineClient's:
+    as many pools, the same limits, taken in turn), with the run's auth `headers`, each answer read as
+    JSON. (seconds, output tokens)."""
     semaphore = asyncio.Semaphore(concurrency)
-    limits = httpx.Limits(max_connections=EngineClient.max_connections, max_keepalive_connections=256)
-    async with httpx.AsyncClient(base_url=router_url, timeout=600, limits=limits, trust_env=False,
-                                 headers=headers) as http:
+    async with contextlib.AsyncExitStack() as stack:
+        pools = [await stack.enter_async_context(httpx.AsyncClient(base_url=router_url, timeout=600, limits=limits,
+                                                                   trust_env=False, headers=headers))
+                 for limits in pool_limits(EngineClient.max_connections, EngineClient.max_keepalive_connections,
+                                           EngineClient.pool_shards)]
+
         async def one(number, ids):
             async with semaphore:
                 body = build_generate_payload(ids, params, return_logprob=True, rid=f"floor-{number}")
-                reply = await http.post("/generate", json=body)
+                reply = await pools[number % len(pools)].post("/generate", json=body)
                 reply.raise_for_status()
                 return reply.json()["meta_info"]["completion_tokens"]
 
@@ -184,7 +190,7 @@ def main(argv: list[str]) -> int:
              f"pairs of rounds; spread: half the quartile distance of the pairs' ratios")
     command = command_line("rollout_throughput", argv)
     write_rows(args.json, [
-        row(f"rollout time, ours / the same `/generate` requests through one connection pool sized like ours "
+        row(f"rollout time, ours / the same `/generate` requests through connection pools shaped like ours "
             f"({setup})",
             f"{ours:.0f} tok/s, client CPU {ours_cpu:.2f} ms/request",
             f"{floor:.0f} tok/s, client CPU {floor_cpu:.2f} ms/request: the same requests, bare; pairs' ratios "
