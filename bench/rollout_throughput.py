@@ -37,7 +37,7 @@ import httpx
 from bench_common import at_least, bench_parser, command_line, parse_bench_args, row, run_bench, write_rows
 from lean_rl.extensions import install as install_hooks
 from lean_rl.backends.sglang.client import EngineClient
-from lean_rl.backends.sglang.engine_http import pool_limits
+from lean_rl.backends.sglang.engine_http import pool_limits, tls_context
 from lean_rl.backends.sglang.engines import EngineGroup
 from lean_rl.backends.sglang.responses import build_generate_payload
 from lean_rl.buffer.data_buffer import create_data_buffer
@@ -70,7 +70,8 @@ async def floor_round(router_url: str, prompts: list[list[int]], samples: int, p
     semaphore = asyncio.Semaphore(concurrency)
     async with contextlib.AsyncExitStack() as stack:
         pools = [await stack.enter_async_context(httpx.AsyncClient(base_url=router_url, timeout=600, limits=limits,
-                                                                   trust_env=False, headers=headers))
+                                                                   trust_env=False, headers=headers,
+                                                                   verify=tls_context()))
                  for limits in pool_limits(EngineClient.max_connections, EngineClient.max_keepalive_connections,
                                            EngineClient.pool_shards)]
 
