@@ -116,8 +116,8 @@ class Sample:
         self.response += text
         self.response_length += n
         self.loss_mask.extend([1 if trainable else 0] * n)
-        self.rollout_log_probs.extend(float(x) for x in log_probs)
-        self.weight_versions.extend(int(v) for v in weight_versions)
+        self.rollout_log_probs.extend(map(float, log_probs))  # map: no Python frame per token
+        self.weight_versions.extend(map(int, weight_versions))
         if routed_experts:
             self.routed_experts = routed_experts
         elif self.routed_experts is not None:

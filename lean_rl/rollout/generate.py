@@ -96,8 +96,10 @@ def count_retry(sample: Sample, err: Exception) -> None:
 def token_versions(result) -> list[int]:
     """Per output token, the policy version that generated it (SGLang reports spans when weights changed
     during the request; otherwise one version for all)."""
-    versions = [parse_weight_version(result.weight_version)] * len(result.output_ids)
-    for span in result.weight_version_spans:
-        for i in range(max(span.start, 0), min(span.end, len(versions))):
-            versions[i] = parse_weight_version(span.version)
+    count = len(result.output_ids)
+    versions = [parse_weight_version(result.weight_version)] * count
+    for span in result.weight_version_spans:  # one slice per span: SGLang sends a span on every answer
+        start, end = max(span.start, 0), min(span.end, count)
+        if start < end:
+            versions[start:end] = [parse_weight_version(span.version)] * (end - start)
     return versions

@@ -117,7 +117,7 @@ def parse_generate_response(body: object, *, return_logprob: bool, return_routed
     try:
         if not isinstance(output_ids, list):
             raise TypeError
-        output_ids = [int(t) for t in output_ids]
+        output_ids = list(map(int, output_ids))  # map: no Python frame per token
     except (TypeError, ValueError) as exc:
         raise ValueError(f"output_ids must be a list of token ids, got {str(body['output_ids'])[:300]}") from exc
     if not isinstance(meta, dict):
@@ -141,7 +141,7 @@ def parse_generate_response(body: object, *, return_logprob: bool, return_routed
             got = len(entries) if isinstance(entries, list) else type(entries).__name__
             raise ValueError(f"{got} output_token_logprobs for {len(output_ids)} output_ids")
         try:
-            log_probs = [float(entry[0]) for entry in entries]
+            log_probs = list(map(float, map(operator.itemgetter(0), entries)))
         except (TypeError, ValueError, IndexError) as exc:
             raise ValueError(f"output_token_logprobs entries must be [logprob, id, text] ({exc})") from exc
 
