@@ -1,7 +1,7 @@
 """The curves of run_recipes.py's runs, per step, from each run's metrics.jsonl (LOG/<recipe>/metrics.jsonl,
-or LOG/<recipe>_metrics.jsonl as results/ keeps them): sl_basic's train and test NLL per token, rl_basic's
-and rl_loop's mean reward, DPO's loss, accuracy and margin; one PNG and the same numbers as markdown
-tables. A recipe without a metrics file is left out.
+or LOG/<recipe>_metrics.jsonl as results/ keeps them): sl_basic's train and test NLL per token; rl_basic's,
+rl_basic_kl's (with its KL to the base) and rl_loop's mean reward; DPO's loss, accuracy and margin. One
+PNG and the same numbers as markdown tables; a recipe without a metrics file is left out.
 
     python examples/tinker_cookbook/plot.py --log-dir /tmp/cookbook --out examples/tinker_cookbook/results
 """
@@ -20,6 +20,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 # (recipe, metric keys, y label) per panel
 PANELS = [("sl_basic", ("train_mean_nll", "test/nll"), "NLL per token (nats)"),
           ("rl_basic", ("env/all/reward/total",), "mean reward"),
+          ("rl_basic_kl", ("env/all/reward/total", "kl_policy_base"), "mean reward / KL to the base (nats)"),
           ("rl_loop", ("reward/total",), "mean reward"),
           ("dpo", ("dpo_loss", "accuracy"), "DPO loss / pair accuracy"),
           ("dpo", ("margin", "chosen_reward", "rejected_reward"), "implicit reward (beta x log-ratio)")]

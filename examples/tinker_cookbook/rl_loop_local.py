@@ -41,7 +41,6 @@ def write_toy_gsm8k(path: Path, num_rows: int, seed: int) -> Path:
     kinds = sorted(KINDS)
     rows = [{"question": f"answer in {kinds[i % 2]}: " + " ".join(rng.choice(_WORDS) for _ in range(rng.randint(2, 5))),
              "answer": kinds[i % 2]} for i in range(num_rows)]
-    rng.shuffle(rows)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return path

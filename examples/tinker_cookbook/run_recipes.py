@@ -6,6 +6,7 @@ Tinker server (docs/tinker.md), with local data instead of the Hugging Face hub:
   shows), 16 held out for the test NLL;
 - rl_basic: the recipe's RL loop (tinker_cookbook.rl.train, loss importance_sampling) on the toy task
   as a cookbook RL dataset (toy_env.py) instead of GSM8K;
+- rl_basic_kl: rl_basic with its KL penalty against a sampling client of the base model;
 - rl_loop: the cookbook's minimal RL loop (tinker_cookbook.recipes.rl_loop, loss importance_sampling or
   cispo; its default stable_reinforce is refused by this server) with its hard-wired GSM8K, renderer
   and \\boxed{} reward swapped for the toy task (rl_loop_local.py says where and why);
@@ -45,7 +46,7 @@ from rl_loop_local import local_rl_loop, write_toy_gsm8k  # noqa: E402
 from toy_env import ToyDatasetBuilder  # noqa: E402
 
 RENDERER = "role_colon"
-RECIPES = ("sl_basic", "rl_basic", "rl_loop", "dpo")
+RECIPES = ("sl_basic", "rl_basic", "rl_basic_kl", "rl_loop", "dpo")
 CONVERSATIONS = Path(tinker_cookbook.__file__).parent / "example_data" / "conversations.jsonl"
 
 
@@ -60,13 +61,18 @@ def sl_config(args) -> sl_train.Config:
                            eval_every=2, save_every=0, lora_rank=args.lora_rank, base_url=args.base_url)
 
 
-def rl_config(args) -> rl_train.Config:
+def rl_config(args, kl_penalty_coef: float = 0.0) -> rl_train.Config:
+    """rl_basic; with kl_penalty_coef > 0 the reward is penalised by the sampled tokens' log-ratio to a
+    sampling client of the base model (the recipe's KLReferenceConfig), logged as kl_policy_base."""
     dataset = ToyDatasetBuilder(batch_size=8, group_size=8, num_batches=args.rl_steps,
                                 model_name_for_tokenizer=args.model, renderer_name=RENDERER)
-    return rl_train.Config(log_path=str(args.log_dir / "rl_basic"), model_name=args.model,
+    kl = {"kl_penalty_coef": kl_penalty_coef,
+          "kl_reference_config": rl_train.KLReferenceConfig(base_model=args.model)} if kl_penalty_coef > 0 else {}
+    name = "rl_basic_kl" if kl_penalty_coef > 0 else "rl_basic"
+    return rl_train.Config(log_path=str(args.log_dir / name), model_name=args.model,
                            recipe_name="recipe_rl_basic", renderer_name=RENDERER, dataset_builder=dataset,
                            learning_rate=args.rl_lr, max_tokens=8, eval_every=0, save_every=0,
-                           lora_rank=args.lora_rank, base_url=args.base_url)
+                           lora_rank=args.lora_rank, base_url=args.base_url, **kl)
 
 
 def rl_loop_config(args) -> rl_loop.Config:
@@ -103,6 +109,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--sl-epochs", type=int, default=4)
     parser.add_argument("--rl-lr", type=float, default=5e-3)
     parser.add_argument("--rl-steps", type=int, default=16)
+    parser.add_argument("--kl-coef", type=float, default=0.05, help="rl_basic_kl's kl_penalty_coef")
     parser.add_argument("--rl-loop-lr", type=float, default=2e-3)
     parser.add_argument("--rl-loop-steps", type=int, default=24)
     parser.add_argument("--rl-loop-loss", default="importance_sampling", choices=["importance_sampling", "cispo"])
@@ -114,6 +121,8 @@ def main(argv: list[str] | None = None) -> None:
         sl_basic.main(sl_config(args))
     if "rl_basic" in args.recipes:
         rl_basic.main(rl_config(args))
+    if "rl_basic_kl" in args.recipes:
+        rl_basic.main(rl_config(args, args.kl_coef))
     if "rl_loop" in args.recipes:
         data = write_toy_gsm8k(args.log_dir / "rl_loop_data" / "train.jsonl", 8 * args.rl_loop_steps, 0)
         with local_rl_loop(data, RENDERER, args.model):
