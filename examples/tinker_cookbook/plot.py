@@ -1,5 +1,7 @@
-"""The curves of run_recipes.py's runs: sl_basic's train and test NLL per token, rl_basic's mean reward,
-per step, from each run's metrics.jsonl; one PNG and the same numbers as markdown tables.
+"""The curves of run_recipes.py's runs, per step, from each run's metrics.jsonl (LOG/<recipe>/metrics.jsonl,
+or LOG/<recipe>_metrics.jsonl as results/ keeps them): sl_basic's train and test NLL per token; rl_basic's,
+rl_basic_kl's (with its KL to the base) and rl_loop's mean reward; DPO's loss, accuracy and margin. One
+PNG and the same numbers as markdown tables; a recipe without a metrics file is left out.
 
     python examples/tinker_cookbook/plot.py --log-dir /tmp/cookbook --out examples/tinker_cookbook/results
 """
@@ -15,7 +17,20 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-SERIES = {"sl_basic": ("train_mean_nll", "test/nll"), "rl_basic": ("env/all/reward/total",)}
+# (recipe, metric keys, y label) per panel
+PANELS = [("sl_basic", ("train_mean_nll", "test/nll"), "NLL per token (nats)"),
+          ("rl_basic", ("env/all/reward/total",), "mean reward"),
+          ("rl_basic_kl", ("env/all/reward/total", "kl_policy_base"), "mean reward / KL to the base (nats)"),
+          ("rl_loop", ("reward/total",), "mean reward"),
+          ("dpo", ("dpo_loss", "accuracy"), "DPO loss / pair accuracy"),
+          ("dpo", ("margin", "chosen_reward", "rejected_reward"), "implicit reward (beta x log-ratio)")]
+
+
+def metrics_file(log_dir: Path, recipe: str) -> Path | None:
+    for path in (log_dir / recipe / "metrics.jsonl", log_dir / f"{recipe}_metrics.jsonl"):
+        if path.exists():
+            return path
+    return None
 
 
 def read(path: Path, keys: tuple[str, ...]) -> dict[str, list[tuple[int, float]]]:
@@ -43,19 +58,26 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
-    figure, axes = plt.subplots(1, 2, figsize=(10, 3.6))
+    panels = [(recipe, keys, label, path) for recipe, keys, label in PANELS
+              if (path := metrics_file(args.log_dir, recipe)) is not None]
+    if not panels:
+        parser.error(f"--log-dir {args.log_dir}: no metrics.jsonl of {sorted({p[0] for p in PANELS})}")
+    columns = min(3, len(panels))
+    rows = -(-len(panels) // columns)
+    figure, axes = plt.subplots(rows, columns, figsize=(5 * columns, 3.6 * rows), squeeze=False)
     tables = []
-    for ax, (recipe, keys) in zip(axes, SERIES.items()):
-        series = read(args.log_dir / recipe / "metrics.jsonl", keys)
+    for ax, (recipe, keys, label, path) in zip(axes.flat, panels):
+        series = read(path, keys)
         for key, points in series.items():
             ax.plot([s for s, _ in points], [v for _, v in points], marker="o", markersize=3, label=key)
-        ax.set_title(f"tinker-cookbook {recipe} on lean_rl.serve_tinker")
+        ax.set_title(f"tinker-cookbook {recipe} on lean_rl.serve_tinker", fontsize=9)
         ax.set_xlabel("step")
-        ax.legend()
+        ax.set_ylabel(label)
+        ax.legend(fontsize=8)
         ax.grid(alpha=0.3)
         tables.append(f"{recipe}\n\n{table(series)}\n")
-    axes[0].set_ylabel("NLL per token (nats)")
-    axes[1].set_ylabel("mean reward")
+    for ax in list(axes.flat)[len(panels):]:
+        ax.set_visible(False)
     figure.tight_layout()
     figure.savefig(args.out / "curves.png", dpi=100)
     (args.out / "curves.md").write_text("\n".join(tables))
