@@ -34,6 +34,7 @@ from lean_rl.tinker.batches import build_micro_batches, per_datum_logprobs
 from lean_rl.tinker.checkpoints import StateMeta, check_meta, parse_path, state_dir, tinker_path, write_meta
 from lean_rl.tinker.futures import UserError
 from lean_rl.tinker.sampling import sample
+from lean_rl.tinker.snapshots import SnapshotSlots
 from lean_rl.tinker.wire import ForwardBackwardCall, encode_forward_backward_output
 
 if TYPE_CHECKING:
@@ -76,7 +77,8 @@ class TinkerService:
         self._count = 0
         self._last_beat: dict[str, float] = {}  # session id -> monotonic time of its last heartbeat
         self.samplers: dict[str, str] = {}  # sampling session id -> engine adapter name, or BASE
-        self.loaded: list[str] = []  # engine adapter names, oldest first
+        # engine adapter names; one place stays the run's own adapter's
+        self.loaded = SnapshotSlots(cfg.engines.adapter.max_loaded - 1)
         self.router_url, self.timeout_s = runtime.engines.router_url, cfg.engines.request_timeout_s
         self.api_key = cfg.engines.api_key
         self.tp_size = max(1, cfg.engines.gpus_per_engine)  # one payload per engine TP rank (0 on CPU)
@@ -226,14 +228,13 @@ class TinkerService:
     async def _load_on_engines(self, adapter: str, payload: str) -> None:
         engines = [EngineClient(url, timeout_s=self.timeout_s, api_key=self.api_key)
                    for url in self.engine_urls]
-        while len(self.loaded) >= self.adapter.max_loaded - 1:  # one place stays the run's own adapter's
-            oldest = self.loaded.pop(0)
+        for unused in self.loaded.make_room():
             for engine in engines:
-                await engine.request("POST", "/unload_lora_adapter", {"lora_name": oldest})
+                await engine.request("POST", "/unload_lora_adapter", {"lora_name": unused})
         body = {"lora_name": adapter, "config_dict": self.adapter.peft_config(),
                 "serialized_named_tensors": [payload] * self.tp_size}
         await asyncio.gather(*(e.request("POST", "/load_lora_adapter_from_tensors", body) for e in engines))
-        self.loaded.append(adapter)
+        self.loaded.add(adapter)
         for engine in engines:
             await engine.aclose()
 
@@ -261,7 +262,10 @@ class TinkerService:
             raise UserError(f"sampling_session_id {session_id!r}: unknown (create a sampling client first)")
         if bound != BASE and bound not in self.loaded:
             raise UserError(f"this sampling client's sampler weights ({bound}) were unloaded: the engines keep the "
-                            f"last {self.adapter.max_loaded - 1} (--max-sampler-adapters); create a new sampling client")
+                            f"{self.adapter.max_loaded - 1} most recently sampled (--max-sampler-adapters); "
+                            "create a new sampling client")
+        if bound != BASE:
+            self.loaded.touch(bound)
         client = self.client(None if bound == BASE else bound)
         try:
             return await sample(client, request)
