@@ -166,3 +166,33 @@ def test_the_converters_views_are_to_hf_tensors_bit_for_bit(family, tiny_model_f
         tensor = torch.randn(shape)
         made, ours = to_hf_tensors(entry.rule.layout, [tensor], geo), _hf_tensors(entry.rule.layout, tensor, geo)
         assert len(made) == len(ours) and all(torch.equal(a, b) and a.dtype == b.dtype for a, b in zip(made, ours))
+
+
+@pytest.mark.parametrize("family", ["qwen2", "qwen3_moe"])
+def test_fused_reads_are_to_megatron_shard_bit_for_bit(family, tiny_model_factory, tmp_path):
+    from lean_rl.backends.megatron.hf_weights.layouts import to_megatron_shard
+    from lean_rl.convert.fused_read import fused_tp1
+    from lean_rl.convert.hf_to_megatron import ordered_instances
+    from lean_rl.convert.safetensors_io import HFSafetensors
+
+    arch = arch_from_hf_config(tiny_model_factory(family), make_vocab_size_divisible_by=96)
+    config = MegatronConfig(arch, ParallelConfig())
+    geo = geometry(config)
+    instances = ordered_instances(dist_entries(weight_rules(family, arch), arch, config.padded_vocab_size), arch)
+    tensors = {}
+    for inst in instances:
+        for name, shape in zip(inst.hf_names, hf_shapes(inst.entry.rule.layout, inst.entry.param_shape, geo)):
+            tensors[name] = torch.randn(shape).to(torch.bfloat16)
+    save_file(tensors, str(tmp_path / "model.safetensors"))
+    source = HFSafetensors(tmp_path)
+    fused = set()
+    for inst in instances:
+        layout = inst.entry.rule.layout
+        ours = fused_tp1(layout, [source.tensors[n] for n in inst.hf_names], geo, torch.bfloat16)
+        if ours is None:
+            continue
+        fused.add(layout.name)
+        made = to_megatron_shard(layout, [tensors[n] for n in inst.hf_names], 0, 1, geo)
+        assert torch.equal(ours.view(torch.int16), made.view(torch.int16)), inst.hf_names
+        assert fused_tp1(layout, [source.tensors[n] for n in inst.hf_names], geo, torch.float32) is None  # a cast
+    assert {"QKV", "GATE_UP", "VOCAB"} <= fused
