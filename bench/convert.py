@@ -37,10 +37,10 @@ import time
 from pathlib import Path
 
 from bench_common import NO_GOAL, at_least, bench_parser, command_line, parse_bench_args, row, run_bench, write_rows
+from floors import prime_cache, raw_copy, weight_files
 from lean_rl.options import ConfigError
 from lean_rl.testing.tiny_model import PRESETS
 
-BLOCK = 2**20  # the floor's read and write size (the converters write about 1 MB at a time)
 QUICK = {"repeat": 3}
 CONVERT_GOAL = "<= 2"  # conversion time / the raw read + write of the same bytes (issue 42)
 
@@ -87,7 +87,7 @@ def worker(kind: str, src: str, dst: str, shard_size: str) -> dict:
     base = _current_rss_bytes()
     fsync_seconds = _time_fsyncs()
     os.sync()  # what earlier runs left dirty is written back now, not inside this run's fsyncs
-    started, cpu_started = time.monotonic(), time.process_time()
+    started, cpu_started, times_started = time.monotonic(), time.process_time(), os.times()
     if kind == "raw":  # SHARD is the converter's output directory: the files to write, as many and as large
         raw_copy(Path(src), Path(dst), Path(shard_size))
     elif kind == "hf_to_megatron":
@@ -96,83 +96,10 @@ def worker(kind: str, src: str, dst: str, shard_size: str) -> dict:
         convert_megatron_to_hf(src, dst, max_shard_bytes=parse_size(shard_size))
     else:
         raise ValueError(kind)
+    times = os.times()
     return {"seconds": time.monotonic() - started, "cpu_seconds": time.process_time() - cpu_started,
+            "user_seconds": times.user - times_started.user, "system_seconds": times.system - times_started.system,
             "fsync_seconds": fsync_seconds[0], "rss_after_imports": base, "peak_rss": _peak_rss_bytes()}
-
-
-def _weight_files(directory: Path) -> list[Path]:
-    return sorted(p for p in directory.rglob("*") if p.suffix in (".safetensors", ".distcp"))
-
-
-def raw_copy(src: Path, dst: Path, layout: Path) -> None:
-    """The physical floor of a conversion: read every weight file of `src` and write the files the converter
-    wrote to `layout` (the same names and sizes, so the same number of fsyncs), through one buffer
-    (readinto, no copies), then one fsync per file; the bytes written are the bytes read (zeros past the end of
-    the input, where the output is the larger)."""
-    dst.mkdir(parents=True)
-    inputs = iter(_weight_files(src))
-    reader = None
-    buffer = bytearray(BLOCK)
-
-    def fill(view: memoryview) -> None:
-        nonlocal reader
-        got = 0
-        while got < len(view):
-            if reader is None:
-                path = next(inputs, None)
-                if path is None:
-                    view[got:] = bytes(len(view) - got)
-                    return
-                reader = open(path, "rb", buffering=0)
-            n = reader.readinto(view[got:])
-            if not n:
-                reader.close()
-                reader = None
-            got += n or 0
-
-    written = []
-    for target in _weight_files(layout):
-        left = target.stat().st_size
-        with open(dst / target.name, "wb") as writer:
-            while left > 0:
-                view = memoryview(buffer)[:min(BLOCK, left)]
-                fill(view)
-                writer.write(view)
-                left -= len(view)
-        written.append(dst / target.name)
-    for path in written:  # as the converters do: every file written, then each synced
-        descriptor = os.open(path, os.O_RDONLY)
-        try:
-            os.fsync(descriptor)
-        finally:
-            os.close(descriptor)
-    while True:  # every input byte is read, as the converter reads it
-        if reader is None:
-            path = next(inputs, None)
-            if path is None:
-                return
-            reader = open(path, "rb", buffering=0)
-        while reader.readinto(buffer):
-            pass
-        reader.close()
-        reader = None
-
-
-def prime_cache(src: Path, cache: str) -> None:
-    """The page-cache state every timed run starts from, the same for the conversion and its floor: nothing
-    dirty (os.sync), the outputs of earlier runs deleted, and the input weight files either read once
-    (warm: in the page cache) or dropped from it (cold: posix_fadvise DONTNEED after the sync, which a
-    clean page obeys without privileges). Before this, the floor ran in whatever state the conversion
-    before it left, so a row could beat its floor and be refused (issue 42)."""
-    os.sync()
-    for path in _weight_files(src):
-        with open(path, "rb", buffering=0) as f:
-            if cache == "cold":
-                os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
-            else:
-                buffer = bytearray(BLOCK)
-                while f.readinto(buffer):
-                    pass
 
 
 def run_once(kind: str, src: Path, dst: Path, shard_size: str, cache: str, clear: tuple[Path, ...] = ()) -> dict:
@@ -202,7 +129,7 @@ def measure_pair(kind: str, src: Path, dst: Path, raw_dst: Path, shard_size: str
     keep = dst.with_name(dst.name + ".layout")  # the floor's layout (names, sizes: sparse files), kept apart
     shutil.rmtree(keep, ignore_errors=True)  # from the conversion's reruns, which delete its output
     keep.mkdir(parents=True)
-    for path in _weight_files(layout):
+    for path in weight_files(layout):
         with open(keep / path.name, "wb") as f:
             f.truncate(path.stat().st_size)
     runs: dict[str, list[dict]] = {"conv": [], "raw": []}
@@ -224,6 +151,8 @@ def measure_pair(kind: str, src: Path, dst: Path, raw_dst: Path, shard_size: str
         return {"seconds": statistics.median(seconds), "rounds": seconds, "cpu_seconds": statistics.median(cpu),
                 "cpu_rounds": cpu, "cpu_spread": max(cpu) / min(cpu) - 1,
                 "fsync_seconds": statistics.median(r["fsync_seconds"] for r in results),
+                "user_seconds": statistics.median(r["user_seconds"] for r in results),
+                "system_seconds": statistics.median(r["system_seconds"] for r in results),
                 "spread": max(seconds) / min(seconds) - 1,
                 "rss_after_imports": max(r["rss_after_imports"] for r in results),
                 "peak_rss": max(r["peak_rss"] for r in results)}
@@ -279,7 +208,9 @@ def projection(model_bytes: int, to_megatron: dict, to_hf: dict, raw_hf: dict, r
     """A 70B-class checkpoint's conversion time from this run's rates (printed; docs/performance.md)."""
     big = 70e9 * 2  # 70B parameters in bf16
     lines = [f"projection to a 70B checkpoint ({big / 1e9:.0f} GB bf16), from this run's rates, assuming the "
-             f"time grows with bytes (the converters stream: memory stays at one shard + one tensor):"]
+             f"time grows with bytes (the converters stream: memory stays at one shard + one tensor)"
+             + (": this model is too small for that, its fixed costs dominate (use base100m or larger)"
+                if model_bytes < 100e6 else ":")]
     for name, conv, raw in (("hf->megatron", to_megatron, raw_hf), ("megatron->hf", to_hf, raw_dist)):
         wall, cpu = model_bytes / conv["seconds"], model_bytes / conv["cpu_seconds"]
         lines.append(f"  {name}: {wall / 1e6:.0f} MB/s wall -> {big / wall / 60:.1f} min; CPU-bound rate "
@@ -375,7 +306,8 @@ def main(argv: list[str]) -> int:
         for side, runs in (("conversion", conv), ("floor", raw)):
             print(f"  {name} {side} rounds: wall {' '.join(f'{x:.2f}' for x in runs['rounds'])} s (spread "
                   f"{runs['spread']:.0%}), CPU {' '.join(f'{x:.2f}' for x in runs['cpu_rounds'])} s (spread "
-                  f"{runs['cpu_spread']:.0%}), fsync {runs['fsync_seconds']:.2f} s (median)")
+                  f"{runs['cpu_spread']:.0%}; median user {runs['user_seconds']:.2f} s, system {runs['system_seconds']:.2f} s), "
+                  f"fsync {runs['fsync_seconds']:.2f} s (median)")
     print(projection(model_bytes, to_megatron, to_hf, raw_hf, raw_dist))
     write_rows(args.json, rows)
     return 0
