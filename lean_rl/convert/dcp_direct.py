@@ -20,6 +20,7 @@ import io
 import os
 import sys
 from pathlib import Path
+from typing import IO, cast
 
 import torch
 from torch.distributed.checkpoint import FileSystemReader
@@ -58,8 +59,9 @@ class _FileSlice(io.RawIOBase):
 
 
 def _native_byte_order(record: _FileSlice) -> bool:
-    reader = torch._C.PyTorchFileReader(record)
-    native = bool(reader.has_record("byteorder")) and bytes(reader.get_record("byteorder")).decode() == sys.byteorder
+    reader = torch._C.PyTorchFileReader(cast(IO[bytes], record))
+    native = ("byteorder" in reader.get_all_records()
+              and bytes(reader.get_record("byteorder")).decode() == sys.byteorder)
     record.seek(0)  # for the torch.load that follows
     return native
 
@@ -69,7 +71,7 @@ def _read_direct(fd: int, path: Path, start: int, length: int, item: ReadItem, d
     record = _FileSlice(fd, start, length)
     if not _native_byte_order(record):
         return False
-    stored = torch.load(record, map_location="meta", weights_only=True)
+    stored = torch.load(cast(IO[bytes], record), map_location="meta", weights_only=True)
     if not isinstance(stored, torch.Tensor) or stored.dtype != dest.dtype or not stored.is_contiguous():
         return False
     piece = stored
@@ -78,13 +80,16 @@ def _read_direct(fd: int, path: Path, start: int, length: int, item: ReadItem, d
     if tuple(piece.shape) != tuple(dest.shape) or not piece.is_contiguous() or not dest.is_contiguous():
         return False
     itemsize = dest.element_size()
-    begin = stored.untyped_storage()._checkpoint_offset + piece.storage_offset() * itemsize  # type: ignore[attr-defined]
+    record_offset = stored.untyped_storage()._checkpoint_offset  # set by torch.load for map_location="meta"
+    if record_offset is None:
+        return False
+    begin = record_offset + int(piece.storage_offset()) * itemsize
     nbytes = dest.numel() * itemsize
     if begin + nbytes > length:
         raise CheckpointError(f"{path}: the record of {item.storage_index.fqn} at {start} is shorter than its tensor")
     if nbytes == 0:
         return True
-    view = memoryview(dest.reshape(-1).view(torch.uint8).numpy()).cast("B")
+    view = dest.reshape(-1).view(torch.uint8).numpy().data.cast("B")
     done = 0
     while done < nbytes:
         n = os.preadv(fd, [view[done:]], start + begin + done)

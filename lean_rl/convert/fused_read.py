@@ -27,7 +27,7 @@ def read_rows_into(info: TensorInfo, first_row: int, dest: torch.Tensor) -> None
     if (first_row * row_bytes + nbytes > info.nbytes or not dest.is_contiguous()
             or dest.dtype != info.dtype):  # the callers' shapes were checked against the headers: a bug if hit
         raise ValueError(f"{info.name}: rows {first_row}.. do not fit {list(dest.shape)} {dest.dtype}")
-    view = memoryview(dest.reshape(-1).view(torch.uint8).numpy()).cast("B")
+    view = dest.reshape(-1).view(torch.uint8).numpy().data.cast("B")
     start = info.begin + first_row * row_bytes
     fd = os.open(info.path, os.O_RDONLY)
     try:
