@@ -8,15 +8,20 @@ For each direction it prints, beside floors measured in the same run:
 - time ratio: conversion seconds / seconds to read the same input weight files and write files of the
   names and sizes the converter wrote (raw, 1 MiB blocks, one fsync per output file, as the converter
   syncs each: what any converter must at least do); the conversion's median of --repeat rounds over
-  the floor's median, rounds alternating which side goes first, every run from the same page-cache
-  state (prime_cache: synced, outputs deleted, the input read once or dropped: --cache), and the
-  floor's own spread between rounds printed (a ratio below 1 within it is a tie, not a broken floor);
+  the floor's median, after one untimed round of each, rounds alternating which side goes first, every
+  run from the same page-cache state (prime_cache: synced, both sides' outputs deleted, the input read
+  once or dropped: --cache), both writing under the same --workdir (on this machine's 81%-full ext4 the
+  CPU cost of writing the same 300 MB differed 4x between two sibling work directories: the floor and
+  the conversion must write to the same place), and the floor's own spread between rounds printed;
+- the same for CPU time (user + system of each process): on a loaded machine the wall time is mostly
+  waiting for a core, the CPU time the work done. The seconds each side spends in fsync (the disk's
+  part) are printed too. A ratio row whose floor spread exceeds the gap it reports (ratio - 1) is
+  refused (its figure says so, no ratio): it could not tell the conversion from the floor;
 - memory ratio: the converter process's peak RSS (VmHWM, imports included) / the largest input
   shard, and the same for the RSS it adds on top of its own imports (the streaming claim: about one
-  shard plus the largest tensor, not the model).
-Every measurement runs in a fresh process, so peaks do not mix. Each side's CPU time (user + system, of
-its process) is printed too: on a loaded machine the wall time is mostly waiting for a core, the CPU
-time is the work done."""
+  shard plus the largest tensor, not the model);
+- a projection to a 70B-class checkpoint from the measured MB/s (docs/performance.md).
+Every measurement runs in a fresh process, so peaks do not mix."""
 
 from __future__ import annotations
 
@@ -32,10 +37,10 @@ import time
 from pathlib import Path
 
 from bench_common import NO_GOAL, at_least, bench_parser, command_line, parse_bench_args, row, run_bench, write_rows
+from floors import prime_cache, raw_copy, weight_files
 from lean_rl.options import ConfigError
 from lean_rl.testing.tiny_model import PRESETS
 
-BLOCK = 2**20  # the floor's read and write size (the converters write about 1 MB at a time)
 QUICK = {"repeat": 3}
 CONVERT_GOAL = "<= 2"  # conversion time / the raw read + write of the same bytes (issue 42)
 
@@ -55,6 +60,24 @@ def _current_rss_bytes() -> int:
     return psutil.Process().memory_info().rss
 
 
+def _time_fsyncs() -> list[float]:
+    """Count the seconds this process spends in os.fsync (the converters' writers and the floor all sync
+    through it): the part of a run that is the disk's, whose speed on a shared virtual disk varies from
+    run to run whatever the code (measured here: the same 300 MB fsync'd in 0.16 to 1.0 s)."""
+    spent = [0.0]
+    fsync = os.fsync
+
+    def timed(fd: int) -> None:
+        started = time.monotonic()
+        try:
+            fsync(fd)
+        finally:
+            spent[0] += time.monotonic() - started
+
+    os.fsync = timed
+    return spent
+
+
 def worker(kind: str, src: str, dst: str, shard_size: str) -> dict:
     """Runs in its own process; returns seconds, RSS after imports and peak RSS."""
     from lean_rl.convert.hf_to_megatron import convert_hf_to_megatron
@@ -62,8 +85,9 @@ def worker(kind: str, src: str, dst: str, shard_size: str) -> dict:
     from lean_rl.convert.safetensors_io import parse_size
 
     base = _current_rss_bytes()
+    fsync_seconds = _time_fsyncs()
     os.sync()  # what earlier runs left dirty is written back now, not inside this run's fsyncs
-    started, cpu_started = time.monotonic(), time.process_time()
+    started, cpu_started, times_started = time.monotonic(), time.process_time(), os.times()
     if kind == "raw":  # SHARD is the converter's output directory: the files to write, as many and as large
         raw_copy(Path(src), Path(dst), Path(shard_size))
     elif kind == "hf_to_megatron":
@@ -72,88 +96,19 @@ def worker(kind: str, src: str, dst: str, shard_size: str) -> dict:
         convert_megatron_to_hf(src, dst, max_shard_bytes=parse_size(shard_size))
     else:
         raise ValueError(kind)
+    times = os.times()
     return {"seconds": time.monotonic() - started, "cpu_seconds": time.process_time() - cpu_started,
-            "rss_after_imports": base, "peak_rss": _peak_rss_bytes()}
+            "user_seconds": times.user - times_started.user, "system_seconds": times.system - times_started.system,
+            "fsync_seconds": fsync_seconds[0], "rss_after_imports": base, "peak_rss": _peak_rss_bytes()}
 
 
-def _weight_files(directory: Path) -> list[Path]:
-    return sorted(p for p in directory.rglob("*") if p.suffix in (".safetensors", ".distcp"))
-
-
-def raw_copy(src: Path, dst: Path, layout: Path) -> None:
-    """The physical floor of a conversion: read every weight file of `src` and write the files the converter
-    wrote to `layout` (the same names and sizes, so the same number of fsyncs), through one buffer
-    (readinto, no copies), then one fsync per file; the bytes written are the bytes read (zeros past the end of
-    the input, where the output is the larger)."""
-    dst.mkdir(parents=True)
-    inputs = iter(_weight_files(src))
-    reader = None
-    buffer = bytearray(BLOCK)
-
-    def fill(view: memoryview) -> None:
-        nonlocal reader
-        got = 0
-        while got < len(view):
-            if reader is None:
-                path = next(inputs, None)
-                if path is None:
-                    view[got:] = bytes(len(view) - got)
-                    return
-                reader = open(path, "rb", buffering=0)
-            n = reader.readinto(view[got:])
-            if not n:
-                reader.close()
-                reader = None
-            got += n or 0
-
-    written = []
-    for target in _weight_files(layout):
-        left = target.stat().st_size
-        with open(dst / target.name, "wb") as writer:
-            while left > 0:
-                view = memoryview(buffer)[:min(BLOCK, left)]
-                fill(view)
-                writer.write(view)
-                left -= len(view)
-        written.append(dst / target.name)
-    for path in written:  # as the converters do: every file written, then each synced
-        descriptor = os.open(path, os.O_RDONLY)
-        try:
-            os.fsync(descriptor)
-        finally:
-            os.close(descriptor)
-    while True:  # every input byte is read, as the converter reads it
-        if reader is None:
-            path = next(inputs, None)
-            if path is None:
-                return
-            reader = open(path, "rb", buffering=0)
-        while reader.readinto(buffer):
-            pass
-        reader.close()
-        reader = None
-
-
-def prime_cache(src: Path, cache: str) -> None:
-    """The page-cache state every timed run starts from, the same for the conversion and its floor: nothing
-    dirty (os.sync), the outputs of earlier runs deleted, and the input weight files either read once
-    (warm: in the page cache) or dropped from it (cold: posix_fadvise DONTNEED after the sync, which a
-    clean page obeys without privileges). Before this, the floor ran in whatever state the conversion
-    before it left, so a row could beat its floor and be refused (issue 42)."""
-    os.sync()
-    for path in _weight_files(src):
-        with open(path, "rb", buffering=0) as f:
-            if cache == "cold":
-                os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
-            else:
-                buffer = bytearray(BLOCK)
-                while f.readinto(buffer):
-                    pass
-
-
-def run_once(kind: str, src: Path, dst: Path, shard_size: str, cache: str) -> dict:
-    """One timed run of `kind` in a fresh process, after prime_cache."""
-    shutil.rmtree(dst, ignore_errors=True)
+def run_once(kind: str, src: Path, dst: Path, shard_size: str, cache: str, clear: tuple[Path, ...] = ()) -> dict:
+    """One timed run of `kind` in a fresh process, after prime_cache, with `dst` and the other side's output
+    (`clear`) deleted: both sides then start with the same free memory for the pages they write (a write
+    into memory the kernel must first reclaim costs several times one into free pages: the floor's spread
+    of 289% in issue 42's run came from that and from the first round)."""
+    for path in (dst, *clear):
+        shutil.rmtree(path, ignore_errors=True)
     prime_cache(src, cache)
     env = dict(os.environ, OMP_NUM_THREADS="1")
     out = subprocess.run([sys.executable, __file__, "--worker", kind, str(src), str(dst), shard_size],
@@ -174,22 +129,30 @@ def measure_pair(kind: str, src: Path, dst: Path, raw_dst: Path, shard_size: str
     keep = dst.with_name(dst.name + ".layout")  # the floor's layout (names, sizes: sparse files), kept apart
     shutil.rmtree(keep, ignore_errors=True)  # from the conversion's reruns, which delete its output
     keep.mkdir(parents=True)
-    for path in _weight_files(layout):
+    for path in weight_files(layout):
         with open(keep / path.name, "wb") as f:
             f.truncate(path.stat().st_size)
     runs: dict[str, list[dict]] = {"conv": [], "raw": []}
-    for number in range(repeat):
+    for number in range(-1, repeat):  # round -1: one untimed run of each (the first write to a path is slower)
         for side in (("conv", "raw") if number % 2 == 0 else ("raw", "conv")):
             if side == "conv":
-                runs[side].append(run_once(kind, src, dst, shard_size, cache))
+                result = run_once(kind, src, dst, shard_size, cache, clear=(raw_dst,))
             else:
-                runs[side].append(run_once("raw", src, raw_dst, str(keep), cache))
+                result = run_once("raw", src, raw_dst, str(keep), cache, clear=(dst,))
+            if number >= 0:
+                runs[side].append(result)
     shutil.rmtree(keep, ignore_errors=True)
+    if not dst.exists():  # the floor ran last and cleared it: the conversion's output is the next pair's input
+        run_once(kind, src, dst, shard_size, cache)
 
     def summary(results: list[dict]) -> dict:
         seconds = [r["seconds"] for r in results]
-        return {"seconds": statistics.median(seconds), "rounds": seconds,
-                "cpu_seconds": statistics.median(r["cpu_seconds"] for r in results),
+        cpu = [r["cpu_seconds"] for r in results]
+        return {"seconds": statistics.median(seconds), "rounds": seconds, "cpu_seconds": statistics.median(cpu),
+                "cpu_rounds": cpu, "cpu_spread": max(cpu) / min(cpu) - 1,
+                "fsync_seconds": statistics.median(r["fsync_seconds"] for r in results),
+                "user_seconds": statistics.median(r["user_seconds"] for r in results),
+                "system_seconds": statistics.median(r["system_seconds"] for r in results),
                 "spread": max(seconds) / min(seconds) - 1,
                 "rss_after_imports": max(r["rss_after_imports"] for r in results),
                 "peak_rss": max(r["peak_rss"] for r in results)}
@@ -217,6 +180,43 @@ def prepare_input(workdir: Path, arch: str, shard_size: str, preset: str = "base
             shutil.copyfile(side, tmp / side.name)
     os.replace(tmp, sharded)
     return sharded
+
+
+def time_rows(name: str, model: str, conv: dict, raw: dict, repeat: int, cache: str, command: str) -> list[dict]:
+    """The conversion's wall time and its CPU time, each over the floor's; a row whose floor spread between
+    rounds exceeds the gap it reports (ratio - 1) is refused (figure 'refused: ...', no ratio): it could not
+    tell the conversion from its floor."""
+    rows = []
+    for label, key, spread_key, what in (
+            ("wall", "seconds", "spread", "time / a raw read of its input + write of its output files"),
+            ("CPU", "cpu_seconds", "cpu_spread", "CPU time (user + system) / the same floor's CPU time")):
+        ratio = conv[key] / max(raw[key], 1e-3)
+        figure = (f"{conv[key]:.2f} s {label} (fsync {conv['fsync_seconds']:.2f} s)" if key == "seconds"
+                  else f"{conv[key]:.2f} s CPU")
+        floor = (f"{raw[key]:.2f} s {label}, raw read + write, fsync per file (fsync {raw['fsync_seconds']:.2f} s), "
+                 f"median of {repeat} after one untimed round, spread {raw[spread_key]:.0%}; both from the same page "
+                 f"cache ({cache} input, both sides' outputs deleted), rounds alternating")
+        if raw[spread_key] > ratio - 1:
+            figure, ratio = (f"refused: the floor's spread {raw[spread_key]:.0%} exceeds the gap it would report "
+                             f"({ratio:.2f}x - 1); measured {figure}"), None
+        rows.append(row(f"conversion {name} {what} ({model}, median of {repeat})", figure, floor, ratio,
+                        CONVERT_GOAL, command, physical=True, noise=raw[spread_key]))
+    return rows
+
+
+def projection(model_bytes: int, to_megatron: dict, to_hf: dict, raw_hf: dict, raw_dist: dict) -> str:
+    """A 70B-class checkpoint's conversion time from this run's rates (printed; docs/performance.md)."""
+    big = 70e9 * 2  # 70B parameters in bf16
+    lines = [f"projection to a 70B checkpoint ({big / 1e9:.0f} GB bf16), from this run's rates, assuming the "
+             f"time grows with bytes (the converters stream: memory stays at one shard + one tensor)"
+             + (": this model is too small for that, its fixed costs dominate (use base100m or larger)"
+                if model_bytes < 100e6 else ":")]
+    for name, conv, raw in (("hf->megatron", to_megatron, raw_hf), ("megatron->hf", to_hf, raw_dist)):
+        wall, cpu = model_bytes / conv["seconds"], model_bytes / conv["cpu_seconds"]
+        lines.append(f"  {name}: {wall / 1e6:.0f} MB/s wall -> {big / wall / 60:.1f} min; CPU-bound rate "
+                     f"{cpu / 1e6:.0f} MB/s -> {big / cpu / 60:.1f} min of CPU (the floor here: "
+                     f"{model_bytes / raw['seconds'] / 1e6:.0f} MB/s)")
+    return "\n".join(lines)
 
 
 def _files(directory: Path, suffix: str) -> list[Path]:
@@ -290,13 +290,7 @@ def main(argv: list[str]) -> int:
     for name, conv, raw, shard in (("hf->megatron", to_megatron, raw_hf, largest_shard),
                                    ("megatron->hf", to_hf, raw_dist, largest_dist)):
         added = conv["peak_rss"] - conv["rss_after_imports"]
-        rows.append(row(f"conversion {name} time / a raw read of its input + write of its output files ({model}, "
-                        f"median of {args.repeat})", f"{conv['seconds']:.2f} s (CPU {conv['cpu_seconds']:.2f} s, "
-                        f"{conv['cpu_seconds'] / max(raw['cpu_seconds'], 0.01):.2f}x the floor's: the load-proof part)",
-                        f"{raw['seconds']:.2f} s raw read + write, fsync per file, median of {args.repeat}, "
-                        f"spread {raw['spread']:.0%}; both from the same page cache ({args.cache} input), "
-                        f"rounds alternating", conv["seconds"] / raw["seconds"], CONVERT_GOAL, command,
-                        physical=True, noise=raw["spread"]))
+        rows += time_rows(name, model, conv, raw, args.repeat, args.cache, command)
         # the streaming claim: what the converter adds above its imports is about one input shard plus one tensor
         rows.append(row(f"conversion {name} peak RSS above the interpreter's imports ({conv['rss_after_imports'] / mib:.0f}"
                         f" MiB) / the largest input shard ({model})", f"{added / mib:.0f} MiB",
@@ -309,8 +303,12 @@ def main(argv: list[str]) -> int:
     print(f"(model {model_bytes / mib:.0f} MiB; raw r+w floor process: peak RSS {raw_hf['peak_rss'] / mib:.0f} MiB; "
           f"median of {args.repeat} runs each, {args.cache} input cache for both sides)")
     for name, conv, raw in (("hf->megatron", to_megatron, raw_hf), ("megatron->hf", to_hf, raw_dist)):
-        print(f"  {name} rounds, s: conversion {' '.join(f'{x:.2f}' for x in conv['rounds'])} (spread "
-              f"{conv['spread']:.0%}, CPU {conv['cpu_seconds']:.2f} s); floor {' '.join(f'{x:.2f}' for x in raw['rounds'])} (spread {raw['spread']:.0%}, CPU {raw['cpu_seconds']:.2f} s)")
+        for side, runs in (("conversion", conv), ("floor", raw)):
+            print(f"  {name} {side} rounds: wall {' '.join(f'{x:.2f}' for x in runs['rounds'])} s (spread "
+                  f"{runs['spread']:.0%}), CPU {' '.join(f'{x:.2f}' for x in runs['cpu_rounds'])} s (spread "
+                  f"{runs['cpu_spread']:.0%}; median user {runs['user_seconds']:.2f} s, system {runs['system_seconds']:.2f} s), "
+                  f"fsync {runs['fsync_seconds']:.2f} s (median)")
+    print(projection(model_bytes, to_megatron, to_hf, raw_hf, raw_dist))
     write_rows(args.json, rows)
     return 0
 

@@ -89,7 +89,8 @@ def sync_curves(args, work: Path) -> dict:
 
 
 def convert_curve(args, work: Path) -> list[tuple]:
-    """[(preset, MB, hf->megatron s, its floor s, megatron->hf s, its floor s)]."""
+    """[(preset, MB, hf->megatron s, its floor s, megatron->hf s, its floor s, then the same four as CPU seconds,
+    then the two floors' spreads between rounds)]."""
     from convert import measure_pair, prepare_input
 
     points = []
@@ -101,10 +102,14 @@ def convert_curve(args, work: Path) -> list[tuple]:
                                       args.rounds, "warm")
         to_hf, raw_dist = measure_pair("megatron_to_hf", megatron, work / "convert" / f"{preset}-hf", work / "convert" /
                                        "raw_dist", "100MB", args.rounds, "warm")
-        points.append((preset, mbytes, to_meg["seconds"], raw_hf["seconds"], to_hf["seconds"], raw_dist["seconds"]))
-        print(f"  convert {preset} ({mbytes:.0f} MB): hf->megatron {to_meg['seconds']:.2f} s (floor "
-              f"{raw_hf['seconds']:.2f}), megatron->hf {to_hf['seconds']:.2f} s (floor {raw_dist['seconds']:.2f})",
-              flush=True)
+        points.append((preset, mbytes, to_meg["seconds"], raw_hf["seconds"], to_hf["seconds"], raw_dist["seconds"],
+                       to_meg["cpu_seconds"], raw_hf["cpu_seconds"], to_hf["cpu_seconds"], raw_dist["cpu_seconds"],
+                       raw_hf["spread"], raw_dist["spread"]))
+        print(f"  convert {preset} ({mbytes:.0f} MB): hf->megatron {to_meg['seconds']:.2f} s, CPU "
+              f"{to_meg['cpu_seconds']:.2f} s (floor {raw_hf['seconds']:.2f} s, CPU {raw_hf['cpu_seconds']:.2f} s, "
+              f"spread {raw_hf['spread']:.0%}), megatron->hf {to_hf['seconds']:.2f} s, CPU {to_hf['cpu_seconds']:.2f} s "
+              f"(floor {raw_dist['seconds']:.2f} s, CPU {raw_dist['cpu_seconds']:.2f} s, spread "
+              f"{raw_dist['spread']:.0%})", flush=True)
     return points
 
 
@@ -192,11 +197,14 @@ def rows_of(curves: dict, args, command: str) -> list[dict]:
                         eng[-1][1] / eng[0][1], NO_GOAL, command))
     if curves.get("convert"):
         conv = curves["convert"]
-        for name, ours, floor in (("hf->megatron", 2, 3), ("megatron->hf", 4, 5)):
-            rows.append(row(f"conversion {name} vs size, median of {args.rounds} (same page cache as the floor); "
-                            f"ratio: last / floor at the largest",
-                            _points(conv, lambda p: f"{p[0]} {p[1]:.0f} MB {p[ours]:.2f} s"),
-                            _points(conv, lambda p: f"{p[floor]:.2f} s") + " raw read + write",
+        for name, ours, floor, spread in (("hf->megatron", 2, 3, 10), ("megatron->hf", 4, 5, 11)):
+            cpu = (lambda p: f", CPU {p[ours + 4]:.2f} s") if len(conv[-1]) > spread else (lambda p: "")
+            cpu_floor = ((lambda p: f" (CPU {p[floor + 4]:.2f} s, spread {p[spread]:.0%})") if len(conv[-1]) > spread
+                         else (lambda p: ""))
+            rows.append(row(f"conversion {name} vs size, median of {args.rounds} after an untimed round (same page "
+                            f"cache as the floor); ratio: last / floor at the largest",
+                            _points(conv, lambda p: f"{p[0]} {p[1]:.0f} MB {p[ours]:.2f} s{cpu(p)}"),
+                            _points(conv, lambda p: f"{p[floor]:.2f} s{cpu_floor(p)}") + " raw read + write",
                             conv[-1][ours] / conv[-1][floor], NO_GOAL, command))
     if curves.get("rollout"):
         roll = curves["rollout"]

@@ -6,19 +6,26 @@ SocketFloor: loopback TCP from this process to receiver processes, one connectio
 rounds. `once(parts)` sends every part (with an 8-byte length) to every receiver at once, one sender
 thread per receiver; a receiver reads each part whole (and with decode=True, base64-decodes and
 unpickles it, as an engine does with an inline payload), then answers one byte. The time is from the
-first byte sent to the last answer."""
+first byte sent to the last answer.
+
+raw_copy: the floor of a checkpoint conversion (bench/convert.py), a raw read of the input weight files
+and a write of files of the converter's output names and sizes, one fsync per file; prime_cache puts the
+page cache in the same state before each run of either side."""
 
 from __future__ import annotations
 
 import base64
 import multiprocessing
+import os
 import pickle
 import socket
 import struct
 import threading
 import time
+from pathlib import Path
 
 ACK = b"k"
+BLOCK = 2**20  # the conversion floor's read and write size (the converters write about 1 MB at a time)
 _LENGTH = struct.Struct("!Q")
 
 
@@ -101,3 +108,78 @@ class SocketFloor:
             proc.join(timeout=60)
             if proc.is_alive():
                 proc.kill()
+
+
+def weight_files(directory: Path) -> list[Path]:
+    return sorted(p for p in directory.rglob("*") if p.suffix in (".safetensors", ".distcp"))
+
+
+def raw_copy(src: Path, dst: Path, layout: Path) -> None:
+    """The physical floor of a conversion: read every weight file of `src` and write the files the converter
+    wrote to `layout` (the same names and sizes, so the same number of fsyncs), through one buffer
+    (readinto, no copies), then one fsync per file; the bytes written are the bytes read (zeros past the end of
+    the input, where the output is the larger)."""
+    dst.mkdir(parents=True)
+    inputs = iter(weight_files(src))
+    reader = None
+    buffer = bytearray(BLOCK)
+
+    def fill(view: memoryview) -> None:
+        nonlocal reader
+        got = 0
+        while got < len(view):
+            if reader is None:
+                path = next(inputs, None)
+                if path is None:
+                    view[got:] = bytes(len(view) - got)
+                    return
+                reader = open(path, "rb", buffering=0)
+            n = reader.readinto(view[got:])
+            if not n:
+                reader.close()
+                reader = None
+            got += n or 0
+
+    written = []
+    for target in weight_files(layout):
+        left = target.stat().st_size
+        with open(dst / target.name, "wb") as writer:
+            while left > 0:
+                view = memoryview(buffer)[:min(BLOCK, left)]
+                fill(view)
+                writer.write(view)
+                left -= len(view)
+        written.append(dst / target.name)
+    for path in written:  # as the converters do: every file written, then each synced
+        descriptor = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(descriptor)
+        finally:
+            os.close(descriptor)
+    while True:  # every input byte is read, as the converter reads it
+        if reader is None:
+            path = next(inputs, None)
+            if path is None:
+                return
+            reader = open(path, "rb", buffering=0)
+        while reader.readinto(buffer):
+            pass
+        reader.close()
+        reader = None
+
+
+def prime_cache(src: Path, cache: str) -> None:
+    """The page-cache state every timed run starts from, the same for the conversion and its floor: nothing
+    dirty (os.sync), the outputs of earlier runs deleted, and the input weight files either read once
+    (warm: in the page cache) or dropped from it (cold: posix_fadvise DONTNEED after the sync, which a
+    clean page obeys without privileges). Before this, the floor ran in whatever state the conversion
+    before it left, so a row could beat its floor and be refused (issue 42)."""
+    os.sync()
+    for path in weight_files(src):
+        with open(path, "rb", buffering=0) as f:
+            if cache == "cold":
+                os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
+            else:
+                buffer = bytearray(BLOCK)
+                while f.readinto(buffer):
+                    pass

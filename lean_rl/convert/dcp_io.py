@@ -49,6 +49,7 @@ from torch.distributed.checkpoint.planner import (
 from torch.distributed.checkpoint.planner_helpers import create_read_items_for_chunk_list
 
 from lean_rl.backends.megatron.checkpoint_paths import DCP_METADATA, CheckpointError
+from lean_rl.convert.dcp_direct import read_items
 
 # Megatron's metadata.json for torch_dist (dist_checkpointing/core.py CheckpointingConfig) and its
 # common state file (strategies/common.py COMMON_STATE_FNAME).
@@ -264,7 +265,7 @@ class DistCheckpointReader:
         if covered != dest.numel():
             raise CheckpointError(f"{self.directory}: the stored chunks of {key} cover {covered} of the "
                                   f"{dest.numel()} elements at {list(offsets)} + {list(sizes)}")
-        self._reader.read_data(LoadPlan(items), _RegionPlanner(dest)).wait()
+        read_items(self._reader, self.directory, items, _RegionPlanner(dest))  # DCP's read_data, without its copy
         return dest
 
 

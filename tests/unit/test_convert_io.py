@@ -121,3 +121,78 @@ def test_hf_shapes_are_the_shapes_to_hf_tensors_makes(family, tiny_model_factory
     for entry in dist_entries(weight_rules(family, arch), arch, config.padded_vocab_size):
         made = to_hf_tensors(entry.rule.layout, [torch.zeros(entry.param_shape)], geo)
         assert hf_shapes(entry.rule.layout, entry.param_shape, geo) == [tuple(t.shape) for t in made], entry.keys
+
+
+def test_dist_reader_reads_whole_pieces_straight_into_place_and_strided_ones_through_dcp(tmp_path):
+    import os
+
+    from torch.distributed.checkpoint.planner_helpers import create_read_items_for_chunk_list
+    from torch.distributed.checkpoint.metadata import ChunkStorageMetadata
+
+    from lean_rl.convert.dcp_direct import _read_direct
+
+    full = torch.randn(2, 4, 6).to(torch.bfloat16)
+    strided = torch.randn(6, 4).t()  # saved as a transposed view: not contiguous on disk
+    (tmp_path / "ck").mkdir()
+    save_dist_checkpoint(tmp_path / "ck", [ChunkSpec("w", (2, 4, 6), (i, 0, 0), (1, 4, 6), torch.bfloat16) for i in (0, 1)]
+                         + [ChunkSpec("s", (4, 6), (0, 0), (4, 6), torch.float32)],
+                         lambda spec: full[spec.offsets[0]:spec.offsets[0] + 1].clone() if spec.key == "w" else strided,
+                         {}, max_file_bytes=10**6)
+    reader = DistCheckpointReader(tmp_path / "ck")
+    stored = reader.metadata.state_dict_metadata["w"]
+    (item,) = create_read_items_for_chunk_list("w", stored, [ChunkStorageMetadata(torch.Size((1, 1, 0)),
+                                                                                  torch.Size((1, 2, 6)))])
+    info = reader.metadata.storage_data[item.storage_index]
+    dest = torch.empty(1, 2, 6, dtype=torch.bfloat16)
+    fd = os.open(tmp_path / "ck" / info.relative_path, os.O_RDONLY)
+    try:
+        assert _read_direct(fd, tmp_path, info.offset, info.length, item, dest)  # the direct path, bit for bit
+    finally:
+        os.close(fd)
+    assert torch.equal(dest.view(torch.int16), full[1:2, 1:3].view(torch.int16))
+    assert torch.equal(reader.read("w", (0, 1, 2), (2, 3, 3)).view(torch.int16), full[:, 1:4, 2:5].view(torch.int16))
+    assert torch.equal(reader.read("s", (1, 0), (2, 6)), strided[1:3])  # a strided piece: DCP's read, same values
+
+
+@pytest.mark.parametrize("family", ["qwen2", "qwen3_moe"])
+def test_the_converters_views_are_to_hf_tensors_bit_for_bit(family, tiny_model_factory):
+    from lean_rl.convert.megatron_to_hf import _hf_tensors
+
+    arch = arch_from_hf_config(tiny_model_factory(family), make_vocab_size_divisible_by=96)
+    config = MegatronConfig(arch, ParallelConfig())
+    geo = geometry(config)
+    for entry in dist_entries(weight_rules(family, arch), arch, config.padded_vocab_size):
+        shape = (arch.vocab_size, *entry.param_shape[1:]) if entry.rule.layout.name == "VOCAB" else entry.param_shape
+        tensor = torch.randn(shape)
+        made, ours = to_hf_tensors(entry.rule.layout, [tensor], geo), _hf_tensors(entry.rule.layout, tensor, geo)
+        assert len(made) == len(ours) and all(torch.equal(a, b) and a.dtype == b.dtype for a, b in zip(made, ours))
+
+
+@pytest.mark.parametrize("family", ["qwen2", "qwen3_moe"])
+def test_fused_reads_are_to_megatron_shard_bit_for_bit(family, tiny_model_factory, tmp_path):
+    from lean_rl.backends.megatron.hf_weights.layouts import to_megatron_shard
+    from lean_rl.convert.fused_read import fused_tp1
+    from lean_rl.convert.hf_to_megatron import ordered_instances
+    from lean_rl.convert.safetensors_io import HFSafetensors
+
+    arch = arch_from_hf_config(tiny_model_factory(family), make_vocab_size_divisible_by=96)
+    config = MegatronConfig(arch, ParallelConfig())
+    geo = geometry(config)
+    instances = ordered_instances(dist_entries(weight_rules(family, arch), arch, config.padded_vocab_size), arch)
+    tensors = {}
+    for inst in instances:
+        for name, shape in zip(inst.hf_names, hf_shapes(inst.entry.rule.layout, inst.entry.param_shape, geo)):
+            tensors[name] = torch.randn(shape).to(torch.bfloat16)
+    save_file(tensors, str(tmp_path / "model.safetensors"))
+    source = HFSafetensors(tmp_path)
+    fused = set()
+    for inst in instances:
+        layout = inst.entry.rule.layout
+        ours = fused_tp1(layout, [source.tensors[n] for n in inst.hf_names], geo, torch.bfloat16)
+        if ours is None:
+            continue
+        fused.add(layout.name)
+        made = to_megatron_shard(layout, [tensors[n] for n in inst.hf_names], 0, 1, geo)
+        assert torch.equal(ours.view(torch.int16), made.view(torch.int16)), inst.hf_names
+        assert fused_tp1(layout, [source.tensors[n] for n in inst.hf_names], geo, torch.float32) is None  # a cast
+    assert {"QKV", "GATE_UP", "VOCAB"} <= fused
