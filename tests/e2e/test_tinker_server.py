@@ -41,18 +41,23 @@ def server(tiny_qwen2, tmp_path_factory):
         cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 400
-    while True:
-        if proc.poll() is not None:
-            pytest.fail(f"serve_tinker exited {proc.returncode}:\n{(out / 'server.log').read_text()[-4000:]}")
-        try:
-            if httpx.get(f"{url}/api/v1/healthz", timeout=2).status_code == 200:
-                break
-        except httpx.HTTPError:
-            pass
-        if time.monotonic() > deadline:
+    try:
+        while True:
+            if proc.poll() is not None:
+                pytest.fail(f"serve_tinker exited {proc.returncode}:\n{(out / 'server.log').read_text()[-4000:]}")
+            try:
+                if httpx.get(f"{url}/api/v1/healthz", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                pytest.fail(f"serve_tinker not up in 400 s:\n{(out / 'server.log').read_text()[-4000:]}")
+            time.sleep(2)
+    except BaseException:  # not up, or the run stopped (Ctrl-C) while waiting: its whole group goes too
+        if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
-            pytest.fail(f"serve_tinker not up in 400 s:\n{(out / 'server.log').read_text()[-4000:]}")
-        time.sleep(2)
+        log.close()
+        raise
     os.environ.update(TINKER_BASE_URL=url, TINKER_API_KEY=KEY, TINKER_TELEMETRY="0")
     yield {"url": url, "model": str(tiny_qwen2), "log": out / "server.log"}
     proc.terminate()  # the server alone: it stops its engines, trainer and Ray (in its group) itself
