@@ -85,18 +85,51 @@ def run_tier(name: str, extra: list[str]) -> tuple[str, bool]:
     xml_path.unlink(missing_ok=True)
     print(f"\n=== slow tier {name}: {TIERS[name][0]}", flush=True)
     started = time.monotonic()
-    code = subprocess.call([sys.executable, "-m", "pytest", "-m", "slow", "--timeout=900", "--durations=10",
-                            f"--junitxml={xml_path}", *TIERS[name][1], *extra],
-                           cwd=REPO, env={**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")})
+    pytest = subprocess.Popen([sys.executable, "-m", "pytest", "-m", "slow", "--timeout=900", "--durations=10",
+                               f"--junitxml={xml_path}", *TIERS[name][1], *extra],
+                              cwd=REPO, env={**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")})
+    try:
+        code = pytest.wait()
+    except KeyboardInterrupt:
+        # Ctrl-C reached pytest too (one process group): let it stop its test and write its JUnit file,
+        # as subprocess.call would not (it SIGKILLs the child on any exception, the file unwritten)
+        code = wait_after_interrupt(pytest, INTERRUPT_GRACE_S)
+        interrupted = True
+    else:
+        interrupted = False
     counts = junit_counts(xml_path) if xml_path.exists() else None
-    line = summary(name, counts, (time.monotonic() - started) / 60)
+    line = summary(name, counts, (time.monotonic() - started) / 60) + (" (stopped by Ctrl-C)" if interrupted else "")
     print(line, flush=True)
+    if interrupted:
+        raise KeyboardInterrupt(line)
     return line, code == 0
+
+
+INTERRUPT_GRACE_S = 300  # a stopped test's teardown (servers, Ray) and the JUnit file
+
+
+def wait_after_interrupt(proc: subprocess.Popen, grace_s: float) -> int:
+    """The exit code of `proc`, given `grace_s` to end after Ctrl-C (another Ctrl-C starts the wait
+    again: pytest ends harder on its second), then killed."""
+    try:
+        return proc.wait(grace_s)
+    except KeyboardInterrupt:
+        return wait_after_interrupt(proc, grace_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        return proc.wait()
 
 
 def main(argv: list[str]) -> int:
     groups, extra = parse_args(argv)
-    results = [run_tier(name, extra) for name in groups]
+    results: list[tuple[str, bool]] = []
+    try:
+        for name in groups:
+            results.append(run_tier(name, extra))
+    except KeyboardInterrupt as stopped:  # the groups run so far, and the one stopped with its counts
+        results.append((str(stopped), False))
+        print("\n" + "\n".join(line for line, _ in results))
+        return 130
     print("\n" + "\n".join(line for line, _ in results))
     return 0 if all(ok for _, ok in results) else 1
 

@@ -49,3 +49,12 @@ def test_counts_come_from_the_junit_file(tmp_path):
         "slow tier e2e: 5 passed, 2 failed, 1 errors, 1 skipped in 12.3 min"
     assert slow_tiers.summary("e2e", {"passed": 3, "failed": 0, "errors": 0, "skipped": 0}, 1.0) == \
         "slow tier e2e: 3 passed in 1.0 min"
+
+
+def test_after_ctrl_c_a_group_gets_time_to_end_then_is_killed():
+    """A pytest that ends within the grace keeps its exit code (and wrote its JUnit file); one that does
+    not is killed."""
+    ends = subprocess.Popen([sys.executable, "-c", "import time, sys; time.sleep(0.2); sys.exit(3)"])
+    assert slow_tiers.wait_after_interrupt(ends, 30) == 3
+    hangs = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    assert slow_tiers.wait_after_interrupt(hangs, 0.5) < 0  # killed: a signal's negative code
