@@ -2,22 +2,14 @@
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 
-BENCH = Path(__file__).resolve().parents[2] / "bench"
+from bench_scripts import import_bench
 
 
 @pytest.fixture(scope="module")
 def async_vs_sync():
-    sys.path.insert(0, str(BENCH))
-    try:
-        import async_vs_sync
-    finally:
-        sys.path.remove(str(BENCH))
-    return async_vs_sync
+    return import_bench("async_vs_sync")
 
 
 def step(seconds: float, engine_idle: float, tokens: float) -> dict:

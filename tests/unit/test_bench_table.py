@@ -4,24 +4,16 @@
 from __future__ import annotations
 
 import json
-import sys
-from pathlib import Path
 
 import pytest
 
-BENCH = Path(__file__).resolve().parents[2] / "bench"
+from bench_scripts import import_bench
 
 
 @pytest.fixture(scope="module")
 def bench():
     """bench/run_all.py and bench/bench_common.py, imported as the scripts import them (bench/ on sys.path)."""
-    sys.path.insert(0, str(BENCH))
-    try:
-        import bench_common
-        import run_all
-    finally:
-        sys.path.remove(str(BENCH))
-    return run_all, bench_common
+    return import_bench("run_all"), import_bench("bench_common")
 
 
 INFO = dict(machine="Some CPU @ 2.0GHz, 2 cores, 24 GiB RAM, no GPU", commit="abc1234+dirty",

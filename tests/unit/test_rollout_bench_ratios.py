@@ -3,25 +3,16 @@ versions of a generate answer (lean_rl/rollout/generate.py token_versions): pure
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 
+from bench_scripts import import_bench
 from lean_rl.backends.sglang.responses import GenerateResult, WeightVersionSpan
 from lean_rl.rollout.generate import token_versions
-
-BENCH = Path(__file__).resolve().parents[2] / "bench"
 
 
 @pytest.fixture(scope="module")
 def rollout_bench():
-    sys.path.insert(0, str(BENCH))
-    try:
-        import rollout_throughput
-    finally:
-        sys.path.remove(str(BENCH))
-    return rollout_throughput
+    return import_bench("rollout_throughput")
 
 
 def test_pair_ratios_are_per_pair_with_median_quartiles_and_noise(rollout_bench):
