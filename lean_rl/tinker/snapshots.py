@@ -18,8 +18,7 @@ class SnapshotSlots:
     def touch(self, name: str) -> None:
         """`name` was sampled: it is now the last to go."""
         if name in self._order:
-            self._order.remove(name)
-            self._order.append(name)
+            self.add(name)
 
     def make_room(self) -> list[str]:
         """The snapshots to unload (least recently used first) so that one more fits."""

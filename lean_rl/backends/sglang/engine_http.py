@@ -40,7 +40,7 @@ class EngineHTTP:
     adapter: str | None = None
     # httpcore 1.0.9's pool scans every connection it holds when a request starts or ends
     # (connection_pool.py _assign_requests_to_connections, a poll() per idle one): 47% of the rollout's
-    # client CPU at 64 requests in flight through one pool. Requests go round-robin to POOL_SHARDS
+    # client CPU at 64 requests in flight through one pool. Requests go round-robin to `pool_shards`
     # pools, each holding (and scanning) a share of the connections; the limits are split among them.
     pool_shards: ClassVar[int] = 8
     max_keepalive_connections: ClassVar[int] = 256
