@@ -78,14 +78,17 @@ def _time_fsyncs() -> list[float]:
     return spent
 
 
-def worker(kind: str, src: str, dst: str, shard_size: str) -> dict:
-    """Runs in its own process; returns seconds, RSS after imports and peak RSS."""
+def worker(kind: str, src: str, dst: str, shard_size: str, clear: str) -> dict:
+    """Runs in its own process; returns seconds, RSS after imports and peak RSS. Deletes `dst` and the
+    `clear` paths (os.pathsep-separated) itself, after its imports, right before it starts: see run_once."""
     from lean_rl.convert.hf_to_megatron import convert_hf_to_megatron
     from lean_rl.convert.megatron_to_hf import convert_megatron_to_hf
     from lean_rl.convert.safetensors_io import parse_size
 
     base = _current_rss_bytes()
     fsync_seconds = _time_fsyncs()
+    for path in (dst, *filter(None, clear.split(os.pathsep))):
+        shutil.rmtree(path, ignore_errors=True)
     os.sync()  # what earlier runs left dirty is written back now, not inside this run's fsyncs
     started, cpu_started, times_started = time.monotonic(), time.process_time(), os.times()
     if kind == "raw":  # SHARD is the converter's output directory: the files to write, as many and as large
@@ -106,12 +109,16 @@ def run_once(kind: str, src: Path, dst: Path, shard_size: str, cache: str, clear
     """One timed run of `kind` in a fresh process, after prime_cache, with `dst` and the other side's output
     (`clear`) deleted: both sides then start with the same free memory for the pages they write (a write
     into memory the kernel must first reclaim costs several times one into free pages: the floor's spread
-    of 289% in issue 42's run came from that and from the first round)."""
-    for path in (dst, *clear):
-        shutil.rmtree(path, ignore_errors=True)
+    of 289% in issue 42's run came from that and from the first round). The worker deletes them itself,
+    after its imports, right before it starts: deleted here, the conversion (~3 s of imports) began writing
+    seconds after the deletion and the floor (no imports) at once, and on this VM pages freed seconds
+    before cost ~2x those freed just before (the same conversion: 0.30-0.42 s started at once after deleting
+    the last run's output, 0.68-0.90 s started 3 s after; the raw copy alike), so the two sides did not
+    start from the same state (issue 42's 3.3x; the conversion rounds' own spread of 20-60%)."""
     prime_cache(src, cache)
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    out = subprocess.run([sys.executable, __file__, "--worker", kind, str(src), str(dst), shard_size],
+    out = subprocess.run([sys.executable, __file__, "--worker", kind, str(src), str(dst), shard_size,
+                          os.pathsep.join(str(path) for path in clear)],
                          capture_output=True, text=True, env=env, timeout=1800, check=False)
     if out.returncode != 0:
         raise RuntimeError(f"{kind} failed:\n{out.stderr[-3000:]}")
@@ -234,7 +241,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--cache", choices=("warm", "cold"), default="warm",
                         help="the page-cache state of the input at the start of every timed run, the same for the "
                              "conversion and its floor: read once (warm) or dropped with posix_fadvise (cold)")
-    parser.add_argument("--worker", nargs=4, metavar=("KIND", "SRC", "DST", "SHARD"), help=argparse.SUPPRESS)
+    parser.add_argument("--worker", nargs=5, metavar=("KIND", "SRC", "DST", "SHARD", "CLEAR"), help=argparse.SUPPRESS)
     args = parse_bench_args(parser, argv)
     if args.worker:
         print(json.dumps(worker(*args.worker)))

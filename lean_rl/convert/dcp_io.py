@@ -256,9 +256,13 @@ class DistCheckpointReader:
     def objects(self) -> list[str]:
         return [k for k, v in self.metadata.state_dict_metadata.items() if isinstance(v, BytesStorageMetadata)]
 
-    def read(self, key: str, offsets: tuple[int, ...], sizes: tuple[int, ...]) -> torch.Tensor:
+    def read(self, key: str, offsets: tuple[int, ...], sizes: tuple[int, ...],
+             empty: Callable[[tuple[int, ...], torch.dtype], torch.Tensor] | None = None) -> torch.Tensor:
+        """The region [offsets, offsets + sizes) of `key`, in a new tensor, or in one from `empty(shape, dtype)`
+        (a ReusedBuffer's)."""
         stored = self.metadata.state_dict_metadata[key]
-        dest = torch.empty(sizes, dtype=stored.properties.dtype)
+        dtype = stored.properties.dtype
+        dest = empty(tuple(sizes), dtype) if empty else torch.empty(sizes, dtype=dtype)
         wanted = ChunkStorageMetadata(torch.Size(offsets), torch.Size(sizes))
         items = create_read_items_for_chunk_list(key, stored, [wanted])
         covered = sum(_numel(item.lengths) for item in items)

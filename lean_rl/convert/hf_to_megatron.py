@@ -39,6 +39,7 @@ from lean_rl.backends.megatron.hf_weights.layouts import Layout, hf_shapes, to_m
 from lean_rl.convert.dcp_io import ChunkSpec, save_dist_checkpoint
 from lean_rl.convert.fused_read import fused_tp1
 from lean_rl.convert.output_dir import atomic_output_dir
+from lean_rl.convert.reused_buffer import ReusedBuffer
 from lean_rl.convert.safetensors_io import HFSafetensors
 from lean_rl.options import ConfigError
 
@@ -172,9 +173,13 @@ def convert_hf_to_megatron(hf_dir: str | Path, save: str | Path, *, parallel: Pa
             chunks.append(spec)
             producers[(spec.key, spec.offsets)] = inst
 
+    # every chunk is built in one buffer: the writer writes each before it asks for the next (reused_buffer.py)
+    buffer = ReusedBuffer(max((spec.nbytes for spec in chunks), default=0))
+
     def produce(spec: ChunkSpec) -> torch.Tensor:
         inst = producers[(spec.key, spec.offsets)]
-        tensor = fused_tp1(inst.entry.rule.layout, [source.tensors[name] for name in inst.hf_names], geo, out_dtype)
+        tensor = fused_tp1(inst.entry.rule.layout, [source.tensors[name] for name in inst.hf_names], geo, out_dtype,
+                           buffer.tensor)
         if tensor is None:
             tensor = to_megatron_shard(inst.entry.rule.layout, [source.read(name) for name in inst.hf_names], 0, 1, geo)
         return tensor.to(out_dtype).reshape(spec.sizes)

@@ -12,6 +12,7 @@ adapted layer. A reward model's checkpoint (--loss-type rm_loss) converts to its
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import torch
@@ -28,6 +29,7 @@ from lean_rl.backends.megatron.hf_weights.layouts import Geometry, Layout, hf_sh
 from lean_rl.convert.dcp_io import DistCheckpointReader
 from lean_rl.convert.hf_to_megatron import TORCH_DTYPES, config_dtype, ordered_instances
 from lean_rl.convert.output_dir import atomic_output_dir
+from lean_rl.convert.reused_buffer import ReusedBuffer
 from lean_rl.convert.score_head import (HF_SCORE, SCORE_KEY, classification_config, is_reward_model,
                                         without_output_layer)
 from lean_rl.convert.safetensors_io import (
@@ -133,6 +135,9 @@ def convert_megatron_to_hf(load: str | Path, save: str | Path, *, hf_config: str
     shards = plan_shards([sum(t.nbytes for t in group) for group in planned], max_shard_bytes)
     shard_tensors = [[t for g in shard for t in planned[g]] for shard in shards]
 
+    # every instance is read into one buffer: the writer writes its tensors before the next read (reused_buffer.py)
+    buffer = ReusedBuffer(max((math.prod(_read_shape(inst.entry, arch)) * stored[keys[inst.entry]].properties.dtype.itemsize
+                               for inst in instances), default=0))
     with atomic_output_dir(save) as out:
         for shard_index, shard in enumerate(shards):
             writer = StreamingSafetensorsWriter(out / shard_file_name(shard_index, len(shards)),
@@ -145,7 +150,8 @@ def convert_megatron_to_hf(load: str | Path, save: str | Path, *, hf_config: str
                     inst = instances[g]
                     region = _read_shape(inst.entry, arch)
                     sizes = (1,) * len(inst.entry.stacked) + region
-                    tensor = reader.read(keys[inst.entry], inst.entry.chunk_offsets(inst.index), sizes).reshape(region)
+                    tensor = reader.read(keys[inst.entry], inst.entry.chunk_offsets(inst.index), sizes,
+                                         buffer.tensor).reshape(region)
                     if inst.entry in adapters:  # LoRA-trained: HF gets the merged weight
                         stacked = inst.entry.chunk_offsets(inst.index)[:len(inst.entry.stacked)]
                         tensor = _merge_lora(reader, stored, adapters[inst.entry], stacked, tensor)

@@ -195,4 +195,42 @@ def test_fused_reads_are_to_megatron_shard_bit_for_bit(family, tiny_model_factor
         made = to_megatron_shard(layout, [tensors[n] for n in inst.hf_names], 0, 1, geo)
         assert torch.equal(ours.view(torch.int16), made.view(torch.int16)), inst.hf_names
         assert fused_tp1(layout, [source.tensors[n] for n in inst.hf_names], geo, torch.float32) is None  # a cast
-    assert {"QKV", "GATE_UP", "VOCAB"} <= fused
+    assert {"QKV", "GATE_UP", "VOCAB", "REPLICATED", "ROW"} <= fused
+
+
+def test_reused_buffer_hands_out_tensors_whose_storage_is_exactly_their_bytes():
+    from lean_rl.convert.reused_buffer import ReusedBuffer
+
+    buffer = ReusedBuffer(64)
+    first = buffer.tensor((2, 4), torch.float32)
+    first.copy_(torch.arange(8.0).view(2, 4))
+    # DCP's writer clones a tensor whose storage is larger than it (filesystem.py _SerialCpuLoader.values)
+    assert first.untyped_storage().size() == first.nbytes == 32
+    second = buffer.tensor((3,), torch.int16)  # the same bytes: the next tensor overwrites the last
+    second.fill_(-1)
+    assert first.view(-1)[0].view(torch.int32) == -1 and first.view(-1)[2] == 2.0
+    assert buffer.tensor((0, 5), torch.bfloat16).shape == (0, 5)
+    with pytest.raises(ValueError, match="needs 68 bytes; the buffer has 64"):
+        buffer.tensor((17,), torch.float32)
+
+
+def test_converting_through_the_reused_buffer_writes_what_fresh_tensors_would(tiny_model_factory, tmp_path):
+    """Both directions through the one buffer: every HF tensor back bit for bit (a chunk overwritten before
+    it was written out would show as another chunk's bytes)."""
+    from safetensors.torch import load_file
+
+    from lean_rl.convert.hf_to_megatron import convert_hf_to_megatron
+    from lean_rl.convert.megatron_to_hf import convert_megatron_to_hf
+
+    hf = tiny_model_factory("qwen2")
+    convert_hf_to_megatron(hf, tmp_path / "dist", max_file_bytes=20_000)  # many files: the budget cut included
+    convert_megatron_to_hf(tmp_path / "dist", tmp_path / "back", max_shard_bytes=20_000)
+    original = {}
+    for path in sorted(hf.glob("*.safetensors")):
+        original.update(load_file(path))
+    back = {}
+    for path in sorted((tmp_path / "back").glob("*.safetensors")):
+        back.update(load_file(path))
+    assert sorted(back) == sorted(original)
+    for name, tensor in original.items():
+        assert torch.equal(back[name].view(torch.uint8), tensor.view(torch.uint8)), name
