@@ -7,6 +7,7 @@ pairs above chance, and the rule reward GRPO never trained on must rise."""
 import json
 import os
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -37,5 +38,12 @@ def test_reward_model_pipeline_learns_the_hidden_rule(tmp_path):
     assert all((out / "rm" / f"round_{k}" / "hf" / "config.json").exists() for k in range(3))
     onpolicy = [r for r in results if "/onpolicy_" in r.get("pairs_file", "")]
     assert len(onpolicy) == 2 and all(r["pairs"] > 0 for r in onpolicy), onpolicy
-    first, last = sum(rule[:3]) / 3, sum(rule[-3:]) / 3
-    assert last > first + 0.15, rule  # trained on the reward models' scores alone
+    # Trained on the reward models' scores alone, the rule reward must rise. Judged on the evaluation (128 samples
+    # of 32 held-out prompts per policy) of the start and of the last GRPO round; the training steps' own means
+    # swing by ~0.2 from one step to the next at this size (a quiet-machine run: steps 0.09 0.08 0.09 ... 0.04
+    # 0.08 0.27 0.21, last three 0.18 against the first three's 0.09, while its evaluation went 0.09 -> 0.30),
+    # so for them only the second half above the first.
+    evaluated = {Path(r["model"]).relative_to(out).as_posix(): r["rule_reward"] for r in results if "rule_reward" in r}
+    start, trained = evaluated["model"], evaluated["grpo/hf/round_3"]
+    assert trained > start + 0.15, evaluated
+    assert sum(rule[6:]) > sum(rule[:6]), rule
