@@ -50,6 +50,7 @@ from torch.distributed.checkpoint.planner_helpers import create_read_items_for_c
 
 from lean_rl.backends.megatron.checkpoint_paths import DCP_METADATA, CheckpointError
 from lean_rl.convert.dcp_direct import read_items
+from lean_rl.convert.reused_buffer import Empty, fresh_tensor
 
 # Megatron's metadata.json for torch_dist (dist_checkpointing/core.py CheckpointingConfig) and its
 # common state file (strategies/common.py COMMON_STATE_FNAME).
@@ -257,12 +258,10 @@ class DistCheckpointReader:
         return [k for k, v in self.metadata.state_dict_metadata.items() if isinstance(v, BytesStorageMetadata)]
 
     def read(self, key: str, offsets: tuple[int, ...], sizes: tuple[int, ...],
-             empty: Callable[[tuple[int, ...], torch.dtype], torch.Tensor] | None = None) -> torch.Tensor:
-        """The region [offsets, offsets + sizes) of `key`, in a new tensor, or in one from `empty(shape, dtype)`
-        (a ReusedBuffer's)."""
+             empty: Empty = fresh_tensor) -> torch.Tensor:
+        """The region [offsets, offsets + sizes) of `key`, in a tensor from `empty` (a new one by default)."""
         stored = self.metadata.state_dict_metadata[key]
-        dtype = stored.properties.dtype
-        dest = empty(tuple(sizes), dtype) if empty else torch.empty(sizes, dtype=dtype)
+        dest = empty(tuple(sizes), stored.properties.dtype)
         wanted = ChunkStorageMetadata(torch.Size(offsets), torch.Size(sizes))
         items = create_read_items_for_chunk_list(key, stored, [wanted])
         covered = sum(_numel(item.lengths) for item in items)

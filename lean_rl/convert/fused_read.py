@@ -14,9 +14,8 @@ import os
 
 import torch
 
-from typing import Callable
-
 from lean_rl.backends.megatron.hf_weights.layouts import Geometry, Layout
+from lean_rl.convert.reused_buffer import Empty, fresh_tensor
 from lean_rl.convert.safetensors_io import CheckpointError, TensorInfo
 
 
@@ -43,20 +42,12 @@ def read_rows_into(info: TensorInfo, first_row: int, dest: torch.Tensor) -> None
         os.close(fd)
 
 
-# An allocator of uninitialised tensors: torch.empty, or ReusedBuffer.tensor (one block for every chunk).
-Empty = Callable[[tuple[int, ...], torch.dtype], torch.Tensor]
-
-
-def _torch_empty(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
-    return torch.empty(shape, dtype=dtype)
-
-
 # At TP 1 these layouts are the HF tensor itself (GATE_UP_FUSED: [gate; up] is already Megatron's order).
 _WHOLE = (Layout.REPLICATED, Layout.COLUMN, Layout.ROW, Layout.GATE_UP_FUSED)
 
 
-def fused_tp1(layout: Layout, infos: list[TensorInfo], geometry: Geometry, dtype: torch.dtype,
-              empty: Empty = _torch_empty) -> torch.Tensor | None:
+def read_tp1(layout: Layout, infos: list[TensorInfo], geometry: Geometry, dtype: torch.dtype,
+             empty: Empty = fresh_tensor) -> torch.Tensor | None:
     """The TP-1 Megatron tensor of `layout`, read into place in a tensor from `empty`; None where
     to_megatron_shard must make it (a dtype change, a vocabulary of the wrong size: its error message)."""
     if any(info.dtype != dtype for info in infos):

@@ -37,7 +37,7 @@ from lean_rl.backends.megatron.hf_weights.dist_keys import DistEntry, dist_entri
 from lean_rl.backends.megatron.hf_weights.families import geometry, rule_instances, weight_rules
 from lean_rl.backends.megatron.hf_weights.layouts import Layout, hf_shapes, to_megatron_shard
 from lean_rl.convert.dcp_io import ChunkSpec, save_dist_checkpoint
-from lean_rl.convert.fused_read import fused_tp1
+from lean_rl.convert.fused_read import read_tp1
 from lean_rl.convert.output_dir import atomic_output_dir
 from lean_rl.convert.reused_buffer import ReusedBuffer
 from lean_rl.convert.safetensors_io import HFSafetensors
@@ -178,8 +178,8 @@ def convert_hf_to_megatron(hf_dir: str | Path, save: str | Path, *, parallel: Pa
 
     def produce(spec: ChunkSpec) -> torch.Tensor:
         inst = producers[(spec.key, spec.offsets)]
-        tensor = fused_tp1(inst.entry.rule.layout, [source.tensors[name] for name in inst.hf_names], geo, out_dtype,
-                           buffer.tensor)
+        tensor = read_tp1(inst.entry.rule.layout, [source.tensors[name] for name in inst.hf_names], geo, out_dtype,
+                          buffer.tensor)
         if tensor is None:
             tensor = to_megatron_shard(inst.entry.rule.layout, [source.read(name) for name in inst.hf_names], 0, 1, geo)
         return tensor.to(out_dtype).reshape(spec.sizes)

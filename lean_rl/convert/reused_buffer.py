@@ -1,9 +1,10 @@
 """One block of memory that a conversion builds each of its tensors in, one tensor at a time.
 
-A fresh tensor per chunk makes the kernel find, fault in and zero new pages for every byte converted:
-in a fresh process that was most of a base100m conversion's CPU time (hf->megatron 0.75 s of CPU, 0.07 s
-of it user time; the same conversion run again in the same process, its freed memory reused: 0.2 s;
-bench/convert.py). The floor it is measured against, a read + write loop, reuses one buffer; so does this.
+A fresh tensor per chunk asks the allocator for new memory every time, which the kernel may have to
+fault in and zero again; the floor a conversion is measured against, a read + write loop, reuses one
+buffer, and so does this. Measured on base100m in fresh processes (docs/performance.md, sixth session):
+megatron->hf 22-26k page faults a run -> 6.9k; hf->megatron unchanged at 3.2k (glibc already handed its
+freed blocks back to it); the wall time of either within the noise.
 
 Valid only where each tensor is written out before the next one is asked for: the DCP writer with
 torch.save serialisation writes an item before resolving the next (filesystem.py _write_files_from_queue,
@@ -12,8 +13,17 @@ torch 2.13), and the safetensors writer writes at once (safetensors_io.Streaming
 from __future__ import annotations
 
 import math
+from typing import Callable
 
 import torch
+
+# An allocator of uninitialised tensors, as the converters' readers take one: fresh_tensor, or a
+# ReusedBuffer's tensor (one block for every chunk).
+Empty = Callable[[tuple[int, ...], torch.dtype], torch.Tensor]
+
+
+def fresh_tensor(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    return torch.empty(shape, dtype=dtype)
 
 
 class ReusedBuffer:
@@ -32,7 +42,7 @@ class ReusedBuffer:
         exactly its bytes (torch.frombuffer), not the block: DCP's writer clones any tensor whose storage is
         larger than the tensor (filesystem.py _SerialCpuLoader.values), which would bring the fresh pages back."""
         numel = math.prod(shape)
-        nbytes = numel * torch.empty((), dtype=dtype).element_size()
+        nbytes = numel * dtype.itemsize
         if nbytes > self.nbytes:
             raise ValueError(f"a {list(shape)} {dtype} tensor needs {nbytes} bytes; the buffer has {self.nbytes}")
         if numel == 0:

@@ -155,7 +155,7 @@ def test_existing_output_is_not_overwritten(tiny_model_factory, tmp_path):
 
 def test_failure_while_writing_leaves_nothing(tiny_model_factory, tmp_path, monkeypatch):
     calls = []
-    real = h2m.fused_tp1  # every chunk of a same-dtype conversion is read through it
+    real = h2m.read_tp1  # every chunk of a same-dtype conversion is read through it
 
     def failing(*args, **kwargs):
         calls.append(1)
@@ -163,7 +163,7 @@ def test_failure_while_writing_leaves_nothing(tiny_model_factory, tmp_path, monk
             raise OSError("disk full")
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(h2m, "fused_tp1", failing)
+    monkeypatch.setattr(h2m, "read_tp1", failing)
     with pytest.raises(OSError, match="disk full"):
         convert_hf_to_megatron(tiny_model_factory("qwen2"), tmp_path / "out")
     assert_nothing_written(tmp_path / "out")

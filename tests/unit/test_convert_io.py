@@ -171,7 +171,7 @@ def test_the_converters_views_are_to_hf_tensors_bit_for_bit(family, tiny_model_f
 @pytest.mark.parametrize("family", ["qwen2", "qwen3_moe"])
 def test_fused_reads_are_to_megatron_shard_bit_for_bit(family, tiny_model_factory, tmp_path):
     from lean_rl.backends.megatron.hf_weights.layouts import to_megatron_shard
-    from lean_rl.convert.fused_read import fused_tp1
+    from lean_rl.convert.fused_read import read_tp1
     from lean_rl.convert.hf_to_megatron import ordered_instances
     from lean_rl.convert.safetensors_io import HFSafetensors
 
@@ -188,13 +188,13 @@ def test_fused_reads_are_to_megatron_shard_bit_for_bit(family, tiny_model_factor
     fused = set()
     for inst in instances:
         layout = inst.entry.rule.layout
-        ours = fused_tp1(layout, [source.tensors[n] for n in inst.hf_names], geo, torch.bfloat16)
+        ours = read_tp1(layout, [source.tensors[n] for n in inst.hf_names], geo, torch.bfloat16)
         if ours is None:
             continue
         fused.add(layout.name)
         made = to_megatron_shard(layout, [tensors[n] for n in inst.hf_names], 0, 1, geo)
         assert torch.equal(ours.view(torch.int16), made.view(torch.int16)), inst.hf_names
-        assert fused_tp1(layout, [source.tensors[n] for n in inst.hf_names], geo, torch.float32) is None  # a cast
+        assert read_tp1(layout, [source.tensors[n] for n in inst.hf_names], geo, torch.float32) is None  # a cast
     assert {"QKV", "GATE_UP", "VOCAB", "REPLICATED", "ROW"} <= fused
 
 
