@@ -8,6 +8,13 @@ thread per receiver; a receiver reads each part whole (and with decode=True, bas
 unpickles it, as an engine does with an inline payload), then answers one byte. The time is from the
 first byte sent to the last answer.
 
+GlooFloor: the distributed transport's own medium on CPU, measured bare: the same tensors broadcast
+from this process over a gloo group built as SGLang's engines build theirs (process_group.join_group)
+to receiver processes that allocate fresh tensors for every update, as SGLang's receive does
+(sglang/srt/model_executor/model_runner_components/weight_updater.py:286, torch.empty per tensor), and
+copy each into a tensor allocated once, as its load_weights copies them into the parameters. No HTTP,
+no export, no model: what receiving costs an engine before any of our code or SGLang's runs.
+
 raw_copy: the floor of a checkpoint conversion (bench/convert.py), a raw read of the input weight files
 and a write of files of the converter's output names and sizes, one fsync per file; prime_cache puts the
 page cache in the same state before each run of either side."""
@@ -54,6 +61,64 @@ def _receive(host: str, port: int, parts_per_round: int, rounds: int, decode: bo
                 if decode:
                     pickle.loads(base64.b64decode(view))
             conn.sendall(ACK)
+
+
+def _gloo_receive(port: int, world: int, rank: int, name: str, specs: list, rounds: int, timeout_s: float) -> None:
+    import torch
+
+    from lean_rl.backends.megatron.distributed import connect_rendezvous_store
+    from lean_rl.weight_sync.process_group import join_group
+
+    group = join_group(connect_rendezvous_store(port, world, timeout_s), world, rank, name, "gloo", timeout_s)
+    parameters = [torch.zeros(shape, dtype=dtype) for shape, dtype in specs]  # allocated and touched once
+    for _ in range(rounds):
+        received = [torch.empty(shape, dtype=dtype) for shape, dtype in specs]  # fresh, as SGLang's receive
+        for work in [group.broadcast([tensor], _from_rank_zero()) for tensor in received]:
+            work.wait()
+        for parameter, tensor in zip(parameters, received):
+            parameter.copy_(tensor)
+        group.barrier().wait()  # the answer: every receiver holds every tensor in its "parameters"
+
+
+def _from_rank_zero():
+    import torch.distributed as dist
+
+    options = dist.BroadcastOptions()
+    options.rootRank = 0
+    return options
+
+
+class GlooFloor:
+    def __init__(self, tensors: list, receivers: int, rounds: int, timeout_s: float = 600):
+        from lean_rl.backends.megatron.distributed import open_rendezvous_store
+        from lean_rl.weight_sync.process_group import join_group
+
+        self.tensors = [t.contiguous() for t in tensors]
+        world = receivers + 1
+        store, port = open_rendezvous_store(world, timeout_s)
+        name = f"bench_floor_{port}"  # a group name is taken for the process's lifetime
+        specs = [(tuple(t.shape), t.dtype) for t in self.tensors]
+        context = multiprocessing.get_context("spawn")
+        self.procs = [context.Process(target=_gloo_receive, args=(port, world, rank, name, specs, rounds, timeout_s),
+                                      daemon=True) for rank in range(1, world)]
+        for proc in self.procs:
+            proc.start()
+        self.group = join_group(store, world, 0, name, "gloo", timeout_s)
+        self._store = store  # the receivers' store clients stay connected to it
+
+    def once(self) -> float:
+        """Seconds from the first broadcast until every receiver holds every tensor."""
+        started = time.perf_counter()
+        for work in [self.group.broadcast([tensor], _from_rank_zero()) for tensor in self.tensors]:
+            work.wait()
+        self.group.barrier().wait()
+        return time.perf_counter() - started
+
+    def close(self) -> None:
+        for proc in self.procs:
+            proc.join(timeout=60)
+            if proc.is_alive():
+                proc.kill()
 
 
 class SocketFloor:

@@ -12,7 +12,17 @@ medium, in the same run (bench/floors.py), over loopback to as many receiver pro
 - distributed: the raw bytes, one TCP send to each receiver (what the broadcast must move at least);
 - tensor (CPU): the inline payload made (pickle + base64 per bucket), sent to each receiver over TCP and
   decoded there (on GPU the transport sends CUDA IPC handles instead; not measured here);
-- disk: the raw bytes written to one file and read back.
+- disk: the raw bytes written to one file and read back into memory allocated (and touched) once, as an
+  engine's parameters are (a buffer allocated per round would pay ~75k page faults the engine does not).
+Beside the physical floor, each transport gets the floor of the medium SGLang offers, measured bare in
+the same run: distributed, the same tensors broadcast over a gloo group built as the engines build
+theirs, to receivers allocating fresh tensors per update as SGLang's receive does and copying them into
+tensors allocated once, as its load_weights does into the parameters (floors.GlooFloor);
+tensor, the floor's payload posted to the same engines by a bare HTTP client (begin, one update per
+bucket, end: what SGLang requires); disk, the bytes written by safetensors' save_file and loaded by the
+same engines with a bare /update_weights_from_disk. Ours over that medium is the part of the gap that
+is ours (export, our HTTP client, the session, staging); the medium over the physical floor is SGLang's
+receive path and, for distributed, gloo.
 Fixed overhead: the sync of the tiny preset (0.8 MB, as good as empty) in the same run; with it, the
 larger preset's row splits its time into that fixed part and the rest's bytes per second.
 Rounds alternate ours and floor so that drift of a shared machine hits both; ours' median is compared
@@ -23,16 +33,21 @@ with the floor's best round.
 from __future__ import annotations
 
 import base64
+import http.client
 import pickle
+import shutil
 import statistics
+import threading
 import time
 from pathlib import Path
+from urllib.parse import urlsplit
 
+import orjson
 import torch
 
 from bench_common import (NO_GOAL, at_least, bench_parser, command_line, parse_bench_args, row, run_bench,
                           work_dir_with_ray, write_rows)
-from floors import SocketFloor
+from floors import GlooFloor, SocketFloor
 from lean_rl.options import build
 from lean_rl.weight_sync.buckets import iter_buckets
 
@@ -48,19 +63,28 @@ def raw_bytes(state_dict: dict[str, torch.Tensor]) -> list[memoryview]:
     return [memoryview(t.contiguous().view(torch.uint8).reshape(-1).numpy()) for t in state_dict.values()]
 
 
-def disk_floor(state_dict: dict[str, torch.Tensor], directory: Path) -> float:
-    """The bytes written to one file and read back (what the disk transport moves, without its format)."""
+def touched_buffer(nbytes: int) -> bytearray:
+    """Memory for the bytes to land in, allocated and touched once, as an engine's parameters are."""
+    buffer = bytearray(nbytes)
+    view = memoryview(buffer)
+    for start in range(0, nbytes, 4096):
+        view[start] = 1
+    return buffer
+
+
+def disk_floor(state_dict: dict[str, torch.Tensor], directory: Path, into: bytearray) -> float:
+    """The bytes written to one file and read back into `into` (what the disk transport moves, without
+    its format)."""
     path = directory / "floor.bin"
     views = raw_bytes(state_dict)
     started = time.perf_counter()
     with open(path, "wb") as out:
         for view in views:
             out.write(view)
-    back = bytearray(path.stat().st_size)
     with open(path, "rb") as source:
-        source.readinto(back)
+        got = source.readinto(into)
     seconds = time.perf_counter() - started
-    assert len(back) == sum(len(v) for v in views)
+    assert got == len(into) == sum(len(v) for v in views), (got, len(into))
     path.unlink()
     return seconds
 
@@ -73,33 +97,150 @@ def encoded_buckets(state_dict: dict[str, torch.Tensor], buffer_size: int) -> tu
     return payloads, time.perf_counter() - started
 
 
+class BarePosts:
+    """A transport's medium as SGLang offers it: the calls SGLang requires, made to the same engines by a
+    bare HTTP client (the standard library's: one sendall per body; httpx's synchronous client
+    re-slices the unsent rest of a body after every send, which on a 408 MB payload cost more than the
+    whole sync), orjson bodies, every engine at once. `once` times `prepare` (the bytes made) and
+    every engine's `calls`."""
+
+    def __init__(self, urls: list[str], api_key: str | None, state_dict: dict[str, torch.Tensor]):
+        self.urls, self.state_dict = urls, state_dict
+        self.headers = {"Content-Type": "application/json"}
+        if api_key:
+            self.headers["Authorization"] = f"Bearer {api_key}"
+
+    def prepare(self):
+        raise NotImplementedError
+
+    def calls(self, prepared) -> list[tuple[str, dict]]:
+        raise NotImplementedError
+
+    def _post(self, connection: http.client.HTTPConnection, path: str, body: dict) -> None:
+        connection.request("POST", path, body=orjson.dumps(body), headers=self.headers)
+        answer = connection.getresponse()
+        text = answer.read()
+        if answer.status >= 400 or orjson.loads(text).get("success") is False:
+            raise RuntimeError(f"{connection.host}:{connection.port}{path}: HTTP {answer.status} {text[:300]!r}")
+
+    def once(self) -> float:
+        started = time.perf_counter()
+        prepared = self.prepare()
+        errors: list[BaseException] = []
+
+        def post_all(url: str) -> None:
+            where = urlsplit(url)
+            assert where.scheme == "http", f"the bench's engines serve plain HTTP on loopback, not {url}"
+            connection = http.client.HTTPConnection(where.hostname, where.port, timeout=1800)
+            try:
+                for path, body in self.calls(prepared):
+                    self._post(connection, path, body)
+            except BaseException as err:  # noqa: BLE001 - re-raised in the caller's thread
+                errors.append(err)
+            finally:
+                connection.close()
+
+        threads = [threading.Thread(target=post_all, args=(url,)) for url in self.urls]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        if errors:
+            raise errors[0]
+        self.clean_up(prepared)
+        return time.perf_counter() - started
+
+    def clean_up(self, prepared) -> None:
+        """The round's clean-up, timed as ours' is (the disk transport removes the previous sync's
+        directory within its sync)."""
+
+    def close(self) -> None:
+        pass
+
+
+class BareTensorPosts(BarePosts):
+    """tensor: the floor's payload (pickle + base64 per bucket), /begin_weight_update, one
+    /update_weights_from_tensor per bucket, /end_weight_update."""
+
+    def __init__(self, urls: list[str], api_key: str | None, state_dict: dict[str, torch.Tensor], buffer_size: int):
+        super().__init__(urls, api_key, state_dict)
+        self.buffer_size = buffer_size
+
+    def prepare(self) -> list[bytes]:
+        return encoded_buckets(self.state_dict, self.buffer_size)[0]
+
+    def calls(self, payloads: list[bytes]) -> list[tuple[str, dict]]:
+        updates = [("/update_weights_from_tensor", {"serialized_named_tensors": [payload.decode("ascii")],
+                                                    "load_format": None, "flush_cache": index == len(payloads) - 1})
+                   for index, payload in enumerate(payloads)]
+        return [("/begin_weight_update", {}), *updates, ("/end_weight_update", {})]
+
+
+class BareDiskLoad(BarePosts):
+    """disk: the state dict written as one file by safetensors' save_file into a copy of the served
+    checkpoint's other files, then /update_weights_from_disk of that directory."""
+
+    def __init__(self, urls: list[str], api_key: str | None, state_dict: dict[str, torch.Tensor], served: Path,
+                 directory: Path):
+        super().__init__(urls, api_key, state_dict)
+        self.directory = directory
+        directory.mkdir(parents=True, exist_ok=True)
+        for item in served.iterdir():
+            if item.is_file() and not item.name.endswith((".safetensors", ".index.json")):
+                shutil.copy2(item, directory / item.name)
+
+    def prepare(self) -> Path:
+        from safetensors.torch import save_file
+
+        path = self.directory / "model.safetensors"
+        save_file(self.state_dict, str(path), metadata={"format": "pt"})
+        return path
+
+    def calls(self, path: Path) -> list[tuple[str, dict]]:
+        return [("/update_weights_from_disk", {"model_path": str(self.directory), "flush_cache": True})]
+
+    def clean_up(self, path: Path) -> None:
+        path.unlink()
+
+
 class Floor:
     """The floor of one transport over loopback, receivers kept for all rounds (bench/floors.py):
     distributed, the raw bytes sent once to each engine's receiver; tensor, the inline payload made
-    (pickle + base64 per bucket), sent to each receiver, decoded there; disk, one file write + read."""
+    (pickle + base64 per bucket), sent to each receiver, decoded there; disk, one file write + read.
+    `medium_once`: the medium SGLang offers, bare (distributed: GlooFloor; tensor: BareTensorPosts; disk:
+    BareDiskLoad)."""
 
     def __init__(self, transport: str, state_dict: dict[str, torch.Tensor], receivers: int, rounds: int,
-                 buffer_size: int, work: Path):
+                 buffer_size: int, work: Path, urls: list[str], api_key: str | None, served: Path):
         self.transport, self.state_dict, self.work, self.buffer_size = transport, state_dict, work, buffer_size
-        self.socket = None
+        self.socket = self.medium = None
         if transport == "distributed":
             self.parts = raw_bytes(state_dict)
             self.socket = SocketFloor(receivers, len(self.parts), rounds)
+            self.medium = GlooFloor(list(state_dict.values()), receivers, rounds)
         elif transport == "tensor":
             count = sum(1 for _ in iter_buckets(state_dict.items(), buffer_size))
             self.socket = SocketFloor(receivers, count, rounds, decode=True)
+            self.medium = BareTensorPosts(urls, api_key, state_dict, buffer_size)
+        else:
+            self.into = touched_buffer(sum(t.numel() * t.element_size() for t in state_dict.values()))
+            self.medium = BareDiskLoad(urls, api_key, state_dict, served, work / "disk-medium")
 
     def once(self) -> float:
         if self.transport == "disk":
-            return disk_floor(self.state_dict, self.work)
+            return disk_floor(self.state_dict, self.work, self.into)
         if self.transport == "tensor":
             payloads, encode_seconds = encoded_buckets(self.state_dict, self.buffer_size)
             return encode_seconds + self.socket.once(payloads)
         return self.socket.once(self.parts)
 
+    def medium_once(self) -> float | None:
+        return None if self.medium is None else self.medium.once()
+
     def close(self) -> None:
-        if self.socket is not None:
-            self.socket.close()
+        for part in (self.socket, self.medium):
+            if part is not None:
+                part.close()
 
 
 # ------------------------------------------------------------------ one preset
@@ -126,33 +267,44 @@ def run_preset(preset: str, args, work: Path) -> list[dict]:
         for transport in args.transports:
             cfg = build(WeightSyncConfig, transport=transport, buffer_size_bytes=args.buffer_size,
                                    disk_dir=str(work / f"sync-{preset}"), timeout_s=1800)
-            floor = Floor(transport, state_dict, engines_n, args.rounds + 1, args.buffer_size, work)
-            ours, floors, reports = [], [], []
+            floor = Floor(transport, state_dict, engines_n, args.rounds + 1, args.buffer_size, work,
+                          engines.engine_urls, config.api_key, served)
+            ours, floors, mediums, reports = [], [], [], []
             try:
                 with WeightSync.create(cfg, trainer, engines.engine_urls, api_key=config.api_key) as sync:
                     sync.update(0)  # warm-up: first-touch allocations on both sides
                     floor.once()
+                    floor.medium_once()
                     for step in range(1, args.rounds + 1):
                         report = sync.update(step)
                         ours.append(report.seconds)
                         reports.append(report)
                         floors.append(floor.once())
+                        mediums.append(floor.medium_once())
             finally:
                 floor.close()
             last = reports[-1]
             rows.append(dict(preset=preset, transport=transport, engines=engines_n, mbytes=last.bytes / 1e6,
                              buckets=last.buckets, ours=statistics.median(ours), floor=min(floors),
+                             medium=None if mediums[0] is None else min(mediums),
+                             medium_spread=None if mediums[0] is None else (max(mediums) - min(mediums)) / min(mediums),
                              probe=statistics.median(r.probe_seconds for r in reports),
                              export=statistics.median(r.export_seconds for r in reports),
                              max_diff=max(r.probe.max_abs_diff for r in reports)))
             assert last.bytes == nbytes, (last.bytes, nbytes)
-            print(f"  {preset} {transport}: ours {rows[-1]['ours']:.3f} s, floor {rows[-1]['floor']:.3f} s", flush=True)
+            medium = "" if rows[-1]["medium"] is None else f", bare medium {rows[-1]['medium']:.3f} s"
+            print(f"  {preset} {transport}: ours {rows[-1]['ours']:.3f} s, floor {rows[-1]['floor']:.3f} s{medium}", flush=True)
     return rows
 
 
 FLOOR_NAMES = {"distributed": "raw TCP send of the bytes to each engine's receiver",
                "tensor": "pickle+b64 per bucket, TCP send, decode at each receiver",
                "disk": "raw file write + read of the bytes"}
+MEDIUM_NAMES = {"distributed": "the same tensors broadcast bare over a gloo group built as the engines build theirs, "
+                               "receivers allocating fresh tensors per update and copying them into their "
+                               "parameters as SGLang does",
+                "tensor": "the floor's payload posted bare to the same engines (begin, update per bucket, end)",
+                "disk": "the bytes written by safetensors' save_file, /update_weights_from_disk posted bare to the same engines"}
 FIXED_PRESET = "tiny"  # its sync is the fixed overhead of the others' rows
 
 
@@ -195,7 +347,13 @@ def main(argv: list[str]) -> int:
             f"median of {args.rounds}", _figure(r, fixed.get(r["transport"])),
             f"{r['floor']:.3f} s {FLOOR_NAMES[r['transport']]}, best of {args.rounds}", r["ours"] / r["floor"],
             NO_GOAL if r["preset"] == FIXED_PRESET else f"<= {GOAL}", command, physical=True)
-        for r in rows])
+        for r in rows] + [
+        row(f"weight sync, {r['preset']} ({r['mbytes']:.1f} MB) → {r['engines']} engine(s), {r['transport']} / "
+            f"SGLang's medium bare (ours' part of the gap), median of {args.rounds}", f"{r['ours']:.3f} s",
+            f"{r['medium']:.3f} s {MEDIUM_NAMES[r['transport']]}, best of {args.rounds}", r["ours"] / r["medium"],
+            NO_GOAL if r["preset"] == FIXED_PRESET else f"<= {GOAL}", command, physical=True,
+            noise=r["medium_spread"])
+        for r in rows if r["medium"] is not None])
     return 0
 
 

@@ -25,7 +25,7 @@ from lean_rl.backends.megatron.hf_config import arch_from_hf_config, hf_family, 
 from lean_rl.backends.megatron.hf_weights.dist_keys import (EXTRA_STATE, DistEntry, dist_entries, is_model_key,
                                                          lora_keys, merge_lora)
 from lean_rl.backends.megatron.hf_weights.families import geometry, weight_rules
-from lean_rl.backends.megatron.hf_weights.layouts import Geometry, Layout, hf_shapes, to_hf_tensors
+from lean_rl.backends.megatron.hf_weights.layouts import Layout, hf_shapes, to_hf_tensors
 from lean_rl.convert.dcp_io import DistCheckpointReader
 from lean_rl.convert.hf_to_megatron import TORCH_DTYPES, config_dtype, ordered_instances
 from lean_rl.convert.output_dir import atomic_output_dir
@@ -155,7 +155,7 @@ def convert_megatron_to_hf(load: str | Path, save: str | Path, *, hf_config: str
                     if inst.entry in adapters:  # LoRA-trained: HF gets the merged weight
                         stacked = inst.entry.chunk_offsets(inst.index)[:len(inst.entry.stacked)]
                         tensor = _merge_lora(reader, stored, adapters[inst.entry], stacked, tensor)
-                    for name, hf_tensor in zip(inst.hf_names, _hf_tensors(inst.entry.rule.layout, tensor, geo)):
+                    for name, hf_tensor in zip(inst.hf_names, to_hf_tensors(inst.entry.rule.layout, [tensor], geo)):
                         writer.write(name, hf_tensor.to(out_dtype))
                 writer.close()
             except BaseException:
@@ -165,19 +165,6 @@ def convert_megatron_to_hf(load: str | Path, save: str | Path, *, hf_config: str
         copy_side_files(hf_dir, out, skip=("config.json",))
         _write_config(config_json, out / "config.json", out_dtype, None if reward_model else hf_dir / "config.json")
     return Path(save)
-
-
-def _hf_tensors(layout: Layout, tensor: torch.Tensor, geo: Geometry) -> tuple[torch.Tensor, ...]:
-    """to_hf_tensors of one TP=1 tensor that this converter has just read and owns: views of it where the
-    layout is a plain concatenation (torch.cat of a single tensor is a full copy: ~0.15 s of CPU on base100m),
-    to_hf_tensors where the rows really move (QKV's per-group split)."""
-    if layout in (Layout.REPLICATED, Layout.COLUMN, Layout.ROW, Layout.GATE_UP_FUSED):
-        return (tensor,)
-    if layout is Layout.VOCAB:
-        return (tensor[:geo.vocab_size],)
-    if layout is Layout.GATE_UP:
-        return tuple(tensor.chunk(2, dim=0))
-    return to_hf_tensors(layout, [tensor], geo)
 
 
 def _read_shape(entry: DistEntry, arch: ModelArch) -> tuple[int, ...]:

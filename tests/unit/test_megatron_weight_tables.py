@@ -46,6 +46,26 @@ def test_round_trip_is_bitwise_and_covers_the_checkpoint(family, tp, tiny_model_
     assert [n for n in state if not torch.equal(back[n], state[n])] == []
 
 
+@pytest.mark.parametrize("family", SUPPORTED_HF_FAMILIES)
+def test_one_shard_gives_contiguous_views_unless_rows_move(family, tiny_model_factory):
+    # At TP 1 the export and the megatron->hf converter copy nothing but QKV's per-group split: the
+    # other HF tensors are views of the parameter, contiguous (a broadcast and a file write need that).
+    path = tiny_model_factory(family)
+    state = load_file(str(path / "model.safetensors"))
+    config = MegatronConfig(arch_from_hf_config(path, make_vocab_size_divisible_by=96), _parallel(family, 1))
+    geo = geometry(config)
+    seen = set()
+    for rule, index in rule_instances(weight_rules(family, config.arch), config.arch):
+        names = rule.hf_names(**index)
+        shard = to_megatron_shard(rule.layout, [state[n] for n in names], 0, 1, geo)
+        for name, tensor in zip(names, to_hf_tensors(rule.layout, [shard], geo)):
+            assert tensor.is_contiguous() and torch.equal(tensor, state[name]), name
+            shares = tensor.untyped_storage().data_ptr() == shard.untyped_storage().data_ptr()
+            assert shares == (rule.layout is not Layout.QKV), (name, rule.layout)
+            seen.add(rule.layout)
+    assert Layout.VOCAB in seen and Layout.ROW in seen and (Layout.GATE_UP in seen or Layout.GATE_UP_FUSED in seen)
+
+
 def test_reading_slices_from_safetensors_gives_the_same_shards(tiny_model_factory):
     path = tiny_model_factory("qwen3_moe")
     state = load_file(str(path / "model.safetensors"))

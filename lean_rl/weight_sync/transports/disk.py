@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from lean_rl.backends.sglang.client import EngineClient
-from lean_rl.weight_sync.buckets import iter_buckets, standalone
+from lean_rl.weight_sync.buckets import iter_buckets
 from lean_rl.weight_sync.disk import DiskStaging
 from lean_rl.weight_sync.engine_calls import call_all
 from lean_rl.weight_sync.transports.base import Transport
@@ -55,7 +55,9 @@ class DiskTransport(Transport):
         weight_map, total, count = {}, 0, 0
         for count, (bucket, _) in enumerate(iter_buckets(export, rank.plan.buffer_size_bytes), start=1):
             file_name = f"model-pp{export.stage:03d}-{count:05d}.safetensors"
-            save_file({n: standalone(t.cpu()) for n, t in zip(bucket.names, bucket.tensors)},
+            # safetensors writes each tensor's own bytes (views of a larger storage too, so long as they
+            # do not overlap): no copy here beyond the GPU's to host
+            save_file({n: t.cpu().contiguous() for n, t in zip(bucket.names, bucket.tensors)},
                       str(Path(directory) / file_name), metadata={"format": "pt"})
             weight_map.update(dict.fromkeys(bucket.names, file_name))
             total += bucket.nbytes

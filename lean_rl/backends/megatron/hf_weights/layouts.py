@@ -77,9 +77,16 @@ def to_megatron_shard(layout: Layout, sources: Sequence[Sliceable], rank: int, s
 
 
 def to_hf_tensors(layout: Layout, shards: Sequence[torch.Tensor], geometry: Geometry) -> tuple[torch.Tensor, ...]:
-    """Inverse of to_megatron_shard: the TP shards (in rank order) -> the HF tensors."""
+    """Inverse of to_megatron_shard: the TP shards (in rank order) -> the HF tensors. From a single
+    shard (TP 1) the result is views of it wherever the layout is a plain concatenation (torch.cat of
+    one tensor is a full copy: at TP 1 a base100m weight sync spent ~70 ms of CPU on those copies);
+    only QKV's per-group split moves rows. So a caller that keeps the result past the parameter's next
+    change, or writes into it, copies it first (gather_stage_tensors does; every transport reads it
+    before its call returns)."""
     if layout is Layout.REPLICATED:
         return (shards[0],)
+    if len(shards) == 1 and layout is not Layout.QKV:
+        return _single_shard_views(layout, shards[0], geometry)
     if layout is Layout.COLUMN:
         return (torch.cat(list(shards), dim=0),)
     if layout is Layout.ROW:
@@ -95,6 +102,15 @@ def to_hf_tensors(layout: Layout, shards: Sequence[torch.Tensor], geometry: Geom
         halves = [shard.chunk(2, dim=0) for shard in shards]
         return (torch.cat([h[0] for h in halves] + [h[1] for h in halves], dim=0),)
     raise ValueError(f"unknown layout {layout}")
+
+
+def _single_shard_views(layout: Layout, shard: torch.Tensor, geometry: Geometry) -> tuple[torch.Tensor, ...]:
+    """to_hf_tensors of one shard where no rows move: slices of it (contiguous, as dim 0 slices are)."""
+    if layout is Layout.VOCAB:
+        return (shard[: geometry.vocab_size],)
+    if layout is Layout.GATE_UP:
+        return tuple(shard.chunk(2, dim=0))
+    return (shard,)  # COLUMN, ROW, GATE_UP_FUSED: the whole shard is the HF tensor
 
 
 def hf_shapes(layout: Layout, megatron_shape: Sequence[int], geometry: Geometry) -> list[tuple[int, ...]]:
