@@ -39,6 +39,7 @@ import shutil
 import statistics
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -203,28 +204,41 @@ class BareDiskLoad(BarePosts):
         path.unlink()
 
 
+@dataclass(frozen=True)
+class EnginesServing:
+    """What the bare media need of the engines under test."""
+
+    urls: list[str]
+    api_key: str | None
+    served: Path  # the checkpoint they serve (its config and tokenizer files)
+
+
 class Floor:
     """The floor of one transport over loopback, receivers kept for all rounds (bench/floors.py):
     distributed, the raw bytes sent once to each engine's receiver; tensor, the inline payload made
     (pickle + base64 per bucket), sent to each receiver, decoded there; disk, one file write + read.
-    `medium_once`: the medium SGLang offers, bare (distributed: GlooFloor; tensor: BareTensorPosts; disk:
-    BareDiskLoad)."""
+    `medium_once`, given `engines`: the medium SGLang offers, bare (distributed: GlooFloor; tensor:
+    BareTensorPosts; disk: BareDiskLoad); None without."""
 
     def __init__(self, transport: str, state_dict: dict[str, torch.Tensor], receivers: int, rounds: int,
-                 buffer_size: int, work: Path, urls: list[str], api_key: str | None, served: Path):
+                 buffer_size: int, work: Path, engines: EnginesServing | None = None):
         self.transport, self.state_dict, self.work, self.buffer_size = transport, state_dict, work, buffer_size
         self.socket = self.medium = None
         if transport == "distributed":
             self.parts = raw_bytes(state_dict)
             self.socket = SocketFloor(receivers, len(self.parts), rounds)
-            self.medium = GlooFloor(list(state_dict.values()), receivers, rounds)
+            if engines is not None:
+                self.medium = GlooFloor(list(state_dict.values()), receivers, rounds)
         elif transport == "tensor":
             count = sum(1 for _ in iter_buckets(state_dict.items(), buffer_size))
             self.socket = SocketFloor(receivers, count, rounds, decode=True)
-            self.medium = BareTensorPosts(urls, api_key, state_dict, buffer_size)
+            if engines is not None:
+                self.medium = BareTensorPosts(engines.urls, engines.api_key, state_dict, buffer_size)
         else:
             self.into = touched_buffer(sum(t.numel() * t.element_size() for t in state_dict.values()))
-            self.medium = BareDiskLoad(urls, api_key, state_dict, served, work / "disk-medium")
+            if engines is not None:
+                self.medium = BareDiskLoad(engines.urls, engines.api_key, state_dict, engines.served,
+                                           work / "disk-medium")
 
     def once(self) -> float:
         if self.transport == "disk":
@@ -268,7 +282,7 @@ def run_preset(preset: str, args, work: Path) -> list[dict]:
             cfg = build(WeightSyncConfig, transport=transport, buffer_size_bytes=args.buffer_size,
                                    disk_dir=str(work / f"sync-{preset}"), timeout_s=1800)
             floor = Floor(transport, state_dict, engines_n, args.rounds + 1, args.buffer_size, work,
-                          engines.engine_urls, config.api_key, served)
+                          EnginesServing(engines.engine_urls, config.api_key, served))
             ours, floors, mediums, reports = [], [], [], []
             try:
                 with WeightSync.create(cfg, trainer, engines.engine_urls, api_key=config.api_key) as sync:
