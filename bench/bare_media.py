@@ -108,6 +108,21 @@ class BareTensorPosts(BarePosts):
         return [("/begin_weight_update", {}), *updates, ("/end_weight_update", {})]
 
 
+class BareSession(BarePosts):
+    """The session SGLang requires around every tensor or distributed update (0.5.23 rejects them outside
+    it), with no weights in it: /begin_weight_update then /end_weight_update, every engine at once. The
+    least a streamed sync's fixed overhead can be."""
+
+    def __init__(self, urls: list[str], api_key: str | None):
+        super().__init__(urls, api_key, {})
+
+    def prepare(self) -> None:
+        return None
+
+    def calls(self, prepared: None) -> list[tuple[str, dict]]:
+        return [("/begin_weight_update", {}), ("/end_weight_update", {})]
+
+
 class BareDiskLoad(BarePosts):
     """disk: the state dict written as one file by safetensors' save_file into a copy of the served
     checkpoint's other files, then /update_weights_from_disk of that directory."""

@@ -18,11 +18,12 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
+from goals import WHY
 from lean_rl.cli import DEBUG_HELP, ArgumentParser, run_command
 from lean_rl.options import ConfigError
 
-ROW_KEYS = ("what", "figure", "floor", "ratio", "goal", "command")  # the table's columns
-PHYSICAL = "physical_floor"  # and two more keys of every row, not shown: see row()
+ROW_KEYS = ("what", "figure", "floor", "ratio", "goal", "command")  # the table's columns (and "met": goals.py)
+PHYSICAL = "physical_floor"  # and three more keys of every row, not shown: see row()
 NOISE = "floor_noise"
 NO_GOAL = "—"
 
@@ -76,14 +77,16 @@ def command_line(name: str, argv: list[str]) -> str:
 
 
 def row(what: str, figure: str, floor: str, ratio: float | None, goal: str, command: str,
-        physical: bool = False, noise: float = 0.0) -> dict:
+        physical: bool = False, noise: float = 0.0, why: str | None = None) -> dict:
     """`physical`: the floor is the simplest code that moves the same bytes through the same medium
     (bench/floors.py) and `ratio` is ours' cost over the floor's, so it cannot fall below 1 unless the
     floor is broken (bench/run_all.py refuses such a row). `noise`: the floor's own spread between the
     rounds of this run, (slowest - fastest) / fastest; a ratio below 1 by less than it is a tie, not a
-    broken floor (ours at the floor: the engine, not our code, sets the time)."""
+    broken floor (ours at the floor: the engine, not our code, sets the time); it is also the margin
+    within which a missed goal is a tie (goals.py). `why`: where the ratio misses its goal, the reason
+    the script measured in the same run that the goal is out of reach on this machine (goals.verdict)."""
     return {"what": what, "figure": figure, "floor": floor, "ratio": None if ratio is None else float(ratio),
-            "goal": goal, "command": command, PHYSICAL: physical, NOISE: float(noise)}
+            "goal": goal, "command": command, PHYSICAL: physical, NOISE: float(noise), WHY: why}
 
 
 def broken_floor(r: dict) -> str | None:

@@ -2,7 +2,7 @@
 --preset), re-saved as HF shards of --input-shard-size so that "one shard" means something:
 
     python bench/convert.py [--arch qwen2] [--preset base100m] [--input-shard-size 100MB] [--workdir DIR]
-                            [--repeat 3] [--cache warm|cold]
+                            [--repeat 5] [--cache warm|cold]
 
 For each direction it prints, beside floors measured in the same run:
 - time ratio: conversion seconds / seconds to read the same input weight files and write files of the
@@ -41,7 +41,7 @@ from floors import prime_cache, raw_copy, weight_files
 from lean_rl.options import ConfigError
 from lean_rl.testing.tiny_model import PRESETS
 
-QUICK = {"repeat": 3}
+QUICK = {"repeat": 5}  # with 3, one slow round of either side set the median
 CONVERT_GOAL = "<= 2"  # conversion time / the raw read + write of the same bytes (issue 42)
 
 
@@ -236,7 +236,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--input-shard-size", default="100MB")
     parser.add_argument("--preset", default="base100m", choices=sorted(PRESETS), help="tiny-model preset converted")
     parser.add_argument("--workdir", default="/tmp/lean_rl_bench_convert")
-    parser.add_argument("--repeat", type=at_least(1), default=3, help="rounds of conversion and floor, alternating "
+    parser.add_argument("--repeat", type=at_least(1), default=5, help="rounds of conversion and floor, alternating "
                         "(median time of each, max RSS)")
     parser.add_argument("--cache", choices=("warm", "cold"), default="warm",
                         help="the page-cache state of the input at the start of every timed run, the same for the "

@@ -28,7 +28,7 @@ from lean_rl.testing.toy_task import write_dataset
 
 REPO = Path(__file__).resolve().parents[1]
 KEYS = ("time/step", "time/train", "time/sync", "time/generate")
-QUICK = {"steps": 4}
+QUICK = {"steps": 8}  # 7 steps measured per layout: with 3, one slow step moved the ratio by 0.3
 GOAL = "≈ 1"  # three nodes / one node: nothing serialises through the driver or waits on a node
 
 
@@ -47,7 +47,13 @@ def run(name: str, cluster: SimulatedCluster, work: Path, model: Path, data: Pat
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line][1:]
     placement = sorted({(a["class"], a["ip"]) for a in actor_table(cluster.address)})
     # median: the sync time of a few steps jumps to 0.3-0.8 s on any layout (seen since the first runs)
-    return {key: statistics.median(r.get(key, 0.0) for r in rows) for key in KEYS}, placement
+    return {key: [r.get(key, 0.0) for r in rows] for key in KEYS}, placement
+
+
+def relative_spread(values: list[float]) -> float:
+    """Half the distance between the quartiles of `values`, over their median."""
+    low, median, high = statistics.quantiles(values, n=4) if len(values) > 1 else (values[0],) * 3
+    return (high - low) / 2 / median if median else 0.0
 
 
 def main(argv: list[str]) -> int:
@@ -59,18 +65,23 @@ def main(argv: list[str]) -> int:
     model = make_tiny_model(work / "model", preset="tiny")
     data = write_dataset(work / "train.jsonl", 512, seed=0)
     with SimulatedCluster(num_nodes=1, cpus_per_node=3) as one:
-        single, single_at = run("one_node", one, work, model, data, args, ["--actor-num-procs-per-node", "2"])
+        single_steps, single_at = run("one_node", one, work, model, data, args, ["--actor-num-procs-per-node", "2"])
     with SimulatedCluster(num_nodes=3, cpus_per_node=1) as three:
-        multi, multi_at = run("three_nodes", three, work, model, data, args, ["--actor-num-nodes", "2"])
+        multi_steps, multi_at = run("three_nodes", three, work, model, data, args, ["--actor-num-nodes", "2"])
+    single = {key: statistics.median(values) for key, values in single_steps.items()}
+    multi = {key: statistics.median(values) for key, values in multi_steps.items()}
     print(f"\nper step, median of steps 2..{args.steps} (tiny model, TP2 + 1 engine, 64 samples x <= 32 tokens)")
     print(f"  one node:    {single_at}\n  three nodes: {multi_at}")
     print(f"{'figure':16s} {'1 node s':>9s} {'3 nodes s':>10s} {'ratio':>7s}")
+    # the ratio's noise: each layout's step-to-step spread (both runs share the 2 cores with the engine)
+    noise = {key: relative_spread(multi_steps[key]) + relative_spread(single_steps[key]) for key in KEYS}
     for key in KEYS:
-        print(f"{key:16s} {single[key]:9.3f} {multi[key]:10.3f} {multi[key] / single[key]:6.2f}x")
+        print(f"{key:16s} {single[key]:9.3f} {multi[key]:10.3f} {multi[key] / single[key]:6.2f}x  (noise ±{noise[key]:.2f})")
     command = command_line("multinode", argv)
     write_rows(args.json, [
         row(f"{key} of the same tiny run (TP2 + 1 engine) on 3 / 1 simulated Ray nodes, median of steps 2..{args.steps}",
-            f"{multi[key]:.3f} s", f"{single[key]:.3f} s on one node", multi[key] / single[key] if single[key] else None, GOAL, command)
+            f"{multi[key]:.3f} s", f"{single[key]:.3f} s on one node; noise ±{noise[key]:.2f} (the layouts' step-to-step "
+            f"spreads)", multi[key] / single[key] if single[key] else None, GOAL, command, noise=noise[key])
         for key in KEYS])
     return 0
 

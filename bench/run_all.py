@@ -8,7 +8,10 @@ Each script runs as its own process, `python bench/NAME.py [--quick] --json FILE
 it: SIGINT, so that the script stops its servers, then SIGKILL to its process group); the rows it writes
 (what, figure, floor, ratio, goal, command) go into the table as written, except that a row whose
 physical floor it beat (ratio < 1 by more than the floor's own noise: bench_common.broken_floor) is
-refused as a failure. Above the table, one line names the machine, the commit, the date and the mode.
+refused as a failure. A "met" column says, for each row with a goal, whether its ratio meets it, ties
+with it within the row's measured noise, misses it for a reason the script measured in the same run
+(the engine's own rate, SGLang's medium measured bare), or misses it (bench/goals.py); a line under the
+table counts them. Above the table, one line names the machine, the commit, the date and the mode.
 A script that fails or overruns its deadline gets a row saying so (its last stderr line); run_all then
 exits 1, after writing the table with what the others measured. Progress and each script's log files
 go to stderr.
@@ -35,6 +38,7 @@ import time
 from pathlib import Path
 
 from bench_common import NO_GOAL, NOISE, PHYSICAL, ROW_KEYS, at_least, broken_floor, command_line, row, run_bench
+from goals import WHY, verdict
 from lean_rl.cli import DEBUG_HELP, ArgumentParser
 
 REPO = Path(__file__).resolve().parents[1]
@@ -48,6 +52,7 @@ README = REPO / "README.md"
 DEFAULT_OUT = BENCH / "RESULTS.md"
 README_BEGIN = "<!-- RESULTS: bench/RESULTS.md as bench/run_all.py wrote it; rerun it, do not edit by hand -->"
 README_END = "<!-- /RESULTS -->"
+COLUMNS = (*ROW_KEYS[:5], "met", ROW_KEYS[5])  # "met": goals.verdict of the row
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,13 +70,23 @@ class RunInfo:
 def render_table(rows: list[dict], info: RunInfo) -> str:
     took = "" if info.seconds is None else f", {info.seconds / 60:.1f} min in all"
     lines = [f"Machine: {info.machine}. Commit {info.commit}, {info.date}, mode: {info.mode}{took}.", "",
-             "| " + " | ".join(ROW_KEYS) + " |", "|" + "---|" * len(ROW_KEYS)]
-    lines += ["| " + " | ".join(cell(r, key) for key in ROW_KEYS) + " |" for r in rows]
-    return "\n".join(lines) + "\n"
+             "| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+    lines += ["| " + " | ".join(cell(r, key) for key in COLUMNS) + " |" for r in rows]
+    return "\n".join(lines) + "\n" + goals_summary(rows)
+
+
+def goals_summary(rows: list[dict]) -> str:
+    """One line under the table: how many rows with a goal meet it, tie with it, miss it for a measured
+    reason, or miss it (goals.verdict)."""
+    verdicts = [verdict(r, NOISE) for r in rows]
+    counts = [sum(v == "yes" for v in verdicts), sum(v.startswith("tie") for v in verdicts),
+              sum(v.startswith("no:") for v in verdicts), sum(v == "NO" for v in verdicts)]
+    return (f"\nGoals: {counts[0]} met, {counts[1]} tied within their noise, {counts[2]} out of reach here "
+            f"for the reason measured beside them, {counts[3]} missed.\n")
 
 
 def cell(r: dict, key: str) -> str:
-    value = r.get(key)
+    value = verdict(r, NOISE) if key == "met" else r.get(key)
     if key == "ratio":
         text = NO_GOAL if value is None else f"{value:.3g}"
     elif key == "command":
@@ -211,9 +226,9 @@ def run_script(name: str, quick: bool, timeout_s: float, logs: Path, extra: tupl
         rows = json.loads(json_path.read_text())
     except (OSError, ValueError) as error:
         return [failed_row(name, command, f"no readable --json rows ({error})")], False
-    if not rows or any(set(r) != {*ROW_KEYS, PHYSICAL, NOISE} for r in rows):
+    if not rows or any(set(r) != {*ROW_KEYS, PHYSICAL, NOISE, WHY} for r in rows):
         return [failed_row(name, command, f"its --json rows lack the columns {', '.join(ROW_KEYS)}, {PHYSICAL}, "
-                                          f"{NOISE}")], False
+                                          f"{NOISE}, {WHY}")], False
     broken = [reason for reason in map(broken_floor, rows) if reason]
     if broken:
         return [r for r in rows if not broken_floor(r)] + [failed_row(name, command, reason) for reason in broken], False

@@ -38,7 +38,7 @@ from pathlib import Path
 
 import torch
 
-from bare_media import BareDiskLoad, BareTensorPosts, EnginesServing, encoded_buckets
+from bare_media import BareDiskLoad, BareSession, BareTensorPosts, EnginesServing, encoded_buckets
 from bench_common import (NO_GOAL, at_least, bench_parser, command_line, parse_bench_args, row, run_bench,
                           work_dir_with_ray, write_rows)
 from floors import GlooFloor, SocketFloor
@@ -88,12 +88,15 @@ class Floor:
     distributed, the raw bytes sent once to each engine's receiver; tensor, the inline payload made
     (pickle + base64 per bucket), sent to each receiver, decoded there; disk, one file write + read.
     `medium_once`, given `engines`: the medium SGLang offers, bare (distributed: GlooFloor; tensor:
-    BareTensorPosts; disk: BareDiskLoad); None without."""
+    BareTensorPosts; disk: BareDiskLoad); None without. `session_once`, given `engines`, for the streamed
+    transports: the session SGLang requires around their updates, bare and empty (BareSession)."""
 
     def __init__(self, transport: str, state_dict: dict[str, torch.Tensor], receivers: int, rounds: int,
                  buffer_size: int, work: Path, engines: EnginesServing | None = None):
         self.transport, self.state_dict, self.work, self.buffer_size = transport, state_dict, work, buffer_size
-        self.socket = self.medium = None
+        self.socket = self.medium = self.session = None
+        if engines is not None and transport in ("distributed", "tensor"):
+            self.session = BareSession(engines.urls, engines.api_key)
         if transport == "distributed":
             self.parts = raw_bytes(state_dict)
             self.socket = SocketFloor(receivers, len(self.parts), rounds)
@@ -120,6 +123,9 @@ class Floor:
 
     def medium_once(self) -> float | None:
         return None if self.medium is None else self.medium.once()
+
+    def session_once(self) -> float | None:
+        return None if self.session is None else self.session.once()
 
     def close(self) -> None:
         for part in (self.socket, self.medium):
@@ -153,25 +159,29 @@ def run_preset(preset: str, args, work: Path) -> list[dict]:
                                    disk_dir=str(work / f"sync-{preset}"), timeout_s=1800)
             floor = Floor(transport, state_dict, engines_n, args.rounds + 1, args.buffer_size, work,
                           EnginesServing(engines.engine_urls, config.api_key, served))
-            ours, floors, mediums, reports = [], [], [], []
+            ours, floors, mediums, sessions, reports = [], [], [], [], []
             try:
                 with WeightSync.create(cfg, trainer, engines.engine_urls, api_key=config.api_key) as sync:
                     sync.update(0)  # warm-up: first-touch allocations on both sides
                     floor.once()
                     floor.medium_once()
+                    floor.session_once()
                     for step in range(1, args.rounds + 1):
                         report = sync.update(step)
                         ours.append(report.seconds)
                         reports.append(report)
                         floors.append(floor.once())
                         mediums.append(floor.medium_once())
+                        sessions.append(floor.session_once())
             finally:
                 floor.close()
             last = reports[-1]
             rows.append(dict(preset=preset, transport=transport, engines=engines_n, mbytes=last.bytes / 1e6,
                              buckets=last.buckets, ours=statistics.median(ours), floor=min(floors),
+                             floor_spread=(max(floors) - min(floors)) / min(floors),
                              medium=None if mediums[0] is None else min(mediums),
                              medium_spread=None if mediums[0] is None else (max(mediums) - min(mediums)) / min(mediums),
+                             session=None if sessions[0] is None else min(sessions),
                              probe=statistics.median(r.probe_seconds for r in reports),
                              export=statistics.median(r.export_seconds for r in reports),
                              max_diff=max(r.probe.max_abs_diff for r in reports)))
@@ -190,6 +200,22 @@ MEDIUM_NAMES = {"distributed": "the same tensors broadcast bare over a gloo grou
                 "tensor": "the floor's payload posted bare to the same engines (begin, update per bucket, end)",
                 "disk": "the bytes written by safetensors' save_file, /update_weights_from_disk posted bare to the same engines"}
 FIXED_PRESET = "tiny"  # its sync is the fixed overhead of the others' rows
+FIXED_GOAL_S = 0.010  # a sync's fixed overhead (issue 42)
+GPU_MEDIUM = {"distributed": "an NCCL broadcast", "tensor": "CUDA IPC handles (no bytes copied)",
+              "disk": "the same files"}
+
+
+def _medium_why(r: dict) -> str | None:
+    """Why ours misses the goal against the physical floor on this machine, measured in this run: the medium
+    SGLang offers, driven bare, is itself slower than the floor by more than the floor's noise, and ours over
+    that medium (the part that is ours) meets the goal. None otherwise: the gap is ours."""
+    if r["medium"] is None or r["medium"] / r["floor"] <= 1 + r["floor_spread"]:
+        return None
+    if r["ours"] / r["medium"] > GOAL + r["medium_spread"]:
+        return None
+    return (f"SGLang's medium, driven bare in this run, is itself {r['medium'] / r['floor']:.2f}x this floor; ours "
+            f"is {r['ours'] / r['medium']:.2f}x that medium (its row below: the part that is ours). On GPU the "
+            f"medium is {GPU_MEDIUM[r['transport']]}: not measured here")
 
 
 def _figure(r: dict, fixed: dict | None) -> str:
@@ -230,15 +256,36 @@ def main(argv: list[str]) -> int:
         row(f"weight sync, {r['preset']} ({r['mbytes']:.1f} MB) → {r['engines']} engine(s), {r['transport']}, "
             f"median of {args.rounds}", _figure(r, fixed.get(r["transport"])),
             f"{r['floor']:.3f} s {FLOOR_NAMES[r['transport']]}, best of {args.rounds}", r["ours"] / r["floor"],
-            NO_GOAL if r["preset"] == FIXED_PRESET else f"<= {GOAL}", command, physical=True)
+            NO_GOAL if r["preset"] == FIXED_PRESET else f"<= {GOAL}", command, physical=True,
+            noise=r["floor_spread"], why=_medium_why(r))
         for r in rows] + [
         row(f"weight sync, {r['preset']} ({r['mbytes']:.1f} MB) → {r['engines']} engine(s), {r['transport']} / "
             f"SGLang's medium bare (ours' part of the gap), median of {args.rounds}", f"{r['ours']:.3f} s",
             f"{r['medium']:.3f} s {MEDIUM_NAMES[r['transport']]}, best of {args.rounds}", r["ours"] / r["medium"],
             NO_GOAL if r["preset"] == FIXED_PRESET else f"<= {GOAL}", command, physical=True,
             noise=r["medium_spread"])
-        for r in rows if r["medium"] is not None])
+        for r in rows if r["medium"] is not None] + [_fixed_row(r, args.rounds, command)
+                                                     for r in rows if r["preset"] == FIXED_PRESET and r["session"]])
     return 0
+
+
+def _fixed_row(r: dict, rounds: int, command: str) -> dict:
+    """The fixed overhead of a streamed sync (the tiny preset's) over the goal's 10 ms, beside the least that
+    SGLang's medium costs here, driven bare: tensor, its medium (begin, the update, end); distributed, the
+    empty session (begin + end) plus the bare gloo broadcast (the update call's round trip not counted)."""
+    least = r["medium"] if r["transport"] == "tensor" else r["session"] + r["medium"]
+    parts = ("begin, update, end posted bare" if r["transport"] == "tensor"
+             else f"the empty session (begin + end) {r['session'] * 1e3:.1f} ms + the bare gloo broadcast "
+                  f"{r['medium'] * 1e3:.1f} ms")
+    why = None
+    if least > FIXED_GOAL_S:
+        why = (f"SGLang accepts {r['transport']} updates only inside a /begin_weight_update ... /end_weight_update "
+               f"session; its medium, driven bare to these engines in this run, takes at least {least * 1e3:.1f} ms "
+               f"({parts}); ours is {r['ours'] / least:.1f}x that. On GPU: the same HTTP calls, not measured here")
+    return row(f"weight sync's fixed overhead, {r['preset']} ({r['mbytes']:.1f} MB) → {r['engines']} engine(s), "
+               f"{r['transport']}, median of {rounds} / the goal's 10 ms", f"{r['ours'] * 1e3:.1f} ms",
+               f"10 ms; SGLang's medium driven bare to the same engines: {least * 1e3:.1f} ms ({parts}), best of "
+               f"{rounds} each", r["ours"] / FIXED_GOAL_S, "<= 1 (10 ms)", command, why=why)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
-"""What a training script's main does with its loop: start the Runtime, run `loop(rt)` until done or a
-signal (SIGTERM / SIGINT: lean_rl/stop.py; the loop stops at a step boundary and that step is saved
-with --save), close everything, print the summary; after a signal, exit with 128 + its number."""
+"""What a training script's main does with its loop: start the Runtime, freeze the start-up heap
+(utils/gc_heap.py: the rollouts' full collections skip it), run `loop(rt)` until done or a signal
+(SIGTERM / SIGINT: lean_rl/stop.py; the loop stops at a step boundary and that step is saved with
+--save), close everything, print the summary; after a signal, exit with 128 + its number."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from lean_rl.config import Config
 from lean_rl.plot import write_run_curves
 from lean_rl.runtime import Runtime
 from lean_rl.stop import RunStopped
+from lean_rl.utils.gc_heap import freeze_startup_heap
 from lean_rl.utils.metrics import print_run_summary
 
 logger = logging.getLogger(__name__)
@@ -20,6 +22,7 @@ logger = logging.getLogger(__name__)
 
 def run(cfg: Config, loop: Callable[[Runtime], Awaitable[None]], runtime: type[Runtime] = Runtime) -> None:
     rt = runtime(cfg).start()
+    freeze_startup_heap()
     stopped = None
     try:
         if not rt.finished:

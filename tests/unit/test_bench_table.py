@@ -29,13 +29,14 @@ def test_table_has_the_header_line_columns_and_one_line_per_row(bench):
     assert lines[0] == ("Machine: Some CPU @ 2.0GHz, 2 cores, 24 GiB RAM, no GPU. Commit abc1234+dirty, "
                         "2026-12-01 10:00 UTC, mode: quick, 2.5 min in all.")
     assert lines[1] == ""
-    assert lines[2] == "| what | figure | floor | ratio | goal | command |"
-    assert lines[3] == "|---|---|---|---|---|---|"
-    assert lines[4] == ("| weight sync, tiny | 0.240 s | 0.100 s gloo broadcast | 2.4 | <= 1.5 | "
+    assert lines[2] == "| what | figure | floor | ratio | goal | met | command |"
+    assert lines[3] == "|---|---|---|---|---|---|---|"
+    assert lines[4] == ("| weight sync, tiny | 0.240 s | 0.100 s gloo broadcast | 2.4 | <= 1.5 | NO | "
                         "`python bench/weight_sync.py` |")
-    assert lines[5] == ("| capture, own time | 0.55 ms median | — | — | — | "
+    assert lines[5] == ("| capture, own time | 0.55 ms median | — | — | — |  | "
                         "`python bench/capture_latency.py --quick` |")
-    assert len(lines) == 6
+    assert lines[6:] == ["", "Goals: 0 met, 0 tied within their noise, 0 out of reach here for the reason measured "
+                         "beside them, 1 missed."]
 
 
 def test_ratio_shows_three_significant_digits_and_cells_stay_one_cell(bench):
@@ -52,8 +53,8 @@ def test_a_failed_script_gets_a_row_with_its_last_stderr_line(bench):
     reason = f"exit status 1: {run_all.last_line(stderr)}"
     failed = run_all.failed_row("weight_sync", "python bench/weight_sync.py --quick", reason)
     text = run_all.render_table([failed], run_all.RunInfo(**INFO))
-    assert text.splitlines()[-1] == ("| bench/weight_sync.py | failed: exit status 1: RuntimeError: sync failed | — | — "
-                                     "| — | `python bench/weight_sync.py --quick` |")
+    assert text.splitlines()[4] == ("| bench/weight_sync.py | failed: exit status 1: RuntimeError: sync failed | — | — "
+                                    "| — |  | `python bench/weight_sync.py --quick` |")
     assert "min in all" not in text.splitlines()[0]  # no duration given, none shown
     assert run_all.last_line("") == "(no stderr)"
 
@@ -97,10 +98,10 @@ def test_command_line_drops_json_and_rows_round_trip(bench, tmp_path):
     common.write_rows(str(tmp_path / "rows.json"), rows)
     back = json.loads((tmp_path / "rows.json").read_text())
     assert back == [{"what": "w", "figure": "f", "floor": "fl", "ratio": 3.0, "goal": "g", "command": "c",
-                     "physical_floor": False, "floor_noise": 0.0},
+                     "physical_floor": False, "floor_noise": 0.0, "short_of_goal": None},
                     {"what": "w2", "figure": "f2", "floor": "—", "ratio": None, "goal": "—", "command": "c",
-                     "physical_floor": False, "floor_noise": 0.0}]
-    assert [list(r) for r in back] == [[*common.ROW_KEYS, common.PHYSICAL, common.NOISE]] * 2
+                     "physical_floor": False, "floor_noise": 0.0, "short_of_goal": None}]
+    assert [list(r) for r in back] == [[*common.ROW_KEYS, common.PHYSICAL, common.NOISE, "short_of_goal"]] * 2
 
 
 def test_a_row_that_beats_its_physical_floor_is_a_broken_floor(bench):
