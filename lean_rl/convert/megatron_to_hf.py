@@ -136,8 +136,12 @@ def convert_megatron_to_hf(load: str | Path, save: str | Path, *, hf_config: str
     shard_tensors = [[t for g in shard for t in planned[g]] for shard in shards]
 
     # every instance is read into one buffer: the writer writes its tensors before the next read (reused_buffer.py)
-    buffer = ReusedBuffer(max((math.prod(_read_shape(inst.entry, arch)) * stored[keys[inst.entry]].properties.dtype.itemsize
-                               for inst in instances), default=0))
+    def nbytes(inst) -> int:
+        return math.prod(_read_shape(inst.entry, arch)) * stored[keys[inst.entry]].properties.dtype.itemsize
+
+    buffer = ReusedBuffer(max(map(nbytes, instances), default=0))
+    # and QKV's q, k, v into another (layouts.to_hf_tensors' qkv_out): its rows move, in one copy, not into new memory
+    qkv_buffer = ReusedBuffer(max((nbytes(inst) for inst in instances if inst.entry.rule.layout is Layout.QKV), default=0))
     with atomic_output_dir(save) as out:
         for shard_index, shard in enumerate(shards):
             writer = StreamingSafetensorsWriter(out / shard_file_name(shard_index, len(shards)),
@@ -152,10 +156,14 @@ def convert_megatron_to_hf(load: str | Path, save: str | Path, *, hf_config: str
                     sizes = (1,) * len(inst.entry.stacked) + region
                     tensor = reader.read(keys[inst.entry], inst.entry.chunk_offsets(inst.index), sizes,
                                          buffer.tensor).reshape(region)
+                    qkv_out = None
                     if inst.entry in adapters:  # LoRA-trained: HF gets the merged weight
                         stacked = inst.entry.chunk_offsets(inst.index)[:len(inst.entry.stacked)]
                         tensor = _merge_lora(reader, stored, adapters[inst.entry], stacked, tensor)
-                    for name, hf_tensor in zip(inst.hf_names, to_hf_tensors(inst.entry.rule.layout, [tensor], geo)):
+                    elif inst.entry.rule.layout is Layout.QKV:
+                        qkv_out = qkv_buffer.tensor((tensor.numel(),), tensor.dtype)
+                    for name, hf_tensor in zip(inst.hf_names, to_hf_tensors(inst.entry.rule.layout, [tensor], geo,
+                                                                            qkv_out)):
                         writer.write(name, hf_tensor.to(out_dtype))
                 writer.close()
             except BaseException:

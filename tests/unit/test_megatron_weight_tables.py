@@ -66,6 +66,29 @@ def test_one_shard_gives_contiguous_views_unless_rows_move(family, tiny_model_fa
     assert Layout.VOCAB in seen and Layout.ROW in seen and (Layout.GATE_UP in seen or Layout.GATE_UP_FUSED in seen)
 
 
+def test_qkv_out_takes_q_k_v_in_one_copy_into_the_given_memory(tiny_model_factory):
+    # the megatron->hf converter hands a reused flat buffer: the split writes there, not into new memory
+    path = tiny_model_factory("qwen2")
+    state = load_file(str(path / "model.safetensors"))
+    config = MegatronConfig(arch_from_hf_config(path, make_vocab_size_divisible_by=96), _parallel("qwen2", 1))
+    geo = geometry(config)
+    qkv = [(rule, index) for rule, index in rule_instances(weight_rules("qwen2", config.arch), config.arch)
+           if rule.layout is Layout.QKV]
+    assert qkv
+    out = torch.empty(max(state[rule.hf_names(**index)[0]].numel() * 3 for rule, index in qkv) * 2)
+    for rule, index in qkv:
+        names = rule.hf_names(**index)
+        shard = to_megatron_shard(rule.layout, [state[n] for n in names], 0, 1, geo)
+        written = to_hf_tensors(rule.layout, [shard], geo, qkv_out=out)
+        for name, tensor in zip(names, written):
+            assert torch.equal(tensor, state[name]) and tensor.is_contiguous(), name
+            assert tensor.untyped_storage().data_ptr() == out.untyped_storage().data_ptr(), name
+        with pytest.raises(ValueError, match="qkv_out"):
+            to_hf_tensors(rule.layout, [shard], geo, qkv_out=out.to(torch.float64))
+        with pytest.raises(ValueError, match="qkv_out"):
+            to_hf_tensors(rule.layout, [shard], geo, qkv_out=out[:shard.numel() - 1])
+
+
 def test_reading_slices_from_safetensors_gives_the_same_shards(tiny_model_factory):
     path = tiny_model_factory("qwen3_moe")
     state = load_file(str(path / "model.safetensors"))
