@@ -31,7 +31,7 @@ from curves_plot import plot_curves
 
 SIZES = ("tiny", "small", "base100m", "base500m")
 QUICK = {"sizes": ["tiny", "small", "base100m"], "engines": [1, 2, 4], "convert_sizes": ["tiny", "small", "base100m"],
-         "concurrency": [1, 8, 64], "nodes": [1, 2, 3], "rounds": 2, "steps": 3}
+         "concurrency": [1, 8, 64], "nodes": [1, 2, 3], "rounds": 2, "steps": 5}
 BUFFER = 512 * 1024**2
 
 
@@ -155,11 +155,12 @@ def rollout_curve(args, work: Path) -> list[tuple]:
 
 
 def nodes_curve(args, work: Path) -> list[tuple]:
-    """[(nodes, step s, train s, sync s, generate s)]: the same TP2 + 1 engine run on 1..3 simulated nodes."""
+    """[(nodes, step s, train s, sync s, generate s, step-time spread)]: the same TP2 + 1 engine run on 1..3
+    simulated nodes, medians over the steps after the first (the spread: multinode.relative_spread)."""
     from lean_rl.testing.ray_cluster import SimulatedCluster
     from lean_rl.testing.tiny_model import make_tiny_model
     from lean_rl.testing.toy_task import write_dataset
-    from multinode import run
+    from multinode import relative_spread, run
 
     model = make_tiny_model(work / "nodes-model", preset="tiny")
     data = write_dataset(work / "nodes-train.jsonl", 512, seed=0)
@@ -171,8 +172,10 @@ def nodes_curve(args, work: Path) -> list[tuple]:
         # on the first, the other rank on the second; three: one each)
         cpus = {1: 3, 2: 2}.get(n, 1)
         with SimulatedCluster(num_nodes=n, cpus_per_node=cpus) as cluster:
-            times, _ = run(f"nodes{n}", cluster, work, model, data, run_args, layout)
-        points.append((n, times["time/step"], times["time/train"], times["time/sync"], times["time/generate"]))
+            steps, _ = run(f"nodes{n}", cluster, work, model, data, run_args, layout)
+        times = {key: statistics.median(values) for key, values in steps.items()}
+        points.append((n, times["time/step"], times["time/train"], times["time/sync"], times["time/generate"],
+                       relative_spread(steps["time/step"])))
         print(f"  {n} node(s): step {times['time/step']:.3f} s (train {times['time/train']:.3f}, sync "
               f"{times['time/sync']:.3f}, generate {times['time/generate']:.3f})", flush=True)
     return points
@@ -219,7 +222,7 @@ def rows_of(curves: dict, args, command: str) -> list[dict]:
                         f"ratio: {nodes[-1][0]} nodes / 1",
                         _points(nodes, lambda p: f"{p[0]}: {p[1]:.2f} s"),
                         _points(nodes, lambda p: f"{p[0]}: train {p[2]:.2f} sync {p[3]:.2f} gen {p[4]:.2f}"),
-                        nodes[-1][1] / nodes[0][1], "≈ 1", command))
+                        nodes[-1][1] / nodes[0][1], "≈ 1", command, noise=nodes[-1][5] + nodes[0][5]))
     return rows
 
 

@@ -8,7 +8,9 @@ two ranks and the engine share 127.0.0.2. Three nodes: one rank on each of two n
 the third (one CPU per node forces it), so rendezvous, gloo, the weight-update group, the router and
 the rollout cross node addresses. On one machine the ratio should be near 1: the point is that
 nothing serialises through the driver or waits on a node. Reported over the steps after the first:
-median step time, train time, sync time (incl. probe), generate time; ratio = three nodes / one node.
+median step time, train time, sync time (incl. probe), generate time; ratio = three nodes / one node, its
+noise the two layouts' step-to-step spreads (half their quartile distance over their median, summed);
+beside the step time, the CPU the clusters' own Ray daemons (raylets, GCS, agents) used per measured step.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 from bench_common import at_least, bench_parser, command_line, parse_bench_args, row, run_bench, write_rows
@@ -29,7 +32,27 @@ from lean_rl.testing.toy_task import write_dataset
 REPO = Path(__file__).resolve().parents[1]
 KEYS = ("time/step", "time/train", "time/sync", "time/generate")
 QUICK = {"steps": 8}  # 7 steps measured per layout: with 3, one slow step moved the ratio by 0.3
+DAEMONS = "daemon CPU s/step"
 GOAL = "≈ 1"  # three nodes / one node: nothing serialises through the driver or waits on a node
+
+
+def daemon_cpu_seconds(cluster: SimulatedCluster) -> float:
+    """CPU seconds used so far by the cluster's Ray daemons (raylets, GCS, agents, log monitors): the
+    processes of each node's `ray start` process group, except Ray's workers (titled `ray::...`), which
+    run the trainer's ranks and the engine's actor, the run's own work."""
+    import psutil
+
+    groups = {node.pgid for node in cluster.nodes}
+    total = 0.0
+    for proc in psutil.process_iter(["cmdline"]):
+        try:
+            if os.getpgid(proc.pid) not in groups or (proc.info["cmdline"] or [""])[0].startswith("ray::"):
+                continue
+            times = proc.cpu_times()
+            total += times.user + times.system
+        except (psutil.Error, ProcessLookupError):
+            continue  # gone meanwhile
+    return total
 
 
 def run(name: str, cluster: SimulatedCluster, work: Path, model: Path, data: Path, args, extra: list[str]):
@@ -40,14 +63,32 @@ def run(name: str, cluster: SimulatedCluster, work: Path, model: Path, data: Pat
              "--rollout-batch-size", "8", "--n-samples-per-prompt", "8", "--rollout-max-response-len", "32",
              "--lr", "1e-4", "--micro-batch-size", "8", "--rollout-num-engines", "1",
              "--tensor-model-parallel-size", "2", "--ray-address", cluster.address, *extra]
-    result = subprocess.run([sys.executable, "-m", "lean_rl.train", *flags], cwd=REPO, capture_output=True,
-                            text=True, timeout=args.timeout, env={**os.environ, "OMP_NUM_THREADS": "1"})
-    if result.returncode != 0:
-        raise RuntimeError(f"{name} failed:\n{result.stderr[-4000:]}")
+    metrics = out / "metrics.jsonl"
+    logs = out.with_suffix(".log")
+    with open(logs, "w") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "lean_rl.train", *flags], cwd=REPO, stdout=log,
+                                stderr=subprocess.STDOUT, env={**os.environ, "OMP_NUM_THREADS": "1"})
+        # the daemons' CPU over the steps measured: from the first step's metrics line to the last one's
+        deadline, marks = time.monotonic() + args.timeout, {}
+        while proc.poll() is None:
+            if time.monotonic() > deadline:
+                proc.kill()
+                proc.wait()
+                raise RuntimeError(f"{name}: no end within --timeout {args.timeout} s (log: {logs})")
+            done = metrics.read_text().count("\n") if metrics.is_file() else 0
+            for mark in (1, args.steps):
+                if done >= mark and mark not in marks:
+                    marks[mark] = daemon_cpu_seconds(cluster)
+            time.sleep(0.1)
+        daemons = marks.get(args.steps, 0.0) - marks.get(1, 0.0)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{name} failed:\n{logs.read_text()[-4000:]}")
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line][1:]
     placement = sorted({(a["class"], a["ip"]) for a in actor_table(cluster.address)})
     # median: the sync time of a few steps jumps to 0.3-0.8 s on any layout (seen since the first runs)
-    return {key: [r.get(key, 0.0) for r in rows] for key in KEYS}, placement
+    steps = {key: [r.get(key, 0.0) for r in rows] for key in KEYS}
+    steps[DAEMONS] = [daemons / len(rows)]  # per step measured (steps 2..N)
+    return steps, placement
 
 
 def relative_spread(values: list[float]) -> float:
@@ -77,11 +118,15 @@ def main(argv: list[str]) -> int:
     noise = {key: relative_spread(multi_steps[key]) + relative_spread(single_steps[key]) for key in KEYS}
     for key in KEYS:
         print(f"{key:16s} {single[key]:9.3f} {multi[key]:10.3f} {multi[key] / single[key]:6.2f}x  (noise ±{noise[key]:.2f})")
+    print(f"{DAEMONS:16s} {single[DAEMONS]:9.3f} {multi[DAEMONS]:10.3f}")
+    daemons = (f"; the Ray daemons' CPU per step, 3 nodes / 1: {multi[DAEMONS]:.3f} / {single[DAEMONS]:.3f} s (they share "
+               f"this machine's cores with the run)")
     command = command_line("multinode", argv)
     write_rows(args.json, [
         row(f"{key} of the same tiny run (TP2 + 1 engine) on 3 / 1 simulated Ray nodes, median of steps 2..{args.steps}",
             f"{multi[key]:.3f} s", f"{single[key]:.3f} s on one node; noise ±{noise[key]:.2f} (the layouts' step-to-step "
-            f"spreads)", multi[key] / single[key] if single[key] else None, GOAL, command, noise=noise[key])
+            f"spreads){daemons if key == 'time/step' else ''}", multi[key] / single[key] if single[key] else None, GOAL,
+            command, noise=noise[key])
         for key in KEYS])
     return 0
 
