@@ -116,11 +116,13 @@ def convert_curve(args, work: Path) -> list[tuple]:
 def rollout_curve(args, work: Path) -> list[tuple]:
     """[(concurrency, ours tok/s, floor tok/s)], 2 tiny engines, 16 prompts x 4 samples x 32 tokens."""
     from lean_rl.backends.sglang.engines import EngineGroup
+    from lean_rl.buffer.data_buffer import create_data_buffer
     from lean_rl.buffer.prompt_source import load_tokenizer
     from lean_rl.config import parse_config
     from lean_rl.extensions import install as install_hooks
     from lean_rl.testing.sglang_engines import engine_config_for_tests
     from lean_rl.testing.tiny_model import make_tiny_model
+    from lean_rl.utils.gc_heap import freeze_startup_heap
     from rollout_throughput import floor_round, ours_round, write_prompts
 
     prompts, samples, tokens = 16, 4, 32
@@ -132,6 +134,7 @@ def rollout_curve(args, work: Path) -> list[tuple]:
            for line in path.read_text().splitlines()]
     points = []
     with EngineGroup(engines_cfg, work / "rollout-engines") as engines:
+        freeze_startup_heap()  # as run_loop.run does once a run has started (and rollout_throughput.py)
         headers = engines_cfg.auth_headers()
         for concurrency in args.concurrency:
             cfg = parse_config(["--hf-checkpoint", str(model), "--prompt-data", str(path), "--rollout-batch-size",
@@ -144,7 +147,7 @@ def rollout_curve(args, work: Path) -> list[tuple]:
             asyncio.run(floor_round(engines.router_url, ids[:2], 1, params, concurrency, headers))  # warm-up
             ours, floor = [], []
             for _ in range(args.rounds):
-                seconds, made = asyncio.run(ours_round(cfg))
+                seconds, made = asyncio.run(ours_round(cfg, create_data_buffer(cfg)))
                 ours.append(made / seconds)
                 seconds, made = asyncio.run(floor_round(engines.router_url, ids, samples, params, concurrency, headers))
                 floor.append(made / seconds)

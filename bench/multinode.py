@@ -7,7 +7,8 @@ simulated cluster (lean_rl/testing/ray_cluster.py: one Ray node per loopback add
 two ranks and the engine share 127.0.0.2. Three nodes: one rank on each of two nodes, the engine on
 the third (one CPU per node forces it), so rendezvous, gloo, the weight-update group, the router and
 the rollout cross node addresses. On one machine the ratio should be near 1: the point is that
-nothing serialises through the driver or waits on a node. Reported over the steps after the first:
+nothing serialises through the driver or waits on a node. Each layout runs twice, in the order one, three,
+three, one (a drift of the shared machine hits both alike). Reported over the steps after the first:
 median step time, train time, sync time (incl. probe), generate time; ratio = three nodes / one node, its
 noise the two layouts' step-to-step spreads (half their quartile distance over their median, summed);
 beside the step time, the CPU the clusters' own Ray daemons (raylets, GCS, agents) used per measured step.
@@ -31,7 +32,7 @@ from lean_rl.testing.toy_task import write_dataset
 
 REPO = Path(__file__).resolve().parents[1]
 KEYS = ("time/step", "time/train", "time/sync", "time/generate")
-QUICK = {"steps": 8}  # 7 steps measured per layout: with 3, one slow step moved the ratio by 0.3
+QUICK = {"steps": 6}  # 2 runs x 5 steps measured per layout: with 1 x 3, one slow step moved the ratio by 0.3
 DAEMONS = "daemon CPU s/step"
 GOAL = "≈ 1"  # three nodes / one node: nothing serialises through the driver or waits on a node
 
@@ -105,13 +106,22 @@ def main(argv: list[str]) -> int:
     work = Path(tempfile.mkdtemp(prefix="lean_rl_bench_multinode_"))
     model = make_tiny_model(work / "model", preset="tiny")
     data = write_dataset(work / "train.jsonl", 512, seed=0)
-    with SimulatedCluster(num_nodes=1, cpus_per_node=3) as one:
-        single_steps, single_at = run("one_node", one, work, model, data, args, ["--actor-num-procs-per-node", "2"])
-    with SimulatedCluster(num_nodes=3, cpus_per_node=1) as three:
-        multi_steps, multi_at = run("three_nodes", three, work, model, data, args, ["--actor-num-nodes", "2"])
+    layouts = {"one_node": (1, 3, ["--actor-num-procs-per-node", "2"]), "three_nodes": (3, 1, ["--actor-num-nodes", "2"])}
+    pooled: dict[str, dict[str, list[float]]] = {name: {} for name in layouts}
+    placements = {}
+    # one, three, three, one: a drift of this shared machine over the runs hits both layouts alike (by hand,
+    # one run of each in a fixed order gave 0.75x and 1.43x on unchanged code)
+    for number, name in enumerate(("one_node", "three_nodes", "three_nodes", "one_node")):
+        nodes, cpus, flags = layouts[name]
+        with SimulatedCluster(num_nodes=nodes, cpus_per_node=cpus) as cluster:
+            steps, placements[name] = run(f"{name}_{number}", cluster, work, model, data, args, flags)
+        for key, values in steps.items():
+            pooled[name].setdefault(key, []).extend(values)
+    single_steps, multi_steps = pooled["one_node"], pooled["three_nodes"]
+    single_at, multi_at = placements["one_node"], placements["three_nodes"]
     single = {key: statistics.median(values) for key, values in single_steps.items()}
     multi = {key: statistics.median(values) for key, values in multi_steps.items()}
-    print(f"\nper step, median of steps 2..{args.steps} (tiny model, TP2 + 1 engine, 64 samples x <= 32 tokens)")
+    print(f"\nper step, median of steps 2..{args.steps} of two runs each (tiny model, TP2 + 1 engine, 64 samples x <= 32 tokens)")
     print(f"  one node:    {single_at}\n  three nodes: {multi_at}")
     print(f"{'figure':16s} {'1 node s':>9s} {'3 nodes s':>10s} {'ratio':>7s}")
     # the ratio's noise: each layout's step-to-step spread (both runs share the 2 cores with the engine)
@@ -123,7 +133,8 @@ def main(argv: list[str]) -> int:
                f"this machine's cores with the run)")
     command = command_line("multinode", argv)
     write_rows(args.json, [
-        row(f"{key} of the same tiny run (TP2 + 1 engine) on 3 / 1 simulated Ray nodes, median of steps 2..{args.steps}",
+        row(f"{key} of the same tiny run (TP2 + 1 engine) on 3 / 1 simulated Ray nodes, median of steps 2..{args.steps} "
+            f"of two runs each (one, three, three, one)",
             f"{multi[key]:.3f} s", f"{single[key]:.3f} s on one node; noise ±{noise[key]:.2f} (the layouts' step-to-step "
             f"spreads){daemons if key == 'time/step' else ''}", multi[key] / single[key] if single[key] else None, GOAL,
             command, noise=noise[key])
