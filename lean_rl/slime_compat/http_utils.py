@@ -13,6 +13,7 @@ from urllib.parse import urlsplit
 
 import httpx
 
+from lean_rl.backends.sglang.engine_http import KEEPALIVE_EXPIRY_S
 from lean_rl.backends.sglang.listener_check import bearer_auth
 from lean_rl.backends.sglang.responses import parse_generate_response
 from lean_rl.rollout.base import rollout_stopping
@@ -31,7 +32,7 @@ def _client() -> httpx.AsyncClient:
     if client is None or client.is_closed:
         # trust_env=False: no proxy from the environment between the rollout and its engines
         client = httpx.AsyncClient(timeout=httpx.Timeout(None, connect=10.0), trust_env=False,
-                                   limits=httpx.Limits(max_connections=4096))
+                                   limits=httpx.Limits(max_connections=4096, keepalive_expiry=KEEPALIVE_EXPIRY_S))
         _clients[id(loop)] = client
     return client
 

@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING
 import httpx
 from aiohttp import web
 
+from lean_rl.backends.sglang.engine_http import KEEPALIVE_EXPIRY_S
 from lean_rl.backends.sglang.listener_check import bearer_auth
 from lean_rl.backends.sglang.responses import parse_generate_response
 from lean_rl.rollout.base import parse_weight_version
@@ -141,7 +142,7 @@ class RouterGateway:
     async def _bind(self) -> None:
         # trust_env=False: no proxy from the environment between the gateway and the router
         self._client = httpx.AsyncClient(timeout=httpx.Timeout(None, connect=10.0), trust_env=False,
-                                         limits=httpx.Limits(max_connections=4096))
+                                         limits=httpx.Limits(max_connections=4096, keepalive_expiry=KEEPALIVE_EXPIRY_S))
         app = web.Application(client_max_size=MAX_BODY_BYTES)
         app.router.add_route("*", "/{path:.*}", self._forward)
         runner = web.AppRunner(app, access_log=None)

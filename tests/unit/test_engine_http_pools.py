@@ -45,3 +45,12 @@ def test_requests_take_the_pools_in_turn_and_a_new_loop_gets_new_pools():
     assert first[:8] == first[8:]  # round-robin: each pool once per turn
     second = asyncio.run(turns())
     assert not {id(p) for p in first} & {id(p) for p in second}
+
+
+def test_idle_connections_are_given_up_before_sglangs_server_closes_them():
+    # SGLang's uvicorn closes a connection idle for SGLANG_TIMEOUT_KEEP_ALIVE seconds; a request sent on one
+    # it is closing that instant fails mid-request (a weight sync's /end_weight_update did, in a bench run)
+    from sglang.srt.environ import envs
+
+    server_closes_after = envs.SGLANG_TIMEOUT_KEEP_ALIVE.get()
+    assert all(limits.keepalive_expiry < server_closes_after for limits in pool_limits(4096, 256, 8))

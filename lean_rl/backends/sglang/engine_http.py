@@ -23,6 +23,13 @@ from lean_rl.backends.sglang.client_errors import EngineConnectionError, EngineH
 from lean_rl.backends.sglang.listener_check import bearer_auth
 from lean_rl.backends.sglang.responses import check_success, encode_json_body, error_message
 
+# How long an idle pooled connection may be reused. SGLang's HTTP server closes a connection idle for 5 s
+# (uvicorn's timeout_keep_alive: sglang/srt/environ.py SGLANG_TIMEOUT_KEEP_ALIVE), and httpx's default
+# expiry is also 5 s: a request sent on a connection the server was closing that instant failed mid-request
+# (a weight sync's /end_weight_update, ReadError, in a bench run). A client must give up its idle
+# connections before the server does.
+KEEPALIVE_EXPIRY_S = 2.0
+
 
 @dataclass
 class EngineHTTP:
@@ -129,5 +136,6 @@ def pool_limits(max_connections: int, max_keepalive: int, shards: int) -> list[h
     if shards < 1 or max_connections < shards:
         raise ValueError(f"pool_limits: {max_connections} connections cannot be shared by {shards} pools")
     return [httpx.Limits(max_connections=max_connections // shards + (i < max_connections % shards),
-                         max_keepalive_connections=max(1, max_keepalive // shards + (i < max_keepalive % shards)))
+                         max_keepalive_connections=max(1, max_keepalive // shards + (i < max_keepalive % shards)),
+                         keepalive_expiry=KEEPALIVE_EXPIRY_S)
             for i in range(shards)]

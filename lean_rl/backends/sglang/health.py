@@ -25,6 +25,7 @@ from typing import Callable, Iterator
 
 import httpx
 
+from lean_rl.backends.sglang.engine_http import KEEPALIVE_EXPIRY_S
 from lean_rl.backends.sglang.engines import EngineGroup
 
 logger = logging.getLogger(__name__)
@@ -63,7 +64,8 @@ class EngineMonitor:
         self._thread: threading.Thread | None = None
         # /health (SGLang) and /liveness (sglang-router) need no key, so these polls send none: after
         # a server dies, whatever binds its port next must not learn the key from them
-        self._http = httpx.Client(timeout=health_timeout_s, trust_env=False)
+        self._http = httpx.Client(timeout=health_timeout_s, trust_env=False,
+                                  limits=httpx.Limits(keepalive_expiry=KEEPALIVE_EXPIRY_S))  # engine_http.py
 
     def start(self) -> EngineMonitor:
         self._thread = threading.Thread(target=self._run, name="lean_rl-engine-monitor", daemon=True)
