@@ -39,9 +39,9 @@ def test_run_all_quick_train_step_writes_a_row_with_a_numeric_ratio(tmp_path):
     assert "Commit " in header and "UTC" in header and "mode: quick" in header
     rows = table_rows(text)
     assert rows, text
-    for what, figure, floor, ratio, goal, command in rows:
+    for what, figure, floor, ratio, goal, met, command in rows:
         assert "train()" in what and figure.endswith(" ms") and floor.endswith(" ms rank step")
-        assert float(ratio) > 0
+        assert float(ratio) > 0 and goal == "—" and met == ""  # no goal: no verdict
         assert command == "`python bench/train_step.py --quick`"
 
 
@@ -50,7 +50,7 @@ def test_a_script_past_its_deadline_is_a_failed_row_and_run_all_exits_1(tmp_path
     result = bench("run_all.py", "--only", "train_step", "--timeout-s", "1", "--out", str(out), timeout_s=300)
     assert result.returncode == 1, result.stderr[-3000:]
     assert table_rows(out.read_text()) == [["bench/train_step.py", "failed: no result within --timeout-s 1", "—", "—",
-                                            "—", "`python bench/train_step.py`"]]
+                                            "—", "", "`python bench/train_step.py`"]]  # "met": no goal, no verdict
 
 
 def test_bench_script_bad_input_ends_with_one_line_and_status_2(tmp_path):
