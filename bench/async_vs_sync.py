@@ -19,6 +19,7 @@ import tempfile
 from pathlib import Path
 
 from bench_common import at_least, bench_parser, command_line, parse_bench_args, row, run_bench, write_rows
+from goals import parse_goal
 from lean_rl.testing.tiny_model import PRESETS, make_tiny_model
 from lean_rl.testing.toy_task import write_dataset
 
@@ -112,7 +113,7 @@ def main(argv: list[str]) -> int:
                 f"{args.steps - 1} steps")
     command = command_line("async_vs_sync", argv)
     sync = results["sync"]
-    wide_target = float(WIDE_GOAL.split()[1])
+    wide_target = parse_goal(WIDE_GOAL)[1]
     # no schedule of generation and training finishes before the engine has made sync's tokens at its best rate
     bound_why = (f"the engine bound measured in this run allows at most {base / bound_s:.2f}x over sync on this "
                  f"engine (row 'fastest async mode / the engine bound'); where generation dominates (GPU engines, "

@@ -81,7 +81,8 @@ def run(name: str, cluster: SimulatedCluster, work: Path, model: Path, data: Pat
                 if done >= mark and mark not in marks:
                     marks[mark] = daemon_cpu_seconds(cluster)
             time.sleep(0.1)
-        daemons = marks.get(args.steps, 0.0) - marks.get(1, 0.0)
+        # the run may end between two polls after its last line: the daemons outlive it, so read them now
+        daemons = (marks[args.steps] if args.steps in marks else daemon_cpu_seconds(cluster)) - marks.get(1, 0.0)
     if proc.returncode != 0:
         raise RuntimeError(f"{name} failed:\n{logs.read_text()[-4000:]}")
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line][1:]
