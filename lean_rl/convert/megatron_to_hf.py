@@ -25,7 +25,7 @@ from lean_rl.backends.megatron.hf_config import arch_from_hf_config, hf_family, 
 from lean_rl.backends.megatron.hf_weights.dist_keys import (EXTRA_STATE, DistEntry, dist_entries, is_model_key,
                                                          lora_keys, merge_lora)
 from lean_rl.backends.megatron.hf_weights.families import geometry, weight_rules
-from lean_rl.backends.megatron.hf_weights.layouts import Layout, hf_shapes, to_hf_tensors
+from lean_rl.backends.megatron.hf_weights.layouts import Layout, hf_shapes, qkv_blocks, to_hf_tensors
 from lean_rl.convert.dcp_io import DistCheckpointReader
 from lean_rl.convert.hf_to_megatron import TORCH_DTYPES, config_dtype, ordered_instances
 from lean_rl.convert.output_dir import atomic_output_dir
@@ -112,7 +112,7 @@ def convert_megatron_to_hf(load: str | Path, save: str | Path, *, hf_config: str
     arch = arch_from_hf_config(config_json)
     reader = DistCheckpointReader(checkpoint)
     rules = weight_rules(family, arch)
-    reward_model = is_reward_model(DistCheckpointReader(checkpoint).tensors())
+    reward_model = is_reward_model(reader.tensors())
     if reward_model:  # a value head in place of the vocabulary projection
         rules, config_json = without_output_layer(rules), classification_config(config_json)
     # The stored vocab rows are padded for whatever TP the checkpoint was made at; take them as found.
@@ -140,8 +140,6 @@ def convert_megatron_to_hf(load: str | Path, save: str | Path, *, hf_config: str
         return math.prod(_read_shape(inst.entry, arch)) * stored[keys[inst.entry]].properties.dtype.itemsize
 
     buffer = ReusedBuffer(max(map(nbytes, instances), default=0))
-    # and QKV's q, k, v into another (layouts.to_hf_tensors' qkv_out): its rows move, in one copy, not into new memory
-    qkv_buffer = ReusedBuffer(max((nbytes(inst) for inst in instances if inst.entry.rule.layout is Layout.QKV), default=0))
     with atomic_output_dir(save) as out:
         for shard_index, shard in enumerate(shards):
             writer = StreamingSafetensorsWriter(out / shard_file_name(shard_index, len(shards)),
@@ -156,14 +154,14 @@ def convert_megatron_to_hf(load: str | Path, save: str | Path, *, hf_config: str
                     sizes = (1,) * len(inst.entry.stacked) + region
                     tensor = reader.read(keys[inst.entry], inst.entry.chunk_offsets(inst.index), sizes,
                                          buffer.tensor).reshape(region)
-                    qkv_out = None
                     if inst.entry in adapters:  # LoRA-trained: HF gets the merged weight
                         stacked = inst.entry.chunk_offsets(inst.index)[:len(inst.entry.stacked)]
                         tensor = _merge_lora(reader, stored, adapters[inst.entry], stacked, tensor)
-                    elif inst.entry.rule.layout is Layout.QKV:
-                        qkv_out = qkv_buffer.tensor((tensor.numel(),), tensor.dtype)
-                    for name, hf_tensor in zip(inst.hf_names, to_hf_tensors(inst.entry.rule.layout, [tensor], geo,
-                                                                            qkv_out)):
+                    if inst.entry.rule.layout is Layout.QKV:  # q, k, v: their groups' rows, written where they are
+                        for name, blocks in zip(inst.hf_names, qkv_blocks(tensor, geo)):
+                            writer.write_blocks(name, [block.to(out_dtype) for block in blocks])
+                        continue
+                    for name, hf_tensor in zip(inst.hf_names, to_hf_tensors(inst.entry.rule.layout, [tensor], geo)):
                         writer.write(name, hf_tensor.to(out_dtype))
                 writer.close()
             except BaseException:

@@ -18,7 +18,7 @@ import os
 import struct
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO, Iterable
+from typing import BinaryIO, Iterable, Sequence
 
 import torch
 
@@ -192,9 +192,29 @@ class StreamingSafetensorsWriter:
         if tensor.dtype != planned.dtype or tuple(tensor.shape) != planned.shape:
             raise RuntimeError(f"{self.path}: {name} is {tensor.dtype} {list(tensor.shape)}, "
                                f"planned {planned.dtype} {list(planned.shape)}")
+        self._write_data(tensor)
+        self._next += 1
+
+    def _write_data(self, tensor: torch.Tensor) -> None:
         data = tensor.detach().contiguous().cpu()
         if data.numel():
             self._file.write(memoryview(data.view(torch.uint8).numpy()))
+
+    def write_blocks(self, name: str, blocks: Sequence[torch.Tensor]) -> None:
+        """The next planned tensor given as the blocks whose concatenation along dim 0 it is (views of
+        other memory: layouts.qkv_blocks), written one after another, not first copied into one tensor."""
+        if self._next >= len(self._planned) or self._planned[self._next].name != name:
+            self.write(name, torch.cat(list(blocks)))  # raises with what was expected
+            return
+        planned = self._planned[self._next]
+        rows = sum(block.shape[0] if block.dim() else 1 for block in blocks)
+        wrong = [b for b in blocks if b.dtype != planned.dtype or tuple(b.shape[1:]) != planned.shape[1:]]
+        if wrong or not planned.shape or rows != planned.shape[0]:
+            shapes = ", ".join(f"{b.dtype} {list(b.shape)}" for b in blocks[:4])
+            raise RuntimeError(f"{self.path}: {name} given as blocks {shapes}{' ...' if len(blocks) > 4 else ''}, "
+                               f"planned {planned.dtype} {list(planned.shape)}")
+        for block in blocks:
+            self._write_data(block)
         self._next += 1
 
     def close(self) -> None:

@@ -52,6 +52,25 @@ def test_streaming_writer_refuses_what_was_not_planned(tmp_path):
         writer.close()
 
 
+def test_streaming_writer_takes_a_tensor_as_its_row_blocks(tmp_path):
+    whole = torch.randn(6, 4)
+    fused = torch.cat([whole[:2], torch.zeros(1, 4), whole[2:4], torch.zeros(1, 4), whole[4:]])  # rows apart
+    blocks = [fused[0:2], fused[3:5], fused[6:8]]  # views, each contiguous, not adjacent in memory
+    writer = StreamingSafetensorsWriter(tmp_path / "x.safetensors", [PlannedTensor("w", torch.float32, (6, 4)),
+                                                                       PlannedTensor("b", torch.float32, (3,))])
+    with pytest.raises(RuntimeError, match=r"w given as blocks torch.float32 \[2, 4\].*planned torch.float32 \[6, 4\]"):
+        writer.write_blocks("w", blocks[:2])
+    with pytest.raises(RuntimeError, match="w given as blocks"):
+        writer.write_blocks("w", [b.double() for b in blocks])
+    with pytest.raises(RuntimeError, match="wrote b, expected w"):
+        writer.write_blocks("b", [torch.zeros(3)])
+    writer.write_blocks("w", blocks)
+    writer.write_blocks("b", [torch.tensor([1.0]), torch.tensor([2.0, 3.0])])
+    writer.close()
+    back = load_file(str(tmp_path / "x.safetensors"))
+    assert torch.equal(back["w"], whole) and torch.equal(back["b"], torch.tensor([1.0, 2.0, 3.0]))
+
+
 def test_reader_checks_headers_against_the_file(tmp_path):
     path = tmp_path / "m.safetensors"
     save_file({"w": torch.randn(100, 10)}, str(path))

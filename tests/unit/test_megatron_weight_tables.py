@@ -14,7 +14,7 @@ from lean_rl.backends.megatron.hf_weights.families import (
     rule_instances,
     weight_rules,
 )
-from lean_rl.backends.megatron.hf_weights.layouts import Geometry, Layout, hf_shapes, to_hf_tensors, to_megatron_shard
+from lean_rl.backends.megatron.hf_weights.layouts import Geometry, Layout, hf_shapes, qkv_blocks, to_hf_tensors, to_megatron_shard
 
 
 def _parallel(family: str, tp: int) -> ParallelConfig:
@@ -66,27 +66,26 @@ def test_one_shard_gives_contiguous_views_unless_rows_move(family, tiny_model_fa
     assert Layout.VOCAB in seen and Layout.ROW in seen and (Layout.GATE_UP in seen or Layout.GATE_UP_FUSED in seen)
 
 
-def test_qkv_out_takes_q_k_v_in_one_copy_into_the_given_memory(tiny_model_factory):
-    # the megatron->hf converter hands a reused flat buffer: the split writes there, not into new memory
+def test_qkv_blocks_are_views_whose_concatenation_is_hf_q_k_v(tiny_model_factory):
+    # the megatron->hf converter writes the blocks one after another: QKV's rows move with no copy
     path = tiny_model_factory("qwen2")
     state = load_file(str(path / "model.safetensors"))
     config = MegatronConfig(arch_from_hf_config(path, make_vocab_size_divisible_by=96), _parallel("qwen2", 1))
     geo = geometry(config)
+    assert geo.num_query_groups > 1  # else one block per tensor, and the test would not see the rows move
     qkv = [(rule, index) for rule, index in rule_instances(weight_rules("qwen2", config.arch), config.arch)
            if rule.layout is Layout.QKV]
-    assert qkv
-    out = torch.empty(max(state[rule.hf_names(**index)[0]].numel() * 3 for rule, index in qkv) * 2)
+    assert {rule.hf_names(**index)[0].rsplit(".", 1)[-1] for rule, index in qkv} == {"weight", "bias"}
     for rule, index in qkv:
         names = rule.hf_names(**index)
         shard = to_megatron_shard(rule.layout, [state[n] for n in names], 0, 1, geo)
-        written = to_hf_tensors(rule.layout, [shard], geo, qkv_out=out)
-        for name, tensor in zip(names, written):
-            assert torch.equal(tensor, state[name]) and tensor.is_contiguous(), name
-            assert tensor.untyped_storage().data_ptr() == out.untyped_storage().data_ptr(), name
-        with pytest.raises(ValueError, match="qkv_out"):
-            to_hf_tensors(rule.layout, [shard], geo, qkv_out=out.to(torch.float64))
-        with pytest.raises(ValueError, match="qkv_out"):
-            to_hf_tensors(rule.layout, [shard], geo, qkv_out=out[:shard.numel() - 1])
+        split = qkv_blocks(shard, geo)
+        assert len(split) == 3
+        for name, blocks, whole in zip(names, split, to_hf_tensors(rule.layout, [shard], geo)):
+            assert len(blocks) == geo.num_query_groups
+            assert all(b.is_contiguous() and b.untyped_storage().data_ptr() == shard.untyped_storage().data_ptr()
+                       for b in blocks), name
+            assert torch.equal(torch.cat(blocks), state[name]) and torch.equal(whole, state[name]), name
 
 
 def test_reading_slices_from_safetensors_gives_the_same_shards(tiny_model_factory):

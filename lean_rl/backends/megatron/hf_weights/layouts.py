@@ -76,16 +76,13 @@ def to_megatron_shard(layout: Layout, sources: Sequence[Sliceable], rank: int, s
     raise ValueError(f"unknown layout {layout}")
 
 
-def to_hf_tensors(layout: Layout, shards: Sequence[torch.Tensor], geometry: Geometry,
-                  qkv_out: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
+def to_hf_tensors(layout: Layout, shards: Sequence[torch.Tensor], geometry: Geometry) -> tuple[torch.Tensor, ...]:
     """Inverse of to_megatron_shard: the TP shards (in rank order) -> the HF tensors. From a single
     shard (TP 1) the result is views of it wherever the layout is a plain concatenation (torch.cat of
     one tensor is a full copy: at TP 1 a base100m weight sync spent ~70 ms of CPU on those copies);
-    only QKV's per-group split moves rows, in one copy. So a caller that keeps the result past the
-    parameter's next change, or writes into it, copies it first (gather_stage_tensors does; every
-    transport reads it before its call returns). `qkv_out`: a flat tensor of the shards' dtype and at
-    least their elements, that QKV's q, k and v are written into (one after another) instead of new
-    memory (the converter reuses one: reused_buffer.py)."""
+    only QKV's per-group split moves rows, in one copy (qkv_blocks gives the same rows with none). So a
+    caller that keeps the result past the parameter's next change, or writes into it, copies it first
+    (gather_stage_tensors does; every transport reads it before its call returns)."""
     if layout is Layout.REPLICATED:
         return (shards[0],)
     if len(shards) == 1 and layout is not Layout.QKV:
@@ -97,7 +94,7 @@ def to_hf_tensors(layout: Layout, shards: Sequence[torch.Tensor], geometry: Geom
     if layout is Layout.VOCAB:
         return (torch.cat(list(shards), dim=0)[: geometry.vocab_size],)
     if layout is Layout.QKV:
-        return _qkv_unshard(shards[0] if len(shards) == 1 else torch.cat(list(shards), dim=0), geometry, qkv_out)
+        return _qkv_unshard(shards[0] if len(shards) == 1 else torch.cat(list(shards), dim=0), geometry)
     if layout is Layout.GATE_UP:
         halves = [shard.chunk(2, dim=0) for shard in shards]
         return torch.cat([h[0] for h in halves], dim=0), torch.cat([h[1] for h in halves], dim=0)
@@ -167,25 +164,22 @@ def _qkv_shard(sources: Sequence[Sliceable], rank: int, size: int, geometry: Geo
     return fused.reshape(groups * (q_rows + 2 * kv_rows), *rest).contiguous()
 
 
-def _qkv_unshard(fused: torch.Tensor, geometry: Geometry,
-                 out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    q_rows = geometry.heads_per_group * geometry.head_dim
-    kv_rows = geometry.head_dim
-    rest = tuple(fused.shape[1:])
-    grouped = fused.reshape(geometry.num_query_groups, q_rows + 2 * kv_rows, *rest)
-    parts = torch.split(grouped, [q_rows, kv_rows, kv_rows], dim=1)
-    if out is None:
-        q, k, v = (part.reshape(-1, *rest).contiguous() for part in parts)
-        return q, k, v
-    if out.dtype != fused.dtype or out.dim() != 1 or out.numel() < fused.numel():
-        raise ValueError(f"qkv_out: a flat {fused.dtype} tensor of >= {fused.numel()} elements, got "
-                         f"{out.dtype} {list(out.shape)}")
-    flats = torch.split(out[:fused.numel()], [part.numel() for part in parts])
-    q, k, v = (_copied_into(flat, part, rest) for flat, part in zip(flats, parts))
+def _qkv_unshard(fused: torch.Tensor, geometry: Geometry) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    q, k, v = (part.reshape(-1, *part.shape[2:]).contiguous() for part in _qkv_parts(fused, geometry))
     return q, k, v
 
 
-def _copied_into(flat: torch.Tensor, part: torch.Tensor, rest: tuple[int, ...]) -> torch.Tensor:
-    """`part` (groups, rows, *rest), a strided view, copied into `flat` and returned as (groups * rows, *rest)."""
-    flat.view(part.shape).copy_(part)
-    return flat.view(-1, *rest)
+def qkv_blocks(fused: torch.Tensor, geometry: Geometry) -> tuple[list[torch.Tensor], ...]:
+    """HF's q, k and v of a fused QKV tensor (one TP shard at TP 1, or the shards concatenated), each as
+    its query groups' row blocks in HF order: contiguous views of `fused`, no copy (torch.cat of each
+    list is HF's tensor). A writer that takes the blocks one after another (the megatron->hf converter)
+    moves QKV's rows without copying them: the split was 47 MB of copies in base100m's 292."""
+    return tuple([part[group] for group in range(geometry.num_query_groups)] for part in _qkv_parts(fused, geometry))
+
+
+def _qkv_parts(fused: torch.Tensor, geometry: Geometry) -> tuple[torch.Tensor, ...]:
+    """q, k and v of a fused QKV tensor as (groups, rows, *rest) views of it."""
+    q_rows = geometry.heads_per_group * geometry.head_dim
+    kv_rows = geometry.head_dim
+    grouped = fused.reshape(geometry.num_query_groups, q_rows + 2 * kv_rows, *fused.shape[1:])
+    return torch.split(grouped, [q_rows, kv_rows, kv_rows], dim=1)
