@@ -184,11 +184,15 @@ class StreamingSafetensorsWriter:
         self._file: BinaryIO = open(self.path, "wb")
         self._file.write(struct.pack("<Q", len(raw)) + raw)
 
-    def write(self, name: str, tensor: torch.Tensor) -> None:
+    def _planned_next(self, name: str) -> PlannedTensor:
+        """The tensor planned next, which must be `name`."""
         if self._next >= len(self._planned) or self._planned[self._next].name != name:
             expected = self._planned[self._next].name if self._next < len(self._planned) else "nothing"
             raise RuntimeError(f"{self.path}: wrote {name}, expected {expected}")
-        planned = self._planned[self._next]
+        return self._planned[self._next]
+
+    def write(self, name: str, tensor: torch.Tensor) -> None:
+        planned = self._planned_next(name)
         if tensor.dtype != planned.dtype or tuple(tensor.shape) != planned.shape:
             raise RuntimeError(f"{self.path}: {name} is {tensor.dtype} {list(tensor.shape)}, "
                                f"planned {planned.dtype} {list(planned.shape)}")
@@ -203,10 +207,7 @@ class StreamingSafetensorsWriter:
     def write_blocks(self, name: str, blocks: Sequence[torch.Tensor]) -> None:
         """The next planned tensor given as the blocks whose concatenation along dim 0 it is (views of
         other memory: layouts.qkv_blocks), written one after another, not first copied into one tensor."""
-        if self._next >= len(self._planned) or self._planned[self._next].name != name:
-            self.write(name, torch.cat(list(blocks)))  # raises with what was expected
-            return
-        planned = self._planned[self._next]
+        planned = self._planned_next(name)
         rows = sum(block.shape[0] if block.dim() else 1 for block in blocks)
         wrong = [b for b in blocks if b.dtype != planned.dtype or tuple(b.shape[1:]) != planned.shape[1:]]
         if wrong or not planned.shape or rows != planned.shape[0]:
