@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import collections
 import copy
+import dataclasses
 import pickle
 from typing import Any
 
@@ -33,7 +34,8 @@ class DataBuffer:
         self.n_samples_per_prompt = n_samples_per_prompt
         self.max_staleness = max_staleness
         self.pending: collections.deque[Group] = collections.deque()
-        self.in_flight: dict[int, Group] = {}  # group_index -> copy of the group as handed out
+        # group_index -> the group as handed out: a copy, or for a new group what makes it again (_NewGroup)
+        self.in_flight: dict[int, Group | _NewGroup] = {}
         self.ready: collections.deque[Group] = collections.deque()
         self.next_group_index = 0
         self.next_sample_index = 0
@@ -56,15 +58,20 @@ class DataBuffer:
         (possibly none) when the data is used up or the limit is reached."""
         groups = []
         while len(groups) < num_groups and self.pending:
-            groups.append(self.pending.popleft())
+            group = self.pending.popleft()
+            self.in_flight[group[0].group_index] = _snapshot(group)  # as handed out, for state_dict
+            groups.append(group)
         new_limit = num_groups if max_new is None else min(num_groups, len(groups) + max(max_new, 0))
         while len(groups) < new_limit:
-            group = self._new_group()
-            if group is None:
+            item = self.source.next()
+            if item is None:
                 break
-            groups.append(group)
-        for group in groups:
-            self.in_flight[group[0].group_index] = _snapshot(group)  # as handed out, for state_dict
+            new = _NewGroup(*item, self.next_group_index, self.next_sample_index, self.n_samples_per_prompt)
+            self.next_group_index += 1
+            self.next_sample_index += new.size
+            self.counters["prompts_issued"] += 1
+            self.in_flight[new.group_index] = new  # made again from it if state_dict needs it: no copy
+            groups.append(new.samples())
         return groups
 
     def put_finished_groups(self, groups: list[Group]) -> None:
@@ -160,9 +167,9 @@ class DataBuffer:
             # in flight at save time: nothing of them reached training, so hand them out again (held
             # groups as the finished groups they are)
             "pending": [[s.to_dict() for s in g] for g in list(self.pending) + [
-                g for i, g in self.in_flight.items() if i not in self.held_out]],
+                _as_handed_out(g) for i, g in self.in_flight.items() if i not in self.held_out]],
             "held": [[s.to_dict() for s in g] for g in [
-                g for i, g in self.in_flight.items() if i in self.held_out] + list(self.held)],
+                _as_handed_out(g) for i, g in self.in_flight.items() if i in self.held_out] + list(self.held)],
             "user_metadata": copy.deepcopy(self.user_metadata),
             "ready": [[s.to_dict() for s in g] for g in self.ready],
             "next_group_index": self.next_group_index,
@@ -187,26 +194,6 @@ class DataBuffer:
         self.counters = collections.Counter(state["counters"])
 
     # ------------------------------------------------------------ internals
-    def _new_group(self) -> Group | None:
-        item = self.source.next()
-        if item is None:
-            return None
-        epoch, record = item
-        group_index = self.next_group_index
-        self.next_group_index += 1
-        group = [self._new_sample(record, epoch, group_index) for _ in range(self.n_samples_per_prompt)]
-        self.counters["prompts_issued"] += 1
-        return group
-
-    def _new_sample(self, record: PromptRecord, epoch: int, group_index: int) -> Sample:
-        index = self.next_sample_index
-        self.next_sample_index += 1
-        metadata = copy.deepcopy(record.metadata)
-        metadata.update(prompt_row=record.row, epoch=epoch)
-        return Sample(index=index, group_index=group_index, prompt=copy.deepcopy(record.prompt),
-                      tokens=list(record.tokens), label=copy.deepcopy(record.label), metadata=metadata,
-                      multimodal_inputs=copy.deepcopy(record.multimodal_inputs))
-
     def _land(self, group: Group) -> None:
         if not group:
             raise ValueError("empty group returned to the buffer")
@@ -247,6 +234,38 @@ def create_data_buffer(cfg, source_factory=None) -> DataBuffer:
                         cfg.rollout.n_samples_per_prompt, cfg.rollout.max_staleness)
     buffer.counters.update({f"prompts_skipped_{reason}": n for reason, n in skipped.items()})
     return buffer
+
+
+@dataclasses.dataclass(frozen=True)
+class _NewGroup:
+    """A group of `size` new samples of one prompt record: what get_prompt_groups hands out, and what the
+    buffer keeps of it while it is in flight (state_dict makes the samples again from it)."""
+
+    epoch: int
+    record: PromptRecord
+    group_index: int
+    first_index: int
+    size: int
+
+    def samples(self) -> Group:
+        return [self._sample(self.first_index + k) for k in range(self.size)]
+
+    def _sample(self, index: int) -> Sample:
+        record = self.record
+        metadata = copy.deepcopy(record.metadata) if record.metadata else {}
+        metadata.update(prompt_row=record.row, epoch=self.epoch)
+        return Sample(index=index, group_index=self.group_index, prompt=_own(record.prompt),
+                      tokens=list(record.tokens), label=_own(record.label), metadata=metadata,
+                      multimodal_inputs=_own(record.multimodal_inputs))
+
+
+def _own(value: Any) -> Any:
+    """A copy of `value` that no other sample shares (a str, number or None is shared: it cannot change)."""
+    return value if value is None or isinstance(value, (str, int, float)) else copy.deepcopy(value)
+
+
+def _as_handed_out(group: Group | _NewGroup) -> Group:
+    return group.samples() if isinstance(group, _NewGroup) else group
 
 
 def _snapshot(group: Group) -> Group:

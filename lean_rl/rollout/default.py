@@ -51,17 +51,26 @@ async def _collect_batch(cfg: Config, buffer: DataBuffer, extensions: Extensions
         return True
 
     tasks: set[asyncio.Task] = set()
+    # each group's task puts itself here when done: one callback per task, where asyncio.wait on the
+    # tasks still running would add and remove one per task at every finished group
+    finished: asyncio.Queue[asyncio.Task] = asyncio.Queue()
     exhausted = False
     while len(kept) < target:
         # kept + in flight only falls below the target when the filter dropped groups: top up then
         if not exhausted and len(kept) + len(tasks) < target:
             groups = buffer.get_prompt_groups(launch_size)
             exhausted = len(groups) < launch_size
-            tasks.update(asyncio.create_task(runner.run_group(g, claim_place)) for g in groups)
+            for group in groups:
+                task = asyncio.create_task(runner.run_group(group, claim_place))
+                task.add_done_callback(finished.put_nowait)
+                tasks.add(task)
         if not tasks:
             break  # data used up: return what was kept
-        done, tasks = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+        done = [await finished.get()]
+        while not finished.empty():  # all that are done by now, as asyncio.wait would hand them over
+            done.append(finished.get_nowait())
         for task in done:
+            tasks.discard(task)
             if (samples := task.result()) is not None:  # .result(): a bug in our code must not pass silently
                 kept.append(samples)
     if tasks:

@@ -16,6 +16,7 @@ from lean_rl.rollout.base import (parse_weight_version, policy_client, retry_eng
                                   serving_engine_urls)
 from lean_rl.rollout.vision import EnginePrompt, engine_prompt
 from lean_rl.sample import Sample, Status
+from lean_rl.utils.token_text import decode_ids
 
 if TYPE_CHECKING:  # not at run time: lean_rl.config imports every flag group
     from lean_rl.backends.sglang.responses import GenerateResult
@@ -43,9 +44,13 @@ async def generate(cfg: Config, sample: Sample, sampling_params: dict, evaluatio
                                          # replay's direct engine calls: a prompt's samples share an engine
                                          routing_key=(f"lean_rl-group-{sample.group_index}"
                                                       if cfg.engines.return_routed_experts else None))
+    first_call = sample.response_length == 0
     sample.append_response(result.output_ids, log_probs=result.output_log_probs,
                            weight_versions=token_versions(result), routed_experts=result.routed_experts)
-    sample.response = load_tokenizer(cfg.engines.model_path).decode(sample.response_tokens)
+    if first_call and result.text is not None and engine_text_is_decode(sampling_params):
+        sample.response = result.text  # the engine decoded these very ids already
+    else:  # a continuation: decoded whole, so that a character split between the calls comes out right
+        sample.response = decode_ids(load_tokenizer(cfg.engines.model_path), sample.response_tokens)
     sample.status = FINISH_TO_STATUS[result.finish_reason]
     return sample
 
@@ -86,6 +91,16 @@ async def routes_engine(cfg: Config, key: str, attempt: int) -> EngineClient:
         return router_client(cfg)
     url = workers[(zlib.crc32(key.encode()) + attempt) % len(workers)]
     return policy_client(cfg, url)
+
+
+def engine_text_is_decode(sampling_params: dict) -> bool:
+    """SGLang's `text` of a request made with these parameters is tokenizer.decode of its output_ids:
+    special tokens kept and a matched stop token not trimmed, as SamplingConfig.to_sglang asks (SGLang's
+    defaults skip the one and trim the other), and no stop strings (SGLang's text ends where one ends,
+    even inside a token: " as" of the token " assistant" for the stop "as", no_stop_trim or not).
+    tests/integration/test_rollout.py compares the two."""
+    return (sampling_params.get("skip_special_tokens") is False and sampling_params.get("no_stop_trim") is True
+            and not sampling_params.get("stop"))
 
 
 def count_retry(sample: Sample, err: Exception) -> None:

@@ -35,6 +35,7 @@ from lean_rl.rollout.environment import ObservationRenderer, as_observation, as_
 from lean_rl.sample import Sample, Status
 from lean_rl.rollout.config import MULTI_TURN_GENERATE
 from lean_rl.utils.plugins import PluginError, load_function
+from lean_rl.utils.token_text import decode_ids
 
 if TYPE_CHECKING:
     from lean_rl.config import Config
@@ -149,7 +150,7 @@ def _checked(convert, *args):
 def _end(cfg: Config, sample: Sample, status: Status, reason: str, rewards: list[float], tokenizer) -> Sample:
     sample.status = status
     sample.metadata["stop_reason"] = reason
-    sample.response = tokenizer.decode(sample.response_tokens)
+    sample.response = decode_ids(tokenizer, sample.response_tokens)
     if sample.reward is None and (rewards or not (cfg.reward.rm_type or cfg.reward.custom_rm_path)):
         sample.reward = sum(rewards)  # no reward function: an episode the environment never rewarded earns 0
     return sample

@@ -75,6 +75,8 @@ async def score_group(cfg: Config, samples: list[Sample], reward_fn: RewardFunct
                 _set_reward(sample, value, entries, counters)
         return
 
+    waits = not getattr(reward_fn, NEVER_WAITS, False)
+
     async def one(sample: Sample) -> None:
         if sample.status == Status.FAILED:
             sample.reward = 0.0
@@ -82,13 +84,30 @@ async def score_group(cfg: Config, samples: list[Sample], reward_fn: RewardFunct
         if id(sample) in preset:
             return
         try:
-            value = await asyncio.wait_for(reward_fn(cfg, sample), timeout=timeout_s)
+            # not wait_for: no task of its own per sample; and no timer for a reward that never waits
+            async with asyncio.timeout(timeout_s if waits else None):
+                value = await reward_fn(cfg, sample)
         except Exception as err:  # noqa: BLE001
             _mark_failed(sample, err, counters)
             return
         _set_reward(sample, *_reward_value(cfg, reward_fn, value, key, value), counters)
 
-    await asyncio.gather(*(one(s) for s in samples))
+    if waits:
+        await asyncio.gather(*(one(s) for s in samples))
+    else:  # nothing to wait for, so nothing to overlap or time out: no task and no timer per sample
+        for sample in samples:
+            await one(sample)
+
+
+NEVER_WAITS = "lean_rl_never_waits"
+
+
+def never_waits(reward_fn):
+    """Mark a reward function whose coroutine never suspends (pure computation on the sample, as the
+    built-in rule rewards): score_group calls it sample after sample in the group's task, where one that
+    may wait (a model, a worker process, a user's) gets a task and a deadline per sample."""
+    setattr(reward_fn, NEVER_WAITS, True)
+    return reward_fn
 
 
 def _reward_flag(cfg: Config) -> str:

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 import httpx
 
 # score_group lives in reward_scoring.py; a user's rollout function imports it from here (docs/extending.md)
-from lean_rl.rollout.reward_scoring import score_group  # noqa: F401
+from lean_rl.rollout.reward_scoring import never_waits, score_group  # noqa: F401
 from lean_rl.sample import Sample
 from lean_rl.utils.env_keys import bearer_header
 
@@ -127,14 +127,17 @@ async def math_reward(cfg: Config, sample: Sample) -> float:
     raise RuntimeError("math-verify: its worker pool broke three times in a row")
 
 
+@never_waits
 async def exact_reward(cfg: Config, sample: Sample) -> float:
     return exact_match(sample.response, sample.label)
 
 
+@never_waits
 async def boxed_reward(cfg: Config, sample: Sample) -> float:
     return boxed_match(sample.response, sample.label)
 
 
+@never_waits
 async def f1_reward(cfg: Config, sample: Sample) -> float:
     return token_f1(sample.response, sample.label)
 

@@ -2,6 +2,7 @@
 `engine_group`), the default rollout function, custom generate/reward functions, engine death."""
 
 import asyncio
+import collections
 import dataclasses
 import json
 import os
@@ -17,6 +18,7 @@ from lean_rl.extensions import install as install_hooks
 from lean_rl.backends.sglang.blocking_client import BlockingEngineClient
 from lean_rl.backends.sglang.health import EngineMonitor
 from lean_rl.buffer.data_buffer import create_data_buffer
+from lean_rl.buffer.prompt_source import load_tokenizer
 from lean_rl.config import parse_config
 from lean_rl.rollout.default import generate, generate_rollout
 from lean_rl.rollout.evaluation import EvaluationFailedError
@@ -94,15 +96,48 @@ def test_16_prompts_x_4_samples_with_log_probs_and_versions(engine_group, prompt
     buffer = create_data_buffer(cfg)
     out = asyncio.run(generate_rollout(cfg, 0, buffer))
     samples = ready_samples(buffer)
+    tokenizer = load_tokenizer(engine_group.config.model_path)
     assert out.metrics["rollout/groups"] == 16 and len(samples) == 64
     assert len({s.index for s in samples}) == 64 and len({s.group_index for s in samples}) == 16
     for s in samples:
         s.check()
         assert 1 <= s.response_length <= 24 and s.status in (Status.COMPLETED, Status.TRUNCATED)
         assert all(lp <= 0 for lp in s.rollout_log_probs) and s.weight_versions == [0] * s.response_length
-        assert s.reward in (0.0, 1.0) and s.response == s.response  # decoded text present
+        assert s.reward in (0.0, 1.0)
+        # the engine's text, which generate takes as the response, is exactly the tokenizer's decode
+        assert s.response == tokenizer.decode(s.response_tokens)
     assert any(s.status is Status.TRUNCATED for s in samples)
     assert buffer.num_in_flight() == 0
+
+
+def test_a_response_ended_by_a_stop_token_is_the_engine_text_and_equals_decode(engine_group, prompts_file):
+    cfg = make_cfg(engine_group, prompts_file, "--rm-type", "exact", "--rollout-batch-size", "4")
+    buffer = create_data_buffer(cfg)
+    asyncio.run(generate_rollout(cfg, 0, buffer))
+    common = collections.Counter(t for s in ready_samples(buffer) for t in s.response_tokens).most_common(3)
+    cfg = make_cfg(engine_group, prompts_file, "--rm-type", "exact", "--rollout-batch-size", "4",
+                   "--rollout-stop-token-ids", *(str(token) for token, _ in common))
+    buffer = create_data_buffer(cfg)
+    asyncio.run(generate_rollout(cfg, 0, buffer))
+    samples = ready_samples(buffer)
+    assert any(s.status is Status.COMPLETED for s in samples), "no sample met a stop token: the test shows nothing"
+    tokenizer = load_tokenizer(engine_group.config.model_path)
+    for s in samples:
+        assert s.response == tokenizer.decode(s.response_tokens)
+
+
+def test_a_response_stopped_by_a_stop_string_keeps_it_as_decode_does(engine_group, prompts_file):
+    # SGLang's text would end inside the token that holds the stop string: generate decodes itself then
+    cfg = make_cfg(engine_group, prompts_file, "--rm-type", "exact", "--rollout-batch-size", "4",
+                   "--rollout-stop", "as", "was", " yes", "odel")
+    buffer = create_data_buffer(cfg)
+    asyncio.run(generate_rollout(cfg, 0, buffer))
+    samples = ready_samples(buffer)
+    stopped = [s for s in samples if s.status is Status.COMPLETED]
+    assert stopped, "no sample met a stop string: the test shows nothing"
+    tokenizer = load_tokenizer(engine_group.config.model_path)
+    for s in samples:
+        assert s.response == tokenizer.decode(s.response_tokens)
 
 
 def test_custom_generate_masks_tool_tokens(engine_group, prompts_file, user_plugins):

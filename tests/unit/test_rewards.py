@@ -4,8 +4,9 @@ import types
 
 import pytest
 
-from lean_rl.rollout.rewards import boxed_match, exact_match, last_boxed, math_reward, token_f1
-from lean_rl.rollout.reward_scoring import score_group
+from lean_rl.rollout.rewards import (BUILTIN_REWARDS, boxed_match, exact_match, last_boxed, math_reward, remote_reward,
+                                    token_f1)
+from lean_rl.rollout.reward_scoring import NEVER_WAITS, never_waits, score_group
 from lean_rl.sample import Sample, Status
 
 
@@ -54,6 +55,35 @@ def test_a_raising_or_slow_reward_marks_failed_and_counts():
     assert [s.status for s in samples] == [Status.PENDING, Status.FAILED, Status.FAILED]
     assert "reward crashed" in samples[1].metadata["reward_error"]
     assert counters["reward_failed"] == 2
+
+
+@pytest.mark.parametrize("name", ["exact", "boxed", "f1"])
+def test_the_rule_rewards_marked_never_waits_finish_on_their_first_step(name):
+    reward = BUILTIN_REWARDS[name]
+    assert getattr(reward, NEVER_WAITS, False)
+    step = reward(_cfg(), _sample(r"so \boxed{x}", "x"))
+    with pytest.raises(StopIteration):  # done without suspending once: no timer could ever fire on it
+        step.send(None)
+
+
+def test_rewards_that_wait_are_not_marked():
+    assert not getattr(math_reward, NEVER_WAITS, False) and not getattr(remote_reward, NEVER_WAITS, False)
+
+
+def test_a_never_waits_reward_scores_each_sample_and_a_raise_fails_only_its_own():
+    @never_waits
+    async def picky(cfg, sample):
+        if sample.response == "boom":
+            raise RuntimeError("reward crashed")
+        return float(sample.response == sample.label)
+
+    samples = [_sample("x", "x"), _sample("boom", "x"), _sample("y", "x")]
+    samples[2].status = Status.FAILED
+    counters = collections.Counter()
+    asyncio.run(score_group(_cfg(), samples, picky, group_rm=False, counters=counters))
+    assert [s.reward for s in samples] == [1.0, 0.0, 0.0]
+    assert [s.status for s in samples] == [Status.PENDING, Status.FAILED, Status.FAILED]
+    assert "reward crashed" in samples[1].metadata["reward_error"] and counters["reward_failed"] == 1
 
 
 def test_group_reward_length_mismatch_fails_the_group():

@@ -63,6 +63,7 @@ from lean_rl.rollout.openai_capture.server import CaptureServer, capture_server
 from lean_rl.rollout.openai_capture.session_tokens import SessionTokens, call_sampling_params
 from lean_rl.rollout.openai_capture.trajectory import CallRecord, TrajectoryAssembler
 from lean_rl.sample import Sample, Status
+from lean_rl.utils.token_text import decode_ids
 
 if TYPE_CHECKING:
     from lean_rl.config import Config
@@ -175,7 +176,7 @@ class CaptureSession:
         for sample in samples:
             if self.aborted:
                 sample.status = Status.ABORTED
-            sample.response = self.tokenizer.decode(sample.response_tokens)
+            sample.response = decode_ids(self.tokenizer, sample.response_tokens)
             self.tokens.images.fill_train_inputs(sample)  # as engine_prompt does for a data row's images
             sample.check()
             self._annotate(sample)
